@@ -1,0 +1,221 @@
+"""One pure-functional decoder for the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2).
+
+Parameter pytree (layers stacked on a leading axis L and run under `jax.lax.scan`):
+
+  embed            [V, H]
+  layers/attn_norm [L, H]          layers/mlp_norm [L, H]
+  layers/{q,k,v,o,gate,up,down}/kernel  [L, in, out]    (y = x @ kernel)
+  layers/{q,k,v}/bias  [L, out]    (Qwen2)
+  layers/{q_norm,k_norm} [L, Dh]   (Qwen3)
+  final_norm       [H]
+  lm_head/kernel   [H, V]          (absent when embeddings are tied)
+
+A `kernel` leaf may be a quantised tensor: anything with `.dequantize(dtype)` (see `fineflax.quant`).
+LoRA adapters are a pytree `{name: {"a": [L, in, r], "b": [L, r, out]}}` over the same names:
+y = x @ W + dropout(x) @ a @ b * lora_scale.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fineflax.models.config import ModelConfig
+from fineflax.models.rope import apply_rope, inv_frequencies
+
+LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
+_NEG = -1e30
+
+Params = dict[str, Any]
+
+
+def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32, std: float = 0.02) -> Params:
+  """Random weights N(0, std) for linears and embeddings, ones for norms (like HF `_init_weights`)."""
+  c, L = config, config.num_layers
+  shapes = {
+      "q": (c.hidden_size, c.num_heads * c.head_dim),
+      "k": (c.hidden_size, c.num_kv_heads * c.head_dim),
+      "v": (c.hidden_size, c.num_kv_heads * c.head_dim),
+      "o": (c.num_heads * c.head_dim, c.hidden_size),
+      "gate": (c.hidden_size, c.intermediate_size),
+      "up": (c.hidden_size, c.intermediate_size),
+      "down": (c.intermediate_size, c.hidden_size),
+  }
+  keys = iter(jax.random.split(rng, len(shapes) + 2))
+  normal = lambda shape: (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+  layers: Params = {n: {"kernel": normal((L, *s))} for n, s in shapes.items()}
+  if c.attention_bias:
+    for n in ("q", "k", "v"):
+      layers[n]["bias"] = jnp.zeros((L, shapes[n][1]), dtype)
+  layers["attn_norm"] = jnp.ones((L, c.hidden_size), dtype)
+  layers["mlp_norm"] = jnp.ones((L, c.hidden_size), dtype)
+  if c.qk_norm:
+    layers["q_norm"] = jnp.ones((L, c.head_dim), dtype)
+    layers["k_norm"] = jnp.ones((L, c.head_dim), dtype)
+  params = {"embed": normal((c.vocab_size, c.hidden_size)), "layers": layers,
+            "final_norm": jnp.ones((c.hidden_size,), dtype)}
+  if not c.tie_word_embeddings:
+    params["lm_head"] = {"kernel": normal((c.hidden_size, c.vocab_size))}
+  return params
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> dict:
+  """KV cache: k, v [L, B, S, Hkv, Dh]; mask [B, S] (slot holds a real token); index (next slot)."""
+  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "mask": jnp.zeros((batch, max_len), jnp.bool_), "index": jnp.zeros((), jnp.int32)}
+
+
+def materialize(w, dtype) -> jnp.ndarray:
+  """A weight as a dense array of `dtype`: dequantises quantised tensors, casts arrays."""
+  return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)
+
+
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+  """x / sqrt(mean(x^2) + eps) * weight, statistics in f32."""
+  xf = x.astype(jnp.float32)
+  xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return (weight.astype(jnp.float32) * xf).astype(x.dtype)
+
+
+def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
+  """Positions that honour left padding: cumsum(mask) - 1, clipped at 0."""
+  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _linear(x, p, lora_p, scale, dtype, dropout_rate, key):
+  y = x @ materialize(p["kernel"], dtype)
+  if "bias" in p:
+    y = y + p["bias"].astype(dtype)
+  if lora_p is not None:
+    xl = x
+    if dropout_rate > 0.0 and key is not None:
+      keep = jax.random.bernoulli(key, 1.0 - dropout_rate, x.shape)
+      xl = jnp.where(keep, x / (1.0 - dropout_rate), 0).astype(x.dtype)
+    y = y + ((xl @ lora_p["a"].astype(dtype)) @ lora_p["b"].astype(dtype)) * jnp.asarray(scale, dtype)
+  return y
+
+
+def _attention(q, k, v, mask):
+  """Grouped-query attention. q [B,T,Hq,D], k/v [B,S,Hkv,D], mask [B,T,S] bool -> [B,T,Hq,D]."""
+  b, t, hq, d = q.shape
+  hkv = k.shape[2]
+  q = q.reshape(b, t, hkv, hq // hkv, d)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  scores = jnp.where(mask[:, None, None], scores, _NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, hq, d)
+
+
+_REMAT = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
+                   positions=None, attention_mask=None, cache=None, lora=None,
+                   lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
+                   remat: str = "none", dtype=jnp.float32):
+  """Final-norm hidden states [B, T, H] (and the updated cache when `cache` is given).
+
+  tokens [B, T]; attention_mask [B, T] (1 = real token; default all ones); positions [B, T]
+  (default `default_positions(attention_mask)`). With a cache the block is written at slots
+  [index, index + T) and attends to every earlier valid slot plus itself causally.
+  """
+  c = config
+  b, t = tokens.shape
+  if attention_mask is None:
+    attention_mask = jnp.ones((b, t), jnp.bool_)
+  attention_mask = attention_mask.astype(jnp.bool_)
+  if positions is None:
+    positions = default_positions(attention_mask)
+  inv_freq = jnp.asarray(inv_frequencies(c))
+  x = params["embed"][tokens].astype(dtype)
+
+  if cache is None:
+    causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
+    mask = causal[None] & attention_mask[:, None, :]
+    index = None
+  else:
+    index = cache["index"]
+    kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
+    slots = jnp.arange(kv_mask.shape[1])
+    causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
+    mask = causal[None] & kv_mask[:, None, :]
+
+  layers = params["layers"]
+  keys = (jax.random.split(dropout_rng, c.num_layers) if (dropout_rng is not None and lora_dropout > 0)
+          else None)
+
+  def layer(carry, xs):
+    x, ck, cv = carry
+    i, lp, ll, key = xs
+    lin_keys = iter(jax.random.split(key, len(LINEAR_NAMES))) if key is not None else None
+    def lin(name, inp):
+      k_ = next(lin_keys) if lin_keys is not None else None
+      return _linear(inp, lp[name], None if ll is None else ll.get(name), lora_scale, dtype,
+                     lora_dropout, k_)
+    h = rms_norm(x, lp["attn_norm"], c.rms_norm_eps)
+    q = lin("q", h).reshape(b, t, c.num_heads, c.head_dim)
+    k = lin("k", h).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = lin("v", h).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+      q = rms_norm(q, lp["q_norm"], c.rms_norm_eps)
+      k = rms_norm(k, lp["k_norm"], c.rms_norm_eps)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    if ck is not None:
+      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (i, 0, index, 0, 0))
+      cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (i, 0, index, 0, 0))
+      k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(dtype)
+      v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
+    else:
+      k_all, v_all = k, v
+    attn = _attention(q, k_all, v_all, mask).reshape(b, t, c.num_heads * c.head_dim)
+    x = x + lin("o", attn)
+    h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
+    x = x + lin("down", jax.nn.silu(lin("gate", h)) * lin("up", h))
+    return (x, ck, cv), None
+
+  policy = _REMAT.get(remat, "unknown")
+  if policy == "unknown":
+    raise ValueError(f"remat={remat!r}; choose one of {sorted(_REMAT)}")
+  if remat != "none":
+    layer = jax.checkpoint(layer, policy=policy)
+  ck = cv = None if cache is None else cache["k"]
+  cv = None if cache is None else cache["v"]
+  xs = (jnp.arange(c.num_layers), layers, lora, keys)
+  (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), xs)
+  x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
+  if cache is None:
+    return x
+  return x, {"k": ck, "v": cv, "mask": kv_mask, "index": index + t}
+
+
+def output_kernel(params: Params, config: ModelConfig, dtype) -> jnp.ndarray:
+  """The [H, V] output projection (embedding transposed when tied)."""
+  if config.tie_word_embeddings:
+    return params["embed"].astype(dtype).T
+  return materialize(params["lm_head"]["kernel"], dtype)
+
+
+def logits_from_hidden(params: Params, config: ModelConfig, h: jnp.ndarray) -> jnp.ndarray:
+  """f32 logits [..., V] = h @ output_kernel (f32 accumulation)."""
+  return jnp.matmul(h, output_kernel(params, config, h.dtype), preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, config: ModelConfig, tokens: jnp.ndarray, **kwargs) -> jnp.ndarray:
+  """Logits [B, T, V] (f32). Keyword arguments as `forward_hidden`, without a cache."""
+  if kwargs.get("cache") is not None:
+    raise ValueError("forward() takes no cache; use forward_cached()")
+  return logits_from_hidden(params, config, forward_hidden(params, config, tokens, **kwargs))
+
+
+def forward_cached(params: Params, config: ModelConfig, tokens: jnp.ndarray, cache: dict, **kwargs):
+  """(logits [B, T, V], new cache): appends the block to the KV cache (see `forward_hidden`)."""
+  h, cache = forward_hidden(params, config, tokens, cache=cache, **kwargs)
+  return logits_from_hidden(params, config, h), cache
