@@ -117,13 +117,14 @@ _REMAT = {
 
 
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
-                   positions=None, attention_mask=None, cache=None, lora=None,
+                   positions=None, attention_mask=None, segment_ids=None, cache=None, lora=None,
                    lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
                    remat: str = "none", dtype=jnp.float32):
   """Final-norm hidden states [B, T, H] (and the updated cache when `cache` is given).
 
   tokens [B, T]; attention_mask [B, T] (1 = real token; default all ones); positions [B, T]
-  (default `default_positions(attention_mask)`). With a cache the block is written at slots
+  (default `default_positions(attention_mask)`). segment_ids [B, T] (packed sequences, no cache):
+  a token attends only to earlier tokens of its own segment. With a cache the block is written at slots
   [index, index + T) and attends to every earlier valid slot plus itself causally.
   """
   c = config
@@ -139,8 +140,12 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
     mask = causal[None] & attention_mask[:, None, :]
+    if segment_ids is not None:
+      mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
     index = None
   else:
+    if segment_ids is not None:
+      raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
     index = cache["index"]
     kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
     slots = jnp.arange(kv_mask.shape[1])

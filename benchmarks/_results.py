@@ -1,0 +1,30 @@
+"""Writes one benchmark's section of benchmarks/RESULTS.md, leaving the other sections untouched."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import tempfile
+
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+_HEADER = "# Benchmark results\n\nEach section is written by the script it names; numbers name their device.\n"
+
+
+def write_section(name: str, markdown: str, path: pathlib.Path = RESULTS) -> None:
+  """Replaces (or appends) the block between `<!-- name:start -->` and `<!-- name:end -->` atomically."""
+  text = path.read_text() if path.exists() else _HEADER
+  block = f"<!-- {name}:start -->\n{markdown.strip()}\n<!-- {name}:end -->"
+  pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
+  text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+  """A GitHub markdown table; floats printed with 3 significant digits."""
+  fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+  return "\n".join(lines)

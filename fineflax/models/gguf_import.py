@@ -1,0 +1,91 @@
+"""GGUF files (llama.cpp) -> HF-named NumPy state dict + ModelConfig, through the `gguf` package."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from fineflax.models.config import ModelConfig
+from fineflax.models.hf_import import params_from_state_dict
+
+SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q4_K",
+                         "Q5_K", "Q8_K")
+_ARCH_TO_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_TENSOR_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+                 "ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
+                 "attn_k_norm": "self_attn.k_norm"}
+
+
+def _field(reader, key, default=None):
+  f = reader.fields.get(key)
+  return default if f is None else f.contents()
+
+
+def hf_config_from_gguf(reader, path: str) -> dict:
+  """The transformers config.json dict implied by GGUF metadata."""
+  arch = _field(reader, "general.architecture")
+  if arch not in _ARCH_TO_MODEL_TYPE:
+    raise ValueError(f"{path}: unsupported GGUF architecture {arch!r}; "
+                     f"supported: {', '.join(_ARCH_TO_MODEL_TYPE)}")
+  g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)
+  names = {t.name for t in reader.tensors}
+  vocab = g("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
+  heads = int(g("attention.head_count"))
+  hidden = int(g("embedding_length"))
+  hf = {"model_type": _ARCH_TO_MODEL_TYPE[arch], "vocab_size": int(vocab), "hidden_size": hidden,
+        "intermediate_size": int(g("feed_forward_length")), "num_hidden_layers": int(g("block_count")),
+        "num_attention_heads": heads, "num_key_value_heads": int(g("attention.head_count_kv", heads)),
+        "head_dim": int(g("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(g("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id")}
+  if arch == "qwen2":
+    hf["attention_bias"] = True
+  return hf
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Undoes llama.cpp's rotary reordering of q/k rows (interleaved -> half-split)."""
+  return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: str | pathlib.Path, dtype=np.float32) -> tuple[dict, ModelConfig]:
+  """(params as NumPy, config) from a GGUF file; every tensor dequantised to `dtype`."""
+  import gguf  # deferred: only GGUF users need it
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: GGUF file not found")
+  try:
+    reader = gguf.GGUFReader(str(path))
+  except Exception as e:  # gguf raises bare ValueErrors / struct errors on corrupt files
+    raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+  hf = hf_config_from_gguf(reader, str(path))
+  config = ModelConfig.from_hf(hf, source=str(path))
+  sd = {}
+  for t in reader.tensors:
+    qtype = t.tensor_type.name
+    if qtype not in SUPPORTED_QUANT_TYPES:
+      raise ValueError(f"{path}: tensor {t.name} has quant type {qtype}; supported: "
+                       f"{', '.join(SUPPORTED_QUANT_TYPES)}")
+    w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    parts = t.name.split(".")
+    if parts[0] == "blk":
+      i, kind, leaf = parts[1], parts[2], parts[3]
+      if kind not in _TENSOR_NAMES:
+        continue  # e.g. rope_freqs: derived from the config instead
+      if hf["model_type"] == "llama" and kind in ("attn_q", "attn_k"):
+        w = _unpermute(w, config.num_heads if kind == "attn_q" else config.num_kv_heads)
+      sd[f"layers.{i}.{_TENSOR_NAMES[kind]}.{leaf}"] = w
+    elif t.name == "token_embd.weight":
+      sd["embed_tokens.weight"] = w
+    elif t.name == "output_norm.weight":
+      sd["norm.weight"] = w
+    elif t.name == "output.weight":
+      sd["lm_head.weight"] = w
+  return params_from_state_dict(sd, config, dtype, source=str(path)), config

