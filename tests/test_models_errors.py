@@ -1,0 +1,107 @@
+"""Bad model input: each failure names the culprit (file, tensor, field or value)."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_hf_model
+from fineflax.models import load, load_numpy
+from fineflax.models.safetensors_io import read_safetensors, write_safetensors
+
+
+def test_missing_folder_and_config(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such file or folder"):
+    load_numpy(tmp_path / "nope")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    load_numpy(tmp_path / "empty")
+
+
+def test_unsupported_architecture(tmp_path):
+  make_hf_model("llama", tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  cfg["model_type"] = "gpt2"
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"config.json: unsupported architecture model_type='gpt2'"):
+    load_numpy(tmp_path)
+
+
+def test_missing_config_field(tmp_path):
+  make_hf_model("llama", tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  del cfg["intermediate_size"]
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match="missing field 'intermediate_size'"):
+    load_numpy(tmp_path)
+
+
+def test_corrupt_and_truncated_safetensors(tmp_path):
+  make_hf_model("llama", tmp_path)
+  f = tmp_path / "model.safetensors"
+  data = f.read_bytes()
+  f.write_bytes(data[: len(data) // 2])
+  with pytest.raises(ValueError, match="model.safetensors.*truncated"):
+    load_numpy(tmp_path)
+  f.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+  with pytest.raises(ValueError, match="not a readable safetensors file"):
+    load_numpy(tmp_path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+  make_hf_model("llama", tmp_path)
+  f = tmp_path / "model.safetensors"
+  sd = {k: np.array(v) for k, v in read_safetensors(f).items()}
+  del sd["model.layers.1.mlp.up_proj.weight"]
+  write_safetensors(sd, f)
+  with pytest.raises(KeyError, match="layers.1.mlp.up_proj.weight"):
+    load_numpy(tmp_path)
+
+
+def test_shape_mismatch_is_named(tmp_path):
+  make_hf_model("llama", tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  cfg["vocab_size"] = 999
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"embed has shape \(160, 64\), config expects \(999, 64\)"):
+    load_numpy(tmp_path)
+
+
+def test_tokenizer_vocab_mismatch(tmp_path, smollm2):
+  _, _, tok = smollm2
+  make_hf_model("llama", tmp_path)  # vocab 160, far smaller than SmolLM2's tokenizer
+  tok.save_pretrained(tmp_path)
+  with pytest.raises(ValueError, match="tokenizer has 49152 tokens but the model's vocabulary is 160"):
+    load(tmp_path)
+
+
+def test_gguf_unsupported_quant_type(tmp_path):
+  import gguf
+  path = tmp_path / "bad.gguf"
+  w = gguf.GGUFWriter(str(path), "llama")
+  w.add_block_count(1)
+  w.add_embedding_length(32)
+  w.add_feed_forward_length(64)
+  w.add_head_count(2)
+  w.add_head_count_kv(2)
+  w.add_vocab_size(8)
+  # IQ2_XXS: 66 bytes a block of 256 values
+  w.add_tensor("token_embd.weight", np.zeros((8, 66), np.uint8),
+               raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(ValueError, match=r"token_embd.weight has quant type IQ2_XXS; supported: F32, F16"):
+    load_numpy(path)
+
+
+def test_gguf_corrupt_file(tmp_path):
+  path = tmp_path / "corrupt.gguf"
+  path.write_bytes(b"GGUF" + b"\x00" * 10)
+  with pytest.raises(ValueError, match="corrupt.gguf: not a readable GGUF file"):
+    load_numpy(path)
+
+
+def test_unknown_alias(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not a known alias"):
+    load_numpy("smollm9-1t")
