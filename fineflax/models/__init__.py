@@ -5,3 +5,4 @@ from fineflax.models.decoder import (LINEAR_NAMES, default_positions, forward, f
                                      materialize, output_kernel)
 from fineflax.models.hf_import import params_from_state_dict, state_dict_from_params
 from fineflax.models.load import load, load_numpy, load_tokenizer, resolve_source
+from fineflax.models.estimate import load_config, memory_estimate

@@ -1,0 +1,58 @@
+"""Model config without weights, and a memory estimate for `launch.py --dry_run`."""
+from __future__ import annotations
+
+import json
+import os
+
+from fineflax.models.config import ModelConfig
+from fineflax.models.load import resolve_source
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # codes + 8-bit absmax + fp32 second-level absmax
+
+
+def load_config(source: str | os.PathLike) -> ModelConfig:
+  """The ModelConfig of `source` read from config.json or GGUF metadata only (no tensor data)."""
+  path = resolve_source(str(source))
+  if path.is_dir():
+    cfg = path / "config.json"
+    if not cfg.exists():
+      raise FileNotFoundError(f"{path}: no config.json")
+    return ModelConfig.from_hf(json.loads(cfg.read_text()), source=str(cfg))
+  import gguf
+  from fineflax.models.gguf_import import hf_config_from_gguf
+  return ModelConfig.from_hf(hf_config_from_gguf(gguf.GGUFReader(str(path)), str(path)), source=str(path))
+
+
+def linear_params(config: ModelConfig) -> int:
+  """Parameters in the seven linear projections of all layers (what QLoRA quantises)."""
+  c = config
+  per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+  per_layer += 3 * c.hidden_size * c.intermediate_size
+  return c.num_layers * per_layer
+
+
+def lora_params(config: ModelConfig, r: int, targets=("q", "k", "v", "o", "gate", "up", "down")) -> int:
+  """Parameters of rank-r adapters A (in, r) and B (r, out) on each targeted linear."""
+  c = config
+  dims = {"q": (c.hidden_size, c.num_heads * c.head_dim), "k": (c.hidden_size, c.num_kv_heads * c.head_dim),
+          "v": (c.hidden_size, c.num_kv_heads * c.head_dim), "o": (c.num_heads * c.head_dim, c.hidden_size),
+          "gate": (c.hidden_size, c.intermediate_size), "up": (c.hidden_size, c.intermediate_size),
+          "down": (c.intermediate_size, c.hidden_size)}
+  return c.num_layers * sum(r * (i + o) for n, (i, o) in dims.items() if n in targets)
+
+
+def memory_estimate(config: ModelConfig, *, dtype: str = "bfloat16", quant: str = "none",
+                    lora_rank: int = 0, batch: int = 1, seq_len: int = 1024) -> dict[str, float]:
+  """Rough GiB: frozen weights, LoRA + AdamW state (f32), KV cache / activation checkpoints."""
+  gib = 1024 ** 3
+  total, lin = config.num_params(), linear_params(config)
+  wbytes = _BYTES[dtype]
+  weights = (total - lin) * wbytes + lin * (NF4_BITS / 8 if quant == "nf4" else
+                                             1 if quant == "int8" else wbytes)
+  lora = lora_params(config, lora_rank) * 4 * 4 if lora_rank else 0  # param, grad, adam mu, nu
+  kv = 2 * config.num_layers * batch * seq_len * config.num_kv_heads * config.head_dim * wbytes
+  acts = config.num_layers * batch * seq_len * config.hidden_size * wbytes  # one checkpoint a layer
+  return {"weights_gib": weights / gib, "lora_and_optimizer_gib": lora / gib,
+          "kv_cache_gib": kv / gib, "activation_checkpoints_gib": acts / gib,
+          "total_gib": (weights + lora + kv + acts) / gib}

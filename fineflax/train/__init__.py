@@ -1,0 +1,1 @@
+"""Training infrastructure shared by SFT and RL: optimizer, checkpoints, metric writers, signals."""
