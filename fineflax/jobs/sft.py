@@ -1,0 +1,148 @@
+"""SFT job: LoRA/QLoRA fine-tuning on chat data, with eval, checkpoints, TensorBoard and a PEFT export."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from fineflax import lora as lora_lib
+from fineflax.data import Mixture, load_source, make_batch_iterator, sample_file
+from fineflax.data.iterator import pad_id_of
+from fineflax.jobs.common import answer, compute_dtype, make_workdir, setup_model, stack_micro_batches
+from fineflax.train.checkpoint import Checkpointer
+from fineflax.train.metric_writer import MetricWriter
+from fineflax.train.optim import make_optimizer, make_schedule
+from fineflax.train.sft_step import init_state, make_sft_fns
+from fineflax.train.signals import StopRequested
+
+
+def parse_sources(spec: str, data_cfg, seed: int) -> Mixture:
+  """Mixture from "path[:weight],path[:weight]"; bare names resolve to bundled sample files."""
+  sources = []
+  for item in [s.strip() for s in spec.split(",") if s.strip()]:
+    path, weight = item, "1"
+    if ":" in item and _is_number(item.rsplit(":", 1)[1]):
+      path, weight = item.rsplit(":", 1)
+    if not os.path.exists(path) and "/" not in path:
+      path = str(sample_file(path))
+    sources.append((load_source(path, schema=data_cfg.schema, on_bad_row=data_cfg.on_bad_row), float(weight)))
+  if not sources:
+    raise ValueError("config.data.sources is empty")
+  return Mixture(sources, seed=seed)
+
+
+def _is_number(s: str) -> bool:
+  try:
+    float(s)
+    return True
+  except ValueError:
+    return False
+
+
+def _batches(mixture, tokenizer, data_cfg):
+  return make_batch_iterator(mixture, tokenizer, batch_size=data_cfg.batch_size,
+                             max_length=data_cfg.max_length, packing=data_cfg.packing,
+                             truncation=data_cfg.truncation)
+
+
+def evaluate(eval_fn, lora, base, config, tokenizer) -> dict:
+  """Token-weighted eval loss and perplexity over `config.data.eval_batches` batches of the eval set."""
+  if not config.data.eval_sources:
+    return {}
+  it = _batches(parse_sources(config.data.eval_sources, config.data, seed=1234), tokenizer, config.data)
+  nll, n = 0.0, 0.0
+  for _ in range(config.data.eval_batches):
+    s, c = eval_fn(lora, base, next(it))
+    nll, n = nll + float(s), n + float(c)
+  loss = nll / max(n, 1.0)
+  return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}
+
+
+def run(config, workdir: str | None) -> dict:
+  workdir = make_workdir(config, workdir)
+  dtype = compute_dtype(config)
+  base, model_config, tokenizer, lora_cfg, lora = setup_model(config)
+  scale = lora_lib.lora_scale(lora_cfg)
+  opt_cfg = config.optimizer
+  optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
+  train_fn, eval_fn = make_sft_fns(optimizer, model_config=model_config, lora_scale=scale,
+                                   lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
+                                   logits_chunk=config.model.logits_chunk)
+  state = init_state(lora, optimizer, config.seed)
+  batches = _batches(parse_sources(config.data.sources, config.data, config.seed), tokenizer, config.data)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=config.checkpoint.keep_last,
+                      keep_best=config.checkpoint.keep_best, best_metric="eval_loss", best_mode="min")
+  restored = ckpt.restore(state)
+  if restored is not None:
+    state, meta = restored
+    batches.restore(meta["data"])
+    logging.info("resumed from step %d in %s", int(state["step"]), ckpt.directory)
+  elif config.sample_prompt:
+    before = answer(base, model_config, tokenizer, config.sample_prompt, dtype=dtype,
+                    max_new_tokens=config.sample_max_new_tokens)
+    print(f"\n[before] {config.sample_prompt}\n{before}\n", flush=True)
+  writer = MetricWriter(os.path.join(workdir, "logs"))
+  pad_id = pad_id_of(tokenizer)
+  start = int(state["step"])
+  status, last_good = "completed", start
+  meta_of = lambda: {"data": batches.state(), "config": config.to_dict()}
+  bar = tqdm(total=opt_cfg.num_steps, initial=start, desc="sft", dynamic_ncols=True)
+  t_last, tokens_since = time.time(), 0.0
+  with StopRequested() as stop:
+    for step in range(start + 1, opt_cfg.num_steps + 1):
+      batch = stack_micro_batches([next(batches) for _ in range(config.data.grad_accum)], pad_id)
+      new_state, metrics = train_fn(state, base, batch)
+      metrics = jax.device_get(metrics)
+      if not np.isfinite(metrics["loss"]):
+        status = f"stopped: non-finite loss {metrics['loss']} at step {step}"
+        break
+      state, tokens_since = new_state, tokens_since + float(metrics["tokens"])
+      do_eval = step % config.eval_every == 0 or step == opt_cfg.num_steps
+      scalars = {"train_loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
+      if step % config.log_every == 0 or do_eval:
+        now = time.time()
+        scalars["tokens_per_s"] = tokens_since / max(now - t_last, 1e-9)
+        t_last, tokens_since = now, 0.0
+        scalars["learning_rate"] = float(schedule(step - 1))
+      if do_eval:
+        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer))
+      writer.write_scalars(step, scalars)
+      bar.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k != "learning_rate"})
+      bar.update(1)
+      if step % config.checkpoint.every == 0 or step == opt_cfg.num_steps or stop:
+        if not ckpt.save(step, state, meta_of(), metrics=_ckpt_metrics(scalars)):
+          status = f"stopped: checkpoint at step {step} could not be written (disk full?)"
+          break
+        last_good = step
+      if stop:
+        status = f"stopped by {stop.signal_name} at step {step}"
+        break
+  bar.close()
+  writer.close()
+  ckpt.close()
+  if status != "completed":
+    print(f"\n{status}; the last good checkpoint is step {ckpt.latest_step() or last_good} in "
+          f"{ckpt.directory}", flush=True)
+  adapter_dir = os.path.join(workdir, "adapter")
+  lora_lib.export_peft(state["lora"], lora_cfg, model_config, adapter_dir,
+                       base_model_name_or_path=str(config.model.source))
+  summary = {"status": status, "step": int(state["step"]), "workdir": workdir, "adapter": adapter_dir}
+  if config.sample_prompt and status == "completed":
+    after = answer(base, model_config, tokenizer, config.sample_prompt, lora=state["lora"],
+                   lora_scale=scale, dtype=dtype, max_new_tokens=config.sample_max_new_tokens)
+    print(f"\n[after] {config.sample_prompt}\n{after}\n", flush=True)
+    summary["sample_after"] = after
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  print(f"adapter: {adapter_dir}\nlogs: {os.path.join(workdir, 'logs')} (tensorboard --logdir ...)")
+  return summary
+
+
+def _ckpt_metrics(scalars: dict) -> dict | None:
+  return {"eval_loss": scalars["eval_loss"]} if "eval_loss" in scalars else None

@@ -1,0 +1,73 @@
+"""Supervised fine-tuning of LoRA adapters: the loss and one jitted optimizer step.
+
+A batch holds `grad_accum` micro-batches: arrays [A, B, T] with the fields of `fineflax.data`
+(tokens, targets, loss_mask, attention_mask, positions, segment_ids). One step = one optimizer update on
+the token-weighted mean over all A micro-batches, exactly as one batch of A*B rows would give.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fineflax.models import ModelConfig, forward_hidden, output_kernel
+from fineflax.rl.losses import chunked_token_logp_and_entropy
+
+State = dict[str, Any]  # {"step": int32, "lora": pytree, "opt_state": pytree, "rng": key}
+
+
+def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
+            dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256):
+  """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T]."""
+  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"),
+                     lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
+                     dropout_rng=dropout_rng, remat=remat, dtype=dtype)
+  logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype),
+                                           batch["targets"], chunk=logits_chunk)
+  mask = batch["loss_mask"].astype(jnp.float32)
+  return -jnp.sum(logp * mask), jnp.sum(mask)
+
+
+def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, **loss_kwargs):
+  """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. LoRA only."""
+  rng, step_rng = jax.random.split(state["rng"])
+  num_micro = batch["tokens"].shape[0]
+
+  def micro(carry, xs):
+    grad_acc, nll_acc, n_acc = carry
+    mb, key = xs
+    (nll, n), g = jax.value_and_grad(
+        lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["lora"])
+    return (jax.tree.map(jnp.add, grad_acc, g), nll_acc + nll, n_acc + n), None
+
+  zeros = jax.tree.map(jnp.zeros_like, state["lora"])
+  keys = jax.random.split(step_rng, num_micro)
+  (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
+  n = jnp.maximum(n, 1.0)
+  grads = jax.tree.map(lambda g: g / n, grads)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
+  lora = optax.apply_updates(state["lora"], updates)
+  metrics = {"loss": nll / n, "tokens": n, "grad_norm": optax.global_norm(grads)}
+  return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
+
+
+def eval_step(lora, base, batch, **loss_kwargs):
+  """(sum NLL, number of loss tokens) of one micro-batch [B, T], no dropout."""
+  loss_kwargs = dict(loss_kwargs, lora_dropout=0.0)
+  return sft_nll(lora, base, batch, **loss_kwargs)
+
+
+def make_sft_fns(optimizer, **loss_kwargs):
+  """(jitted train step (state donated), jitted eval step) closed over static settings."""
+  train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(eval_step, **loss_kwargs))
+  return train, evaluate
+
+
+def init_state(lora, optimizer, seed: int) -> State:
+  return {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": optimizer.init(lora),
+          "rng": jax.random.PRNGKey(seed)}
