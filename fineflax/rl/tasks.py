@@ -1,0 +1,165 @@
+"""Seeded multi-step arithmetic word problems with worked R1-style solutions (a toy RLVR task).
+
+A problem is a start count and 1..5 operations (add, subtract, multiply, divide exactly), e.g.
+  "Mia has 12 apples. Then Mia gets 5 more apples. Then Mia gives away 3 apples. How many apples
+   does Mia have now?"  answer 14,
+  solution "<think>\nStep 1: 12 + 5 = 17\nStep 2: 17 - 3 = 14\n</think><answer>14</answer>".
+Train / held-out split is a function of the problem itself (a hash of its canonical key), so the two
+splits never share a problem whatever the seeds. All intermediate values are integers in [0, 1000].
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+import tempfile
+from typing import Sequence, Union
+
+import numpy as np
+
+NAMES = ("Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lena", "Ravi", "Sara", "Tom", "Yuki", "Ines")
+ITEMS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "stamps")
+SPLITS = ("train", "test")
+HELD_OUT_PERCENT = 20  # share of the problem space assigned to the "test" split
+MAX_VALUE = 1000
+_SENTENCE = {"+": "Then {n} gets {x} more {i}.", "-": "Then {n} gives away {x} {i}.",
+             "*": "Then {n} ends up with {x} times as many {i}.",
+             "/": "Then {n} splits the {i} into {x} equal groups and keeps one group."}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """question text, integer answer, worked solution, number of steps, split, canonical key."""
+  question: str
+  answer: int
+  solution: str
+  num_steps: int
+  split: str
+  key: str
+
+
+def apply_op(value: int, op: str, x: int) -> int:
+  """One exact integer step: value op x (division must be exact)."""
+  if op == "+":
+    return value + x
+  if op == "-":
+    return value - x
+  if op == "*":
+    return value * x
+  if op == "/":
+    if x == 0 or value % x:
+      raise ValueError(f"{value} / {x} is not an exact division")
+    return value // x
+  raise ValueError(f"unknown operation {op!r}")
+
+
+def solve(start: int, ops: Sequence[tuple[str, int]]) -> tuple[int, str]:
+  """(answer, "<think>Step 1: a op b = c ... </think><answer>N</answer>") by applying ops in order."""
+  value, lines = int(start), []
+  for s, (op, x) in enumerate(ops, 1):
+    new = apply_op(value, op, x)
+    lines.append(f"Step {s}: {value} {op} {x} = {new}")
+    value = new
+  return value, "<think>\n" + "\n".join(lines) + f"\n</think><answer>{value}</answer>"
+
+
+def split_of(key: str) -> str:
+  """'test' for HELD_OUT_PERCENT of keys (by SHA-256), else 'train'."""
+  h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+  return "test" if h % 100 < HELD_OUT_PERCENT else "train"
+
+
+def _random_ops(rng: np.random.Generator, start: int, num_steps: int) -> list[tuple[str, int]]:
+  ops, value = [], start
+  for _ in range(num_steps):
+    choices = (["+"] if value < MAX_VALUE else []) + (["-"] if value > 1 else []) + (["*"] if value * 2 <= MAX_VALUE else [])
+    divisors = [d for d in range(2, 10) if value % d == 0 and value > d]
+    choices += ["/"] if divisors else []
+    op = choices[rng.integers(len(choices))]
+    if op == "+":
+      x = int(rng.integers(1, min(30, MAX_VALUE - value) + 1))
+    elif op == "-":
+      x = int(rng.integers(1, value))
+    elif op == "*":
+      x = int(rng.integers(2, min(4, MAX_VALUE // value) + 1))
+    else:
+      x = int(divisors[rng.integers(len(divisors))])
+    ops.append((op, x))
+    value = apply_op(value, op, x)
+  return ops
+
+
+def make_problem(name: str, item: str, start: int, ops: Sequence[tuple[str, int]]) -> Problem:
+  """The Problem for one start count and op list (question, solved answer and solution, split)."""
+  sentences = " ".join(_SENTENCE[op].format(n=name, x=x, i=item) for op, x in ops)
+  question = f"{name} has {start} {item}. {sentences} How many {item} does {name} have now?"
+  answer, solution = solve(start, ops)
+  key = json.dumps([name, item, start, [list(o) for o in ops]])
+  return Problem(question, answer, solution, len(ops), split_of(key), key)
+
+
+def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[int, int]] = (1, 5),
+                      seed: int = 0) -> list[Problem]:
+  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed).
+
+  num_steps: an int in 1..5, or an inclusive range (lo, hi) drawn uniformly per problem.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  lo, hi = (num_steps, num_steps) if isinstance(num_steps, int) else tuple(num_steps)
+  if not 1 <= lo <= hi <= 5:
+    raise ValueError(f"num_steps must lie in 1..5, got {num_steps!r}")
+  rng = np.random.default_rng([seed, lo, hi, SPLITS.index(split)])
+  out, seen = [], set()
+  for _ in range(200 * n + 1000):
+    if len(out) == n:
+      break
+    start = int(rng.integers(2, 51))
+    ops = _random_ops(rng, start, int(rng.integers(lo, hi + 1)))
+    p = make_problem(NAMES[rng.integers(len(NAMES))], ITEMS[rng.integers(len(ITEMS))], start, ops)
+    if p.split == split and p.key not in seen:
+      seen.add(p.key)
+      out.append(p)
+  if len(out) < n:
+    raise RuntimeError(f"could only find {len(out)} distinct {split} problems with num_steps={num_steps}")
+  return out
+
+
+def extract_answer(response: str):
+  """The text inside the last <answer>...</answer>, stripped, or None."""
+  found = re.findall(r"<answer>(.*?)</answer>", response, flags=re.S)
+  return found[-1].strip() if found else None
+
+
+def answer_reward(response: str, answer) -> float:
+  """1.0 if the last <answer> equals `answer` (as integers when both parse), else 0.0."""
+  got = extract_answer(response)
+  if got is None:
+    return 0.0
+  try:
+    return float(int(got.replace(",", "")) == int(str(answer)))
+  except ValueError:
+    return float(got == str(answer).strip())
+
+
+def write_traces(path, problems: Sequence[Problem], data_source: str = "fineflax/arith") -> pathlib.Path:
+  """Write problems with their solutions as LUFFY-format JSONL (atomic: tmp file + os.replace)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      for i, p in enumerate(problems):
+        rec = {"data_source": data_source, "prompt": [{"role": "user", "content": p.question}],
+               "target": [{"role": "assistant", "content": p.solution}], "ability": "math",
+               "reward_model": {"style": "rule", "ground_truth": str(p.answer)},
+               "extra_info": {"split": p.split, "index": i, "num_steps": p.num_steps}}
+        f.write(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+  return path
