@@ -1,0 +1,13 @@
+"""Reward functions for RL: `fn(prompt, completion, **example) -> float`, a registry and batch scoring.
+
+Registered names: math, math_last_number, format, code, function_call, chat, combined, exact_match.
+"""
+from fineflax.rewards.registry import REWARDS, get_reward, register, score_completions
+from fineflax.rewards import chat, code_reward, combined, format_reward, function_call, math_reward, qa  # noqa: F401
+from fineflax.rewards.qa import extract_answer, normalize_answer
+from fineflax.rewards.math_equiv import math_equal
+from fineflax.rewards.math_reward import extract_math_answer
+from fineflax.rewards.sandbox import SandboxResult, run_python
+
+__all__ = ["REWARDS", "get_reward", "register", "score_completions", "extract_answer", "normalize_answer",
+           "math_equal", "extract_math_answer", "SandboxResult", "run_python"]
