@@ -1,0 +1,75 @@
+"""The jitted RL update: per-token log-probs of completions under base+LoRA, then a GRPO-family loss.
+
+Batch (NumPy/jax arrays; B sequences, S = P + N tokens: left-padded prompt of width P, completion N):
+  tokens [B, S], attention_mask [B, S], positions [B, S]   the full sequences as the model reads them
+  completion [B, N]       completion tokens (model-generated, inserted tool text, or an off-policy trace)
+  mask [B, N]             1 = a token the policy produced and that enters the loss (not tool text/padding)
+  old_logp [B, N]         log-probs under the policy that sampled the batch (recomputed before updating)
+  ref_logp [B, N]         log-probs under the base with LoRA off (only read when beta > 0)
+  advantages [B]          group-normalised advantages
+  is_off_policy [B]       LUFFY trace / ExGRPO replayed row (uses the shaping loss); optional
+  behaviour_logp [B, N]   recorded log-probs of off-policy/replayed rows; optional
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fineflax.models import forward_hidden, output_kernel
+from fineflax.rl.losses import chunked_token_logp_and_entropy, exgrpo_loss, grpo_loss, luffy_loss
+
+OBJECTIVES = ("grpo", "luffy", "exgrpo")
+
+
+def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
+                    logits_chunk=256):
+  """(logp [B, N], entropy [B, N]) of the completion tokens; hidden state t predicts token t + 1."""
+  n = batch["completion"].shape[1]
+  s = batch["tokens"].shape[1]
+  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+                     attention_mask=batch["attention_mask"], lora=lora, lora_scale=lora_scale,
+                     remat=remat, dtype=dtype)
+  h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+  return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype), batch["completion"],
+                                        chunk=logits_chunk)
+
+
+def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
+  """(scalar loss, metrics) of `objective` on the batch (formulas in fineflax.rl.losses)."""
+  logp, entropy = completion_logp(lora, base, batch, **fwd_kwargs)
+  common = dict(loss_kwargs, entropy=entropy)
+  if objective == "grpo":
+    return grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"], batch["mask"],
+                     **common)
+  if objective == "luffy":
+    return luffy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"], batch["is_off_policy"],
+                      off_policy_behaviour_logp=batch.get("behaviour_logp"),
+                      ref_logp=batch.get("ref_logp"), **common)
+  if objective == "exgrpo":
+    return exgrpo_loss(logp, batch["old_logp"], batch["behaviour_logp"], batch["advantages"],
+                       batch["mask"], batch["is_off_policy"], ref_logp=batch.get("ref_logp"), **common)
+  raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}")
+
+
+def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs):
+  """One optimizer update of the LoRA pytree on `rl_loss`; the frozen base gets no gradient."""
+  (loss, metrics), grads = jax.value_and_grad(
+      functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
+      has_aux=True)(state["lora"], base, batch)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
+  metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+  return {"step": state["step"] + 1, "lora": optax.apply_updates(state["lora"], updates),
+          "opt_state": opt_state, "rng": state["rng"]}, metrics
+
+
+def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
+  """(jitted rl_step with the state donated, jitted completion_logp for old/ref log-probs)."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}")
+  step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
+                                   loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs), donate_argnums=(0,))
+  logp = jax.jit(lambda lora, base, batch: completion_logp(lora, base, batch, **fwd_kwargs)[0])
+  return step, logp
