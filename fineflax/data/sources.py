@@ -180,6 +180,9 @@ def _load_file(path: pathlib.Path, bad: _BadRows, schema: str, split: str, **kwa
   elif fmt == "csv":
     lines, header, rejected = _scan_csv(path, bad)
     kwargs.setdefault("features", datasets.Features({c: datasets.Value("string") for c in header}))
+    if not lines:
+      raise DataError(f"{path}: dataset is empty (no valid rows; {bad.count} skipped)"
+                      if bad.count else f"{path}: dataset is empty (header only)")
     if rejected:
       keep, tmp = set(lines), tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False,
                                                           encoding="utf-8", newline="")
