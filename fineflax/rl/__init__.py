@@ -5,5 +5,5 @@ from fineflax.rl.losses import (AGG_MODES, aggregate, chunked_token_logp_and_ent
                                 entropy_from_logits, exgrpo_loss, exgrpo_replay_weight, grpo_loss, kl_k3,
                                 luffy_loss, masked_mean, policy_shaping_loss, token_logp,
                                 unclipped_surrogate)
-from fineflax.rl.tasks import Problem, answer_reward, generate_problems, solve, write_traces
+from fineflax.rl.tasks import Problem, generate_problems, make_problem, solve, write_traces
 from fineflax.rl.traces import Trace, TraceFormatError, filter_traces, load_traces, parse_record

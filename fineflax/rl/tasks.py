@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import pathlib
-import re
 import tempfile
 from typing import Sequence, Union
 
@@ -126,23 +125,6 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
   if len(out) < n:
     raise RuntimeError(f"could only find {len(out)} distinct {split} problems with num_steps={num_steps}")
   return out
-
-
-def extract_answer(response: str):
-  """The text inside the last <answer>...</answer>, stripped, or None."""
-  found = re.findall(r"<answer>(.*?)</answer>", response, flags=re.S)
-  return found[-1].strip() if found else None
-
-
-def answer_reward(response: str, answer) -> float:
-  """1.0 if the last <answer> equals `answer` (as integers when both parse), else 0.0."""
-  got = extract_answer(response)
-  if got is None:
-    return 0.0
-  try:
-    return float(int(got.replace(",", "")) == int(str(answer)))
-  except ValueError:
-    return float(got == str(answer).strip())
 
 
 def write_traces(path, problems: Sequence[Problem], data_source: str = "fineflax/arith") -> pathlib.Path:
