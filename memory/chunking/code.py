@@ -87,6 +87,11 @@ class _Splitter:
       else:
         groups.append([first, last, [kid]])
     pieces, start = [], lo
+    if not top_level:  # the parent's own header rows (e.g. `class A {`) before its first child
+      first_child = min(k.start_point.row for n in nodes for k in n.named_children)
+      if nodes[0].start_point.row < first_child <= groups[0][0] and first_child > lo:
+        pieces += [_Piece(a, b, label, False) for a, b in pack_lines(lo, first_child - 1, self.size, self.max_chars)]
+        start = first_child
     for i, (_, last, members) in enumerate(groups):
       end = hi if i == len(groups) - 1 else min(max(last, start), hi)
       sub_label, new = label, False
@@ -186,7 +191,7 @@ def chunk_code(source: str, path: str, language: str = "python", max_chars: int 
       d += 1
     node = p.label.node
     if p.label.kind == "docstring":
-      node = tree.root_node.named_children[0]
+      node = next(n for n in tree.root_node.named_children if n.type not in spec.comments)
     chunks.append(Chunk(
         text="".join(lines[p.lo:p.hi + 1]), kind=p.label.kind,
         name=", ".join(p.names) if p.names else p.label.name, path=path,
