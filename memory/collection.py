@@ -253,7 +253,11 @@ class Collection:
     if rerank and (query_texts is None or self.reranker is None):
       raise ValueError(f"{self.name}.query: rerank=True needs query_texts and a collection reranker")
     q = self._embed(query_texts, f"{self.name}.query") if query_embeddings is None else query_embeddings
-    q = _normalise(np.atleast_2d(np.asarray(q, np.float32)), self.dim, f"{self.name}.query")
+    q = np.atleast_2d(np.asarray(q, np.float32))
+    if self.dim is not None and q.shape[-1] != self.dim:
+      raise ValueError(f"{self.name}.query: query vectors have {q.shape[-1]} dimensions but the collection "
+                       f"holds {self.dim}; open it with the embedding_function it was built with")
+    q = _normalise(q, self.dim, f"{self.name}.query")
     hits = self._candidates(q, n_results * (3 if rerank else 1), where, where_document)
     found = {h[0] for row in hits for h in row}
     records = {r[0]: r for r in self._select("r.id, r.document, r.metadata, r.embedding", list(found), None, None)}

