@@ -1,0 +1,20 @@
+"""Chat prompts for generation: the tokenizer's chat template, or ChatML when it has none.
+
+The template choice and tool-call inlining are `fineflax.data.chat`'s (one rendering for training and
+sampling); this adds the generation prompt (the assistant header) for decoding.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from fineflax.data.chat import chat_template, template_messages
+
+
+def format_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: bool = True) -> str:
+  """The prompt text for `messages` ([{"role": ..., "content": ...}]) under the tokenizer's template."""
+  for i, m in enumerate(messages):
+    if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+      raise ValueError(f"messages[{i}] = {m!r}: expected a dict with 'role' and 'content'")
+  template = chat_template(tokenizer)
+  return tokenizer.apply_chat_template(template_messages(messages, template), chat_template=template,
+                                       tokenize=False, add_generation_prompt=add_generation_prompt)

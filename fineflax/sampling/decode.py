@@ -1,0 +1,96 @@
+"""Jitted device functions of the sampler: feed a block of tokens into the KV cache, decode a chunk.
+
+State between calls ("pending token" scheme): every row has one `pending` token that is part of its
+sequence but not yet in the cache, at position `pos`. A decode step feeds `pending` at the shared slot
+`cache["index"]` (valid only for active rows), samples the next token from its logits and makes that the
+new pending token. Prefill and `append` feed everything but the last token as a block; the last token
+becomes pending. So no logits are carried between calls and the prompt's logits are never materialised.
+
+Both functions donate the cache (updated in place) and are compiled once per (static settings, shapes);
+callers round shapes up to buckets (`bucket`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from fineflax.models.decoder import forward_cached, forward_hidden
+from fineflax.sampling.processors import SamplingConfig, sample_tokens
+
+
+def bucket(n: int, minimum: int = 16, multiple: int = 256) -> int:
+  """n rounded up: to a power of two (at least `minimum`) up to `multiple`, then to a multiple of it."""
+  n = max(int(n), minimum)
+  if n <= multiple:
+    return 1 << (n - 1).bit_length()
+  return -(-n // multiple) * multiple
+
+
+def cast_params(params, dtype):
+  """Floating arrays cast to `dtype`; quantised tensors (with `.dequantize`) left as they are."""
+  def cast(x):
+    if hasattr(x, "dequantize") or not hasattr(x, "dtype"):
+      return x
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return jax.tree.map(cast, params, is_leaf=lambda x: hasattr(x, "dequantize"))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype"), donate_argnames=("cache",))
+def feed_block(params, cache, tokens, attention_mask, positions, lora, lora_scale, *, config, dtype):
+  """Writes tokens [B, T] at slots [index, index + T) of the cache; returns the new cache.
+
+  attention_mask [B, T]: 1 = real token (0 slots stay invisible forever); positions [B, T].
+  """
+  params = cast_params(params, dtype)
+  _, cache = forward_hidden(params, config, tokens, cache=cache, positions=positions,
+                            attention_mask=attention_mask, lora=lora, lora_scale=lora_scale, dtype=dtype)
+  return cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "sampling", "num_steps"),
+                   donate_argnames=("cache",))
+def decode_chunk(params, cache, state, rng, eos_ids, lora, lora_scale, *, config, dtype,
+                 sampling: SamplingConfig, num_steps: int):
+  """Runs up to `num_steps` decode steps under `lax.while_loop`, stopping early once no row is active.
+
+  state: {pending int32 [B], pos int32 [B], active bool [B], budget int32 [B] (tokens still allowed)}.
+  Per step, for active rows: y ~ sample(logits(pending at pos)); pending <- y; pos += 1; budget -= 1;
+  a row stops when y is in `eos_ids` (int32 [E], -1 = unused entry; eos[b] = True) or its budget is 0.
+  Returns (cache, state, eos [B], out) with out = {tokens, logprobs, raw_logprobs: [B, num_steps],
+  emitted bool [B, num_steps] (row was active at that step), steps: int32 (steps run)}.
+  """
+  params = cast_params(params, dtype)
+  b = state["pending"].shape[0]
+  out = {"tokens": jnp.zeros((b, num_steps), jnp.int32),
+         "logprobs": jnp.zeros((b, num_steps), jnp.float32),
+         "raw_logprobs": jnp.zeros((b, num_steps), jnp.float32),
+         "emitted": jnp.zeros((b, num_steps), jnp.bool_)}
+
+  def cond(carry):
+    step, _, st, _, _ = carry
+    return (step < num_steps) & jnp.any(st["active"])
+
+  def body(carry):
+    step, cache, st, eos, out = carry
+    active = st["active"]
+    logits, cache = forward_cached(params, config, st["pending"][:, None], cache,
+                                   positions=st["pos"][:, None], attention_mask=active[:, None],
+                                   lora=lora, lora_scale=lora_scale, dtype=dtype)
+    tok, lp, raw = sample_tokens(logits[:, 0], jax.random.fold_in(rng, step), sampling)
+    tok = jnp.where(active, tok, 0)
+    col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
+    out = {"tokens": col(out["tokens"], tok), "logprobs": col(out["logprobs"], jnp.where(active, lp, 0.0)),
+           "raw_logprobs": col(out["raw_logprobs"], jnp.where(active, raw, 0.0)),
+           "emitted": col(out["emitted"], active)}
+    hit_eos = active & jnp.any(tok[:, None] == eos_ids[None, :], axis=1)
+    budget = st["budget"] - active.astype(jnp.int32)
+    st = {"pending": jnp.where(active, tok, st["pending"]), "pos": st["pos"] + active.astype(jnp.int32),
+          "active": active & ~hit_eos & (budget > 0), "budget": budget}
+    return step + 1, cache, st, eos | hit_eos, out
+
+  init = (jnp.zeros((), jnp.int32), cache, state, jnp.zeros((b,), jnp.bool_), out)
+  steps, cache, state, eos, out = jax.lax.while_loop(cond, body, init)
+  out["steps"] = steps
+  return cache, state, eos, out
