@@ -20,6 +20,7 @@ import numpy as np
 
 from fineflax.data.chat import tokenize_chat
 from fineflax.data.mixture import Mixture
+from fineflax.data.sources import DataError
 from fineflax.data.packing import (TRUNCATION, assemble, bucket_width, default_buckets, first_fit, shift,
                                    truncate)
 
@@ -45,7 +46,8 @@ class BatchIterator:
     if truncation not in TRUNCATION:
       raise ValueError(f"truncation={truncation!r}; choose one of {list(TRUNCATION)}")
     self.mixture, self.tokenizer = mixture, tokenizer
-    self.batch_size, self.max_length, self.packing, self.truncation = batch_size, max_length, packing, truncation
+    self.batch_size, self.max_length = batch_size, max_length
+    self.packing, self.truncation = packing, truncation
     self.buckets = tuple(sorted(buckets)) if buckets else default_buckets(max_length)
     if self.buckets[-1] < max_length:
       raise ValueError(f"buckets {self.buckets} must reach max_length={max_length}")
@@ -59,7 +61,8 @@ class BatchIterator:
     try:
       ids, assistant = tokenize_chat(self.tokenizer, example["messages"])
     except Exception as e:
-      raise type(e)(f"{example.get('where', example.get('source', '?'))}: {e}") from e
+      where = example.get("where", example.get("source", "<example>"))
+      raise DataError(f"{where}: cannot format the messages ({type(e).__name__}: {e})") from e
     kept = truncate(ids, assistant, self.max_length + 1, self.truncation)
     if kept is None:
       self.stats["dropped_too_long"] += 1

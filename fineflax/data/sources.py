@@ -217,7 +217,8 @@ def _load_tfds(spec: str, split: str):
   import datasets
   parts = spec.split(":")
   name, split = parts[1], (parts[2] if len(parts) > 2 else split)
-  decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else (v.tolist() if hasattr(v, "tolist") else v)
+  def decode(v):
+    return v.decode("utf-8") if isinstance(v, bytes) else (v.tolist() if hasattr(v, "tolist") else v)
   rows = [{k: decode(v) for k, v in ex.items()} for ex in tfds.as_numpy(tfds.load(name, split=split))]
   return datasets.Dataset.from_list(rows)
 

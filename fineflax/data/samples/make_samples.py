@@ -1,7 +1,7 @@
 """Writes the bundled sample datasets (original content, deterministic): python make_samples.py
 
   arithmetic_messages.jsonl        messages           "What is 17 + 25?" -> "17 + 25 = 42." (learnable fast)
-  units_sharegpt.json              sharegpt           unit conversions, some multi-turn, some with a system turn
+  units_sharegpt.json              sharegpt           unit conversions, some multi-turn or with a system turn
   world_alpaca.jsonl               alpaca             facts about the fictional land of Varnholm
   strings_prompt_completion.csv    prompt_completion  reverse / uppercase / count letters of a word
   tools_glaive.jsonl               glaive             calls to made-up tools (tides, airships, crowns, stars)
@@ -136,7 +136,8 @@ def _tool_turn(rng: random.Random, name: str):
   if name == "get_tide_level":
     args = {"harbor": city(), "hour": rng.randint(0, 23)}
     level = round(rng.uniform(0.2, 4.8), 1)
-    return (f"How high is the tide at {args['harbor']} harbor at {args['hour']}:00?", args, {"level_m": level},
+    return (f"How high is the tide at {args['harbor']} harbor at {args['hour']}:00?", args,
+            {"level_m": level},
             f"The tide at {args['harbor']} at {args['hour']}:00 is expected to be {level} m.")
   if name == "book_airship":
     args = {"origin": city(), "destination": city(), "passengers": rng.randint(1, 6)}
@@ -168,7 +169,7 @@ def tools(rng: random.Random, n: int = 200) -> str:
               f"use the tools I have: {', '.join(names)}. <|endoftext|>\n\n\n")
     else:
       question, args, result, answer = _tool_turn(rng, names[0])
-      call = json.dumps({"name": names[0], "arguments": "@ARGS@"}).replace('"@ARGS@"', f"'{json.dumps(args)}'")
+      call = json.dumps({"name": names[0], "arguments": "@"}).replace('"@"', f"'{json.dumps(args)}'")
       chat = (f"USER: {question}\n\n\nASSISTANT: <functioncall> {call} <|endoftext|>\n\n\n"
               f"FUNCTION RESPONSE: {json.dumps(result)}\n\n\nASSISTANT: {answer} <|endoftext|>\n\n\n")
     rows.append({"system": system, "chat": chat})
