@@ -60,7 +60,7 @@ def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
       has_aux=True)(state["lora"], base, batch)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-  metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
   return {"step": state["step"] + 1, "lora": optax.apply_updates(state["lora"], updates),
           "opt_state": opt_state, "rng": state["rng"]}, metrics
 

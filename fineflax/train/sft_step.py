@@ -51,7 +51,7 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
   grads = jax.tree.map(lambda g: g / n, grads)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
   lora = optax.apply_updates(state["lora"], updates)
-  metrics = {"loss": nll / n, "tokens": n, "grad_norm": optax.global_norm(grads)}
+  metrics = {"loss": nll / n, "tokens": n, "grad_norm": optax.tree.norm(grads)}
   return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
 
 
