@@ -101,6 +101,14 @@ def test_missing_columns(tmp_path):
     load_source(tmp_path / "nope.jsonl")
 
 
+def test_unknown_file_type_and_unreachable_hub_name(tmp_path):
+  (tmp_path / "notes.txt").write_text("hello")
+  with pytest.raises(DataError, match=r"notes\.txt: unknown file type '\.txt'"):
+    load_source(str(tmp_path / "notes.txt"))
+  with pytest.raises(DataError, match=r"no-such-org/no-such-set: not a local file .*load_dataset failed"):
+    load_source("no-such-org/no-such-set")  # conftest sets HF_HUB_OFFLINE=1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow_datasets") is not None,
                     reason="tensorflow-datasets is installed")
 def test_tfds_without_tensorflow_datasets_is_a_clear_error():

@@ -239,7 +239,8 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
       raise DataError(f"{label}: dataset is empty (no rows)")
   elif isinstance(spec, (str, os.PathLike)) and str(spec).startswith("tfds:"):
     ds, label = _load_tfds(str(spec), split), name or str(spec)
-  elif isinstance(spec, os.PathLike) or pathlib.Path(str(spec)).suffix.lower() in FILE_FORMATS:
+  elif (isinstance(spec, os.PathLike) or pathlib.Path(str(spec)).suffix.lower() in FILE_FORMATS
+        or pathlib.Path(str(spec)).is_file()):
     path = pathlib.Path(spec).expanduser()
     ds, schema, lines, prevalidated = _load_file(path, bad, schema, split, **load_kwargs)
     label = name or str(path)
