@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from fineflax.data import Mixture, load_source, make_batch_iterator, sample_file, tokenize_chat
+from fineflax.data import Mixture, build_mixture, load_source, make_batch_iterator, sample_file, tokenize_chat
 from fineflax.data.packing import shift
 from fineflax.models import ModelConfig, forward, init_params
 
@@ -153,6 +153,16 @@ def test_mixture_frequencies_and_epochs():
   assert [next(again)["messages"] for _ in range(50)] == [d["messages"] for d in drawn[:50]]
   other = Mixture([(rows("a", 7), 5), (rows("b", 11), 3), (rows("c", 13), 2)], seed=1)
   assert [next(other)["messages"] for _ in range(50)] != [d["messages"] for d in drawn[:50]]
+
+
+def test_build_mixture_from_config_entries(tmp_path):
+  (tmp_path / "x.jsonl").write_text('{"prompt": "p", "completion": "c"}\nnot json\n')
+  mix = build_mixture([{"source": "sample:units_sharegpt.json", "weight": 0},
+                       {"source": str(tmp_path / "x.jsonl"), "on_bad_row": "skip", "weight": 2}], seed=0)
+  assert mix.sources[0].schema == "sharegpt" and mix.sources[1].num_skipped == 1
+  assert {next(mix)["source"] for _ in range(20)} == {str(tmp_path / "x.jsonl")}  # weight 0: never drawn
+  with pytest.raises(ValueError, match="entry 0 has no 'source'"):
+    build_mixture([{"weight": 1}])
 
 
 def test_mixture_resume_continues_exactly(sources):

@@ -3,6 +3,7 @@
   source = load_source("train.jsonl", schema="auto", on_bad_row="error")   # or .json/.parquet/.csv,
                                                                            # "tfds:NAME", a hub name
   mixture = Mixture([(source, 0.7), (sample_file("units_sharegpt.json"), 0.3)], seed=0)
+  # or from config entries: build_mixture([{"source": "sample:arithmetic_messages.jsonl", "weight": 1}])
   batches = make_batch_iterator(mixture, tokenizer, batch_size=8, max_length=512, packing=True)
   batch = next(batches); saved = batches.state(); ...; batches.restore(saved)
 
@@ -22,7 +23,7 @@ Loss = sum(loss_mask * nll(logits, targets)) / sum(loss_mask).
 """
 from fineflax.data.chat import CHATML_TEMPLATE, TemplateError, render_with_spans, tokenize_chat
 from fineflax.data.iterator import BatchIterator, make_batch_iterator
-from fineflax.data.mixture import Mixture
+from fineflax.data.mixture import Mixture, build_mixture
 from fineflax.data.packing import assemble, default_buckets, first_fit, shift, truncate
 from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, to_messages
 from fineflax.data.sources import DataError, Source, load_source, sample_file

@@ -10,7 +10,7 @@ Everything is a function of (seed, s, counts), so `state()` is the small dict
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -84,3 +84,19 @@ class Mixture:
     if sum(counts) != int(state["step"]):
       raise ValueError(f"mixture state is inconsistent: step {state['step']} != sum(counts) {sum(counts)}")
     self.step, self.counts = int(state["step"]), counts
+
+
+def build_mixture(specs: Sequence[Mapping[str, Any]], seed: int = 0, shuffle: bool = True) -> Mixture:
+  """A Mixture from config entries `{"source": spec, "weight": w, **load_source kwargs}`.
+
+  e.g. [{"source": "sample:arithmetic_messages.jsonl", "weight": 3},
+        {"source": "data/chat.jsonl", "weight": 1, "schema": "sharegpt", "on_bad_row": "skip"}]
+  """
+  pairs = []
+  for i, entry in enumerate(specs):
+    entry = dict(entry)
+    if "source" not in entry:
+      raise ValueError(f"data source entry {i} has no 'source': {entry}")
+    src, weight = entry.pop("source"), entry.pop("weight", 1.0)
+    pairs.append((src if isinstance(src, Source) else load_source(src, **entry), weight))
+  return Mixture(pairs, seed=seed, shuffle=shuffle)

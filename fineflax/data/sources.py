@@ -2,6 +2,7 @@
 
 `load_source(spec)` accepts
   - a local file: .jsonl / .json (JSON lines or one array), .parquet, .csv;
+  - "sample:NAME", a bundled sample file (`sample_file(NAME)`);
   - "tfds:NAME" or "tfds:NAME:SPLIT" (needs tensorflow-datasets);
   - a `datasets.Dataset`, or a list of row dicts (name "<memory>");
   - anything else: a hub dataset name passed to `datasets.load_dataset(spec, split=split)`.
@@ -231,6 +232,8 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     raise ValueError(f"schema={schema!r}; choose 'auto' or one of {list(SCHEMAS)}")
   bad = _BadRows(on_bad_row)
   lines, prevalidated = None, False
+  if isinstance(spec, str) and spec.startswith("sample:"):
+    spec = sample_file(spec[len("sample:"):])
   if isinstance(spec, datasets.Dataset):
     ds, label = spec, name or "<dataset>"
   elif isinstance(spec, list):
