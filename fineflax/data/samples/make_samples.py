@@ -20,10 +20,11 @@ import random
 SEED = 20240611
 
 
-def arithmetic(rng: random.Random, n: int = 400) -> str:
+def arithmetic(rng: random.Random, n: int = 400, first: tuple[int, int] = (2, 60)) -> str:
+  """Sums and differences; the eval set draws its first operand from 61..99 so no question repeats."""
   rows = []
   for _ in range(n):
-    a, b = rng.randint(2, 60), rng.randint(2, 40)
+    a, b = rng.randint(*first), rng.randint(2, 40)
     op = rng.choice("+-")
     a, b = (a, b) if op == "+" or a >= b else (b, a)
     c = a + b if op == "+" else a - b
@@ -180,6 +181,7 @@ def build_samples() -> dict[str, str]:
   rng = lambda k: random.Random(SEED + k)
   return {
       "arithmetic_messages.jsonl": arithmetic(rng(0)),
+      "arithmetic_eval_messages.jsonl": arithmetic(rng(5), n=64, first=(61, 99)),
       "units_sharegpt.json": units(rng(1)),
       "world_alpaca.jsonl": world(rng(2)),
       "strings_prompt_completion.csv": strings(rng(3)),
