@@ -2,7 +2,8 @@
 
   python launch.py --config configs/grpo_arith.py --workdir runs/grpo_arith          # GPU run
   python launch.py --config configs/grpo_arith.py:smoke --workdir runs/grpo_smoke    # CPU smoke test
-  LUFFY: --config.rl.n_off=1 (one solver trace in each group); DAPO: --config.rl.epsilon_high=0.28
+  LUFFY: --config.rl.objective=luffy (n_off solver traces in each group); ExGRPO:
+  --config.rl.objective=exgrpo; DAPO: --config.rl.epsilon_high=0.28
   --config.rl.agg_mode=token-mean --config.rl.dynamic_sampling=True; Dr. GRPO: --config.rl.agg_mode=sum
   --config.rl.advantage_scale=none
 """
@@ -46,8 +47,13 @@ def get_config(variant: str = ""):
   config.rl = ml_collections.ConfigDict()
   config.rl.prompts_per_step = 32  # questions per rollout batch
   config.rl.group_size = 8  # completions per question (G)
-  config.rl.n_off = 0  # LUFFY: off-policy solver traces per group (0 = plain GRPO)
+  config.rl.objective = "grpo"  # grpo (incl. DAPO / Dr. GRPO settings), luffy or exgrpo
+  config.rl.n_off = 1  # LUFFY: off-policy solver traces per group
   config.rl.luffy_gamma = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma)
+  config.rl.exgrpo_beta = 0.1  # ExGRPO importance-weight shaping w / (w + beta)
+  config.rl.exgrpo_sigma = 1.0  # ExGRPO Gaussian bucket weights N(k; K/2, sigma)
+  config.rl.exgrpo_threshold = 0.35  # ExGRPO: replay once the batch solve rate passes this
+  config.rl.experience_share = 0.5  # ExGRPO: share of each batch's questions taken from the buffer
   config.rl.max_new_tokens = 160  # completion budget
   config.rl.temperature = 1.0  # sampling temperature for rollouts
   config.rl.top_p = 1.0  # nucleus sampling mass for rollouts

@@ -1,13 +1,14 @@
-"""GRPO-family RL job (GRPO, DAPO, Dr. GRPO; LUFFY with off-policy traces) on generated arithmetic tasks.
+"""GRPO-family RL job on generated arithmetic tasks: GRPO / DAPO / Dr. GRPO, LUFFY, ExGRPO.
 
-Each step: sample `prompts_per_step` questions, roll out `group_size` completions each from base+LoRA
-(LUFFY: `n_off` of them replaced by solver traces), score them, form group advantages, optionally drop
-zero-variance groups and refill (DAPO), recompute old/ref log-probs, then `num_iterations` updates.
+Each step: pick `prompts_per_step` questions; roll out each group of `group_size` rows from base+LoRA,
+where LUFFY replaces `n_off` rows by solver traces and ExGRPO (once the solve rate passes its threshold)
+takes `experience_share` of the questions from its buffer and replaces one row of each by the stored
+correct trajectory of lowest entropy under the current policy. Then score, form group advantages,
+optionally drop zero-variance groups and refill (DAPO), recompute old/ref log-probs, and update.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 
@@ -18,8 +19,10 @@ from tqdm import tqdm
 from fineflax import lora as lora_lib
 from fineflax.jobs.common import compute_dtype, make_workdir, setup_model
 from fineflax.rewards import score_completions
+from fineflax.rl import groups as G
 from fineflax.rl.advantages import group_advantages, zero_variance_groups
-from fineflax.rl.rollout import build_rl_batch, round_up, sample_rows
+from fineflax.rl.experience import ExperienceBuffer, experience_split, replay_active
+from fineflax.rl.rollout import build_rl_batch, round_up
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.tasks import generate_problems
 from fineflax.sampling import format_chat, generate
@@ -40,157 +43,207 @@ def trace_ids(tokenizer, solution: str, eos_id: int) -> list[int]:
   return tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos_id]
 
 
-def evaluate_accuracy(base, model_config, tokenizer, problems, lora, scale, config, dtype) -> dict:
-  """Greedy accuracy (math reward = 1) on `problems`, in batches of config.eval_batch_size."""
-  correct, lengths = [], []
-  for i in range(0, len(problems), config.eval_batch_size):
-    chunk = problems[i:i + config.eval_batch_size]
-    prompts = [prompt_ids(tokenizer, config.task.system_prompt, p.question) for p in chunk]
-    out = generate(base, model_config, prompts, max_new_tokens=config.rl.max_new_tokens, temperature=0.0,
-                   tokenizer=tokenizer, lora=lora, lora_scale=scale, dtype=dtype)
-    total, _, _ = score_completions({"math": 1.0}, [p.question for p in chunk], out.texts,
-                                    [{"answer": str(p.answer)} for p in chunk])
-    correct += list(total)
-    lengths += list(out.lengths)
-  return {"eval_accuracy": float(np.mean(correct)), "eval_completion_length": float(np.mean(lengths))}
+class Trainer:
+  """Holds the frozen base, jitted functions and settings of one RL run; methods are the loop's steps."""
 
+  def __init__(self, config):
+    self.config, self.rl = config, config.rl
+    self.dtype = compute_dtype(config)
+    rl = self.rl
+    if rl.objective not in ("grpo", "luffy", "exgrpo"):
+      raise ValueError(f"config.rl.objective={rl.objective!r}; choose grpo, luffy or exgrpo")
+    if rl.objective == "luffy" and not 0 < rl.n_off < rl.group_size:
+      raise ValueError(f"config.rl.n_off={rl.n_off} must be in [1, group_size) for LUFFY")
+    self.n_off = rl.n_off if rl.objective == "luffy" else 0
+    self.base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
+    self.scale = lora_lib.lora_scale(self.lora_cfg)
+    self.optimizer = make_optimizer(config.optimizer)
+    loss_kwargs = dict(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
+                       dual_clip=rl.dual_clip or None, beta=rl.beta, entropy_coef=rl.entropy_coef,
+                       agg_mode=rl.agg_mode, max_len=rl.max_new_tokens)
+    loss_kwargs.update({"grpo": dict(clip=rl.clip), "luffy": dict(gamma=rl.luffy_gamma, on_policy_clip=rl.clip),
+                        "exgrpo": dict(replay_beta=rl.exgrpo_beta, on_policy_clip=rl.clip)}[rl.objective])
+    fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
+               dtype=self.dtype, logits_chunk=config.model.logits_chunk)
+    self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
+                                             loss_kwargs=loss_kwargs, fwd_kwargs=fwd)
+    self.state = init_state(lora, self.optimizer, config.seed)
+    self.eos = self.model_config.eos_token_ids[0]
+    self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
+    self.buffer = ExperienceBuffer(rl.group_size, sigma=rl.exgrpo_sigma)
+    self.solve_rate = 0.0
 
-def rollout(base, model_config, tokenizer, problems, lora, scale, config, dtype, rng):
-  """(prompts, completions, loss masks, is_off_policy, texts) for len(problems) groups of group_size."""
-  rl = config.rl
-  n_on = rl.group_size - rl.n_off
-  prompts1 = [prompt_ids(tokenizer, config.task.system_prompt, p.question) for p in problems]
-  prompts = [p for p in prompts1 for _ in range(n_on)]
-  out = generate(base, model_config, prompts, max_new_tokens=rl.max_new_tokens,
-                 temperature=rl.temperature, top_p=rl.top_p, tokenizer=tokenizer, rng=rng, lora=lora,
-                 lora_scale=scale, dtype=dtype)
-  comps, masks = sample_rows(out, mask_truncated=rl.mask_truncated)
-  texts = list(out.texts)
-  all_prompts, all_comps, all_masks, off, all_texts = [], [], [], [], []
-  eos = model_config.eos_token_ids[0]
-  for g, p in enumerate(problems):
-    rows = range(g * n_on, (g + 1) * n_on)
-    all_prompts += [prompts1[g]] * rl.group_size
-    all_comps += [comps[r] for r in rows]
-    all_masks += [masks[r] for r in rows]
-    all_texts += [texts[r] for r in rows]
-    off += [False] * n_on
-    for _ in range(rl.n_off):
-      ids = trace_ids(tokenizer, p.solution, eos)[:rl.max_new_tokens]
-      all_comps.append(ids)
-      all_masks.append([1.0] * len(ids))
-      all_texts.append(p.solution)
-      off.append(True)
-  return all_prompts, all_comps, all_masks, np.array(off), all_texts
+  def prompt(self, problem) -> list[int]:
+    return prompt_ids(self.tok, self.config.task.system_prompt, problem.question)
+
+  def sample(self, prompts, rng, greedy=False):
+    rl = self.rl
+    return generate(self.base, self.model_config, prompts, max_new_tokens=rl.max_new_tokens,
+                    temperature=0.0 if greedy else rl.temperature, top_p=rl.top_p, tokenizer=self.tok,
+                    rng=rng, lora=self.state["lora"], lora_scale=self.scale, dtype=self.dtype)
+
+  def evaluate(self, problems) -> dict:
+    """Greedy held-out accuracy (math reward = 1), in batches of config.eval_batch_size."""
+    correct, lengths = [], []
+    for i in range(0, len(problems), self.config.eval_batch_size):
+      chunk = problems[i:i + self.config.eval_batch_size]
+      out = self.sample([self.prompt(p) for p in chunk], None, greedy=True)
+      total, _, _ = score_completions({"math": 1.0}, [p.question for p in chunk], out.texts,
+                                      [{"answer": str(p.answer)} for p in chunk])
+      correct += list(total)
+      lengths += list(out.lengths)
+    return {"eval_accuracy": float(np.mean(correct)), "eval_completion_length": float(np.mean(lengths))}
+
+  def mean_entropy(self, prompt, trajectories) -> np.ndarray:
+    """Mean token entropy of stored trajectories under the current policy (ExGRPO selection)."""
+    comps = [t.tokens.tolist() for t in trajectories]
+    batch = build_rl_batch([prompt.tolist()] * len(comps), comps, [[1.0] * len(c) for c in comps],
+                           pad_id=self.pad_id, completion_width=round_up(self.rl.max_new_tokens, 32))
+    _, ent = self.logp_fn(self.state["lora"], self.base, batch)
+    ent, mask = np.asarray(ent), batch["mask"]
+    return (ent * mask).sum(1) / np.maximum(mask.sum(1), 1)
+
+  def rollout(self, problems, qids, rng) -> dict:
+    """Rows of len(problems) groups; questions whose qid is in the buffer get an ExGRPO replay row."""
+    rl = self.rl
+    replay = [q is not None for q in qids]
+    n_on = [rl.group_size - self.n_off - int(r) for r in replay]
+    prompts1 = [self.prompt(p) for p in problems]
+    prompts = [p for p, n in zip(prompts1, n_on) for _ in range(n)]
+    on = G.sampled_rows(prompts, self.sample(prompts, rng), rl.mask_truncated)
+    rows, start = G.empty_rows(), 0
+    for g, p in enumerate(problems):
+      G.extend(rows, {f: on[f][start:start + n_on[g]] for f in G.FIELDS})
+      start += n_on[g]
+      for _ in range(self.n_off):
+        ids = trace_ids(self.tok, p.solution, self.eos)[:rl.max_new_tokens]
+        G.extend(rows, G.fixed_row(prompts1[g], ids, p.solution))
+      if replay[g]:
+        t = self.buffer.select_trajectory(qids[g], self.mean_entropy)
+        G.extend(rows, G.fixed_row(prompts1[g], t.tokens.tolist(), self.tok.decode(t.tokens),
+                                   t.logp.tolist()))
+    return rows
+
+  def choose(self, train, order, cursor, np_rng):
+    """(problems, buffer qids or None) for one rollout round; ExGRPO mixes in buffer questions."""
+    rl = self.rl
+    n_exp = 0
+    if rl.objective == "exgrpo" and replay_active(self.solve_rate, rl.exgrpo_threshold):
+      n_exp = min(experience_split(rl.prompts_per_step, rl.experience_share)[0], len(self.buffer))
+    qids = self.buffer.sample_questions(n_exp, np_rng) if n_exp else []
+    fresh = [int(order[(cursor + i) % len(order)]) for i in range(rl.prompts_per_step - n_exp)]
+    return [train[int(q)] for q in qids] + [train[i] for i in fresh], qids + [None] * len(fresh), \
+        [int(q) for q in qids] + fresh
+
+  def update_buffer(self, idx, rows, rewards):
+    """Record each group's fresh on-policy rows (ExGRPO); returns the batch solve rate."""
+    K = self.rl.group_size
+    for g, q in enumerate(idx):
+      sl = slice(g * K, (g + 1) * K)
+      fresh = [i for i in range(sl.start, sl.stop) if not rows["off_policy"][i]]
+      if len(fresh) == K:
+        self.buffer.add_group(q, rows["prompt"][sl.start], [rows["completion"][i] for i in fresh],
+                              [rows["rollout_logp"][i] for i in fresh], [float(rewards[i]) for i in fresh],
+                              correct=[rewards[i] >= 1.0 for i in fresh])
+    on = ~np.asarray(rows["off_policy"])
+    return float((rewards[on] >= 1.0).mean())
+
+  def train_step(self, rows, rewards, keep_groups) -> dict:
+    """Advantages over kept groups, old/ref log-probs, then num_iterations updates; returns metrics."""
+    rl = self.rl
+    sel = np.flatnonzero(np.repeat(keep_groups, rl.group_size))
+    pick = lambda f: [rows[f][i] for i in sel]
+    batch = build_rl_batch(pick("prompt"), pick("completion"), pick("loss_mask"), pad_id=self.pad_id,
+                           completion_width=round_up(rl.max_new_tokens, 32))
+    n = batch["completion"].shape[1]
+    batch["advantages"] = np.asarray(group_advantages(rewards[sel], rl.group_size,
+                                                      scale=rl.advantage_scale), np.float32)
+    batch["is_off_policy"] = np.asarray(rows["off_policy"])[sel]
+    if rl.objective == "exgrpo":
+      batch["behaviour_logp"] = G.pad_ragged(pick("behaviour_logp"), n)
+    batch["old_logp"] = np.asarray(self.logp_fn(self.state["lora"], self.base, batch)[0])
+    if rl.beta:
+      batch["ref_logp"] = np.asarray(self.logp_fn(None, self.base, batch)[0])
+    for _ in range(rl.num_iterations):
+      self.state, metrics = self.step_fn(self.state, self.base, batch)
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
 def run(config, workdir: str | None) -> dict:
   workdir = make_workdir(config, workdir)
-  dtype = compute_dtype(config)
   rl = config.rl
-  if not 0 <= rl.n_off < rl.group_size:
-    raise ValueError(f"config.rl.n_off={rl.n_off} must be in [0, group_size={rl.group_size})")
-  objective = "luffy" if rl.n_off > 0 else "grpo"
-  base, model_config, tokenizer, lora_cfg, lora = setup_model(config)
-  scale = lora_lib.lora_scale(lora_cfg)
-  optimizer = make_optimizer(config.optimizer)
-  loss_kwargs = dict(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
-                     dual_clip=rl.dual_clip or None, beta=rl.beta, entropy_coef=rl.entropy_coef,
-                     agg_mode=rl.agg_mode, max_len=rl.max_new_tokens if rl.agg_mode == "sum" else None)
-  if objective == "luffy":
-    loss_kwargs.update(gamma=rl.luffy_gamma, on_policy_clip=rl.clip)
-  else:
-    loss_kwargs.update(clip=rl.clip)
-  fwd_kwargs = dict(model_config=model_config, lora_scale=scale, remat=config.model.remat, dtype=dtype,
-                    logits_chunk=config.model.logits_chunk)
-  step_fn, logp_fn = make_rl_fns(optimizer, objective=objective, loss_kwargs=loss_kwargs,
-                                 fwd_kwargs=fwd_kwargs)
-  state = init_state(lora, optimizer, config.seed)
+  tr = Trainer(config)
   train = generate_problems(config.task.num_train, "train", tuple(config.task.num_steps), config.seed)
   held_out = generate_problems(config.task.num_eval, "test", tuple(config.task.num_steps), 10_000)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=2, keep_best=1,
                       best_metric="eval_accuracy", best_mode="max")
-  restored = ckpt.restore(state)
+  restored = ckpt.restore(tr.state)
   if restored is not None:
-    state = restored[0]
+    tr.state, meta = restored
+    tr.buffer = ExperienceBuffer.from_state_dict(meta["buffer"])
+    tr.solve_rate = meta["solve_rate"]
   writer = MetricWriter(os.path.join(workdir, "logs"))
   order = np.random.default_rng(config.seed).permutation(len(train))
-  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_config.eos_token_ids[0]
-  start, history, t_start = int(state["step"]) // rl.num_iterations, [], time.time()
-  rng = jax.random.PRNGKey(config.seed + 7)
+  np_rng = np.random.default_rng(config.seed + 1)
+  start = int(tr.state["step"]) // rl.num_iterations
+  history, t_start = [], time.time()
+  save = lambda m=None: ckpt.save(int(tr.state["step"]), tr.state, {
+      "buffer": tr.buffer.state_dict(), "solve_rate": tr.solve_rate, "config": config.to_dict()}, metrics=m)
   if start == 0:
-    m = evaluate_accuracy(base, model_config, tokenizer, held_out, None, scale, config, dtype)
+    m = tr.evaluate(held_out)
     writer.write_scalars(0, m)
     history.append({"step": 0, "time_s": 0.0, **m})
     print(f"[step 0] held-out accuracy {m['eval_accuracy']:.3f}", flush=True)
-  bar = tqdm(total=config.num_steps, initial=start, desc=objective, dynamic_ncols=True)
+  rng = jax.random.PRNGKey(config.seed + 7)
+  bar = tqdm(total=config.num_steps, initial=start, desc=rl.objective, dynamic_ncols=True)
   with StopRequested() as stop:
     for step in range(start + 1, config.num_steps + 1):
       t0 = time.time()
-      groups, rows, cursor, rounds = [], None, (step - 1) * rl.prompts_per_step, 0
-      rng, key = jax.random.split(jax.random.fold_in(rng, step))
-      while len(groups) < rl.prompts_per_step and rounds <= rl.max_refill_rounds:
-        probs = [train[order[(cursor + i) % len(order)]] for i in range(rl.prompts_per_step)]
-        cursor += rl.prompts_per_step * 1_000  # refills draw from elsewhere in the shuffled order
-        key, sub = jax.random.split(key)
-        r = rollout(base, model_config, tokenizer, probs, state["lora"], scale, config, dtype, sub)
-        rows = r if rows is None else tuple(a + b if isinstance(a, list) else np.concatenate([a, b])
-                                            for a, b in zip(rows, r))
-        groups += list(probs)
-        rounds += 1
-        if not rl.dynamic_sampling:
+      rows, rewards, idx, cursor = G.empty_rows(), np.zeros(0, np.float32), [], (step - 1) * rl.prompts_per_step
+      per_fn, errors = {}, {}
+      for round_ in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
+        probs, qids, ids = tr.choose(train, order, cursor + round_ * 7919, np_rng)
+        new = tr.rollout(probs, qids, jax.random.fold_in(rng, step * 100 + round_))
+        ex = [{"answer": str(p.answer)} for p in probs for _ in range(rl.group_size)]
+        r, pf, er = score_completions(dict(config.rewards), [p.question for p in probs for _ in range(rl.group_size)],
+                                      new["text"], ex)
+        G.extend(rows, new)
+        rewards, idx = np.concatenate([rewards, r]), idx + ids
+        for k in pf:
+          per_fn[k] = np.concatenate([per_fn.get(k, np.zeros(0)), pf[k]])
+          errors[k] = errors.get(k, 0) + er[k]
+        zero_var = np.asarray(zero_variance_groups(rewards, rl.group_size))
+        if not rl.dynamic_sampling or (~zero_var).sum() >= rl.prompts_per_step:
           break
       t_gen = time.time() - t0
-      prompts, comps, masks, off, texts = rows
-      examples = [{"answer": str(p.answer)} for p in groups for _ in range(rl.group_size)]
-      questions = [p.question for p in groups for _ in range(rl.group_size)]
-      rewards, per_fn, errors = score_completions(dict(config.rewards), questions, texts, examples)
-      t_score = time.time() - t0 - t_gen
-      zero_var = np.asarray(zero_variance_groups(rewards, rl.group_size))
-      keep = np.ones(len(groups), bool)
-      if rl.dynamic_sampling and (~zero_var).sum() > 0:
-        keep = ~zero_var
-        keep &= np.cumsum(keep) <= rl.prompts_per_step
-      rows_keep = np.repeat(keep, rl.group_size)
-      adv = np.asarray(group_advantages(rewards[rows_keep], rl.group_size, scale=rl.advantage_scale))
-      sel = np.flatnonzero(rows_keep)
-      batch = build_rl_batch([prompts[i] for i in sel], [comps[i] for i in sel], [masks[i] for i in sel],
-                             pad_id=pad_id, completion_width=round_up(rl.max_new_tokens, 32))
-      batch["advantages"] = adv.astype(np.float32)
-      batch["is_off_policy"] = off[sel]
-      batch["old_logp"] = np.asarray(logp_fn(state["lora"], base, batch))
-      if rl.beta:
-        batch["ref_logp"] = np.asarray(logp_fn(None, base, batch))
-      for _ in range(rl.num_iterations):
-        state, metrics = step_fn(state, base, batch)
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      t_update = time.time() - t0 - t_gen - t_score
-      on = ~off[:len(rewards)]
+      tr.solve_rate = tr.update_buffer(idx, rows, rewards)
+      keep = np.ones(len(idx), bool)
+      if rl.dynamic_sampling and (~zero_var).any():
+        keep = ~zero_var & (np.cumsum(~zero_var) <= rl.prompts_per_step)
+      metrics = tr.train_step(rows, rewards, keep)
+      on = ~np.asarray(rows["off_policy"])
       scalars = {**metrics, "reward_mean": float(rewards[on].mean()), "reward_std": float(rewards[on].std()),
-                 "zero_variance_groups": float(zero_var.mean()),
-                 "completion_length": float(np.mean([len(c) for c, o in zip(comps, off) if not o])),
-                 "time_generate_s": t_gen, "time_score_s": t_score, "time_update_s": t_update,
+                 "solve_rate": tr.solve_rate, "zero_variance_groups": float(zero_var.mean()),
+                 "buffer_questions": float(len(tr.buffer)),
+                 "completion_length": float(np.mean([len(c) for c, o in zip(rows["completion"], on) if o])),
+                 "time_rollout_s": t_gen, "time_update_s": time.time() - t0 - t_gen,
                  **{f"reward_{k}": float(v[on].mean()) for k, v in per_fn.items()},
                  **{f"reward_errors_{k}": float(v) for k, v in errors.items()}}
       if step % config.eval_every == 0 or step == config.num_steps:
-        scalars.update(evaluate_accuracy(base, model_config, tokenizer, held_out, state["lora"], scale,
-                                         config, dtype))
-        ckpt.save(int(state["step"]), state, {"config": config.to_dict()},
-                  metrics={"eval_accuracy": scalars["eval_accuracy"]})
+        scalars.update(tr.evaluate(held_out))
+        save({"eval_accuracy": scalars["eval_accuracy"]})
       writer.write_scalars(step, scalars)
       history.append({"step": step, "time_s": time.time() - t_start, **scalars})
-      bar.set_postfix(reward=f"{scalars['reward_mean']:.3f}", acc=scalars.get("eval_accuracy", ""))
+      bar.set_postfix(reward=f"{scalars['reward_mean']:.3f}", acc=scalars.get("eval_accuracy", "-"))
       bar.update(1)
       if stop:
-        ckpt.save(int(state["step"]), state, {"config": config.to_dict()})
+        save()
         break
   bar.close()
   writer.close()
   ckpt.close()
-  lora_lib.export_peft(state["lora"], lora_cfg, model_config, os.path.join(workdir, "adapter"),
+  lora_lib.export_peft(tr.state["lora"], tr.lora_cfg, tr.model_config, os.path.join(workdir, "adapter"),
                        base_model_name_or_path=str(config.model.source))
   with open(os.path.join(workdir, "history.json"), "w") as f:
     json.dump(history, f, indent=1)
-  logging.info("wrote %s", workdir)
   return {"history": history, "workdir": workdir}
-

@@ -66,10 +66,10 @@ def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs
 
 
 def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
-  """(jitted rl_step with the state donated, jitted completion_logp for old/ref log-probs)."""
+  """(jitted rl_step with the state donated, jitted completion_logp -> (logp, entropy) [B, N])."""
   if objective not in OBJECTIVES:
     raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}")
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
                                    loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs), donate_argnums=(0,))
-  logp = jax.jit(lambda lora, base, batch: completion_logp(lora, base, batch, **fwd_kwargs)[0])
+  logp = jax.jit(functools.partial(completion_logp, **fwd_kwargs))
   return step, logp
