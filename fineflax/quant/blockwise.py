@@ -63,13 +63,17 @@ def nearest_code(s: jnp.ndarray, code: np.ndarray) -> jnp.ndarray:
 
 
 def quantize_blockwise8(x: jnp.ndarray, blocksize: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """x f32 [n] -> (q uint8 [nblocks * blocksize] (padded), absmax f32 [nblocks]) on `dynamic_code()`."""
+  """x f32 [n] -> (q uint8 [n], absmax f32 [ceil(n / blocksize)]) on `dynamic_code()`."""
   s, absmax = scale_blocks(x, blocksize)
-  return nearest_code(s, dynamic_code()).reshape(-1), absmax
+  return nearest_code(s, dynamic_code()).reshape(-1)[:x.shape[0]], absmax
 
 
-def dequantize_blockwise8(q: jnp.ndarray, absmax: jnp.ndarray, n: int) -> jnp.ndarray:
-  """Inverse over any leading axes: q [..., B * bs], absmax [..., B] -> f32 [..., n]."""
+def dequantize_blockwise8(q: jnp.ndarray, absmax: jnp.ndarray, n: int, blocksize: int) -> jnp.ndarray:
+  """Inverse over any leading axes: q [..., n], absmax [..., B] -> f32 [..., n]."""
   lead, nblocks = q.shape[:-1], absmax.shape[-1]
-  x = jnp.asarray(dynamic_code())[q.astype(jnp.int32)].reshape(*lead, nblocks, -1) * absmax[..., None]
+  pad = nblocks * blocksize - n
+  values = jnp.asarray(dynamic_code())[q.astype(jnp.int32)]
+  if pad:
+    values = jnp.pad(values, [(0, 0)] * len(lead) + [(0, pad)])
+  x = values.reshape(*lead, nblocks, blocksize) * absmax[..., None]
   return x.reshape(*lead, -1)[..., :n]

@@ -13,6 +13,7 @@ leaf carries them, `shape` describes one tensor, so `lax.scan` over layers slice
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -39,8 +40,8 @@ class NF4Tensor:
   """A block-wise NF4 tensor. Leaves carry any leading axes `...`; `shape` is one tensor's shape.
 
   codes          uint8 [..., nblocks * blocksize / 2]   two 4-bit codes a byte, first in the high nibble
-  absmax         f32 [..., nblocks], or uint8 [..., nblocks2 * 256] when `double_quant`
-  absmax_scale   f32 [..., nblocks2]   (double_quant only, else None)
+  absmax         f32 [..., nblocks], or uint8 [..., nblocks] when `double_quant`
+  absmax_scale   f32 [..., ceil(nblocks / 256)]   (double_quant only, else None)
   absmax_offset  f32 [...]             (double_quant only, else None)
   """
   codes: jax.Array
@@ -69,7 +70,7 @@ class NF4Tensor:
     """Per-block scales f32 [..., nblocks] (decodes the nested 8-bit quantisation when present)."""
     if not self.double_quant:
       return self.absmax
-    absmax = dequantize_blockwise8(self.absmax, self.absmax_scale, self.num_blocks)
+    absmax = dequantize_blockwise8(self.absmax, self.absmax_scale, self.num_blocks, ABSMAX_BLOCKSIZE)
     return absmax + self.absmax_offset[..., None]
 
   def dequantize(self, dtype=None) -> jnp.ndarray:
@@ -105,6 +106,12 @@ def _quantize_flat(x: jnp.ndarray, blocksize: int, double_quant: bool):
   return codes, qabs, absmax2, offset
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _quantize_rows(rows: jnp.ndarray, blocksize: int, double_quant: bool):
+  """rows [m, n]: each row an independent tensor; `lax.map` keeps one row's f32 temporaries live."""
+  return jax.lax.map(lambda x: _quantize_flat(x, blocksize, double_quant), rows)
+
+
 def quantize_nf4(w: jnp.ndarray, blocksize: int = 64, double_quant: bool = True,
                  lead_dims: int = 0) -> NF4Tensor:
   """NF4-quantises `w`; its first `lead_dims` axes are stacked tensors quantised independently.
@@ -119,12 +126,8 @@ def quantize_nf4(w: jnp.ndarray, blocksize: int = 64, double_quant: bool = True,
   if math.prod(shape) == 0:
     raise ValueError(f"cannot NF4-quantise an empty tensor of shape {w.shape}")
   lead = tuple(w.shape[:lead_dims])
-  fn = lambda x: _quantize_flat(x.reshape(-1), blocksize, double_quant)
-  if lead:
-    leaves = jax.lax.map(fn, w.reshape(-1, *shape))
-    leaves = [None if a is None else a.reshape(*lead, *a.shape[1:]) for a in leaves]
-  else:
-    leaves = fn(w)
+  leaves = _quantize_rows(w.reshape(-1, math.prod(shape)), blocksize, double_quant)
+  leaves = [None if a is None else a.reshape(*lead, *a.shape[1:]) for a in leaves]
   codes, absmax, absmax2, offset = leaves
   return NF4Tensor(codes=codes, absmax=absmax, absmax_scale=absmax2, absmax_offset=offset, shape=shape,
                    dtype=jnp.dtype(w.dtype), blocksize=blocksize, double_quant=double_quant)
