@@ -27,7 +27,7 @@ def tiny_llama(tie: bool = False):
 
 
 def hf_greedy(model, prompts, max_new_tokens: int) -> np.ndarray:
-  """transformers greedy generate on left-padded prompts (no EOS stop): tokens [B, max_new_tokens]."""
+  """transformers greedy generate on left-padded prompts: tokens [B, max_new_tokens], 0 after EOS."""
   width = max(len(p) for p in prompts)
   ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
   mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -36,10 +36,11 @@ def hf_greedy(model, prompts, max_new_tokens: int) -> np.ndarray:
   try:
     with torch.no_grad():
       out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                           min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+                           do_sample=False, pad_token_id=0)
   finally:
     torch.set_num_threads(threads)
-  return out[:, width:].numpy()
+  out = out[:, width:].numpy()  # rows stop at the config's EOS, then hold pad 0
+  return np.pad(out, ((0, 0), (0, max_new_tokens - out.shape[1])))
 
 
 class CharTokenizer:

@@ -1,0 +1,80 @@
+"""The sampler on the real SmolLM2-135M-Instruct: greedy parity with transformers, chat, EOS, stops."""
+from __future__ import annotations
+
+import copy
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from _sampling_fixtures import hf_greedy
+from fineflax.sampling import format_chat, generate
+
+MESSAGES = [[{"role": "system", "content": "You are a helpful assistant."},
+             {"role": "user", "content": "What is the capital of France?"}],
+            [{"role": "user", "content": "Name three colors."}]]
+
+
+def _prompts(tok):
+  return [tok(format_chat(tok, m), add_special_tokens=False)["input_ids"] for m in MESSAGES]
+
+
+def test_format_chat_uses_the_template_and_falls_back_to_chatml(smollm2):
+  _, _, tok = smollm2
+  chatml = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+  assert format_chat(tok, MESSAGES[0]) == chatml
+  assert format_chat(tok, MESSAGES[0], add_generation_prompt=False) == chatml[:-len("<|im_start|>assistant\n")]
+  # SmolLM2's template injects its default system prompt; plain ChatML does not.
+  assert "SmolLM" in format_chat(tok, MESSAGES[1])
+  bare = copy.copy(tok)
+  bare.chat_template = None
+  assert format_chat(bare, MESSAGES[1]) == ("<|im_start|>user\nName three colors.<|im_end|>\n"
+                                            "<|im_start|>assistant\n")
+  with pytest.raises(ValueError, match=r"messages\[0\]"):
+    format_chat(tok, [{"content": "no role"}])
+
+
+def test_smollm2_greedy_matches_transformers_on_the_same_weights(smollm2):
+  from transformers import LlamaConfig, LlamaForCausalLM
+  from transformers.initialization import no_init_weights
+  from fineflax.models.hf_import import state_dict_from_params
+  params, config, tok = smollm2
+  with no_init_weights():
+    model = LlamaForCausalLM(LlamaConfig(**config.to_hf())).eval()
+  sd = {k: torch.tensor(v) for k, v in state_dict_from_params(params, config).items()}
+  missing = model.load_state_dict(sd, strict=False).missing_keys
+  assert missing == ["lm_head.weight"], missing
+  model.tie_weights()
+  prompts = _prompts(tok)
+  assert len(prompts[0]) != len(prompts[1])
+  ref = hf_greedy(model, prompts, 32)
+  out = generate(params, config, prompts, max_new_tokens=32, temperature=0.0, tokenizer=tok,
+                 dtype=jnp.float32)
+  np.testing.assert_array_equal(out.tokens, ref)
+  im_end = tok.convert_tokens_to_ids("<|im_end|>")
+  assert out.finish_reason == ["eos", "eos"], out.texts
+  assert [ref[b, out.lengths[b] - 1] for b in range(2)] == [im_end, im_end]
+  assert out.texts == [tok.decode(r, skip_special_tokens=True) for r in ref]
+
+  stopped = generate(params, config, prompts, max_new_tokens=32, temperature=0.0, tokenizer=tok,
+                     dtype=jnp.float32, stop_strings=("capital of",))
+  assert stopped.texts[0] == "The capital of" and stopped.finish_reason == ["stop", "eos"]
+  n = stopped.lengths[0]
+  np.testing.assert_array_equal(stopped.tokens[0, :n], ref[0, :n])
+  assert tok.decode(ref[0, :n - 1]) == "The capital" and not stopped.mask[0, n:].any()
+  np.testing.assert_array_equal(stopped.tokens[1], ref[1])
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_matches_transformers_loading_the_gguf(smollm2):
+  from transformers import AutoModelForCausalLM
+  from fineflax.models.load import resolve_source
+  params, config, tok = smollm2
+  path = resolve_source("smollm2-135m-instruct")
+  model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                               dtype=torch.float32).eval()
+  prompts = _prompts(tok)
+  out = generate(params, config, prompts, max_new_tokens=32, temperature=0.0, dtype=jnp.float32)
+  np.testing.assert_array_equal(out.tokens, hf_greedy(model, prompts, 32))
