@@ -35,6 +35,7 @@ class Collection:
     self.store, self.name = store, name
     self.embedding_function, self.reranker = embedding_function, reranker
     self._index, self._version = None, None
+    self._passing: dict = {}
 
   # ---- state ----------------------------------------------------------------------------------------
   @property
@@ -209,7 +210,11 @@ class Collection:
     if not where and not where_document:
       return index.search(q, k)
     n = len(index)
-    passing = self._select("count(*)", None, where, where_document)[0][0]
+    key = (self._version, json.dumps(where, sort_keys=True), json.dumps(where_document, sort_keys=True))
+    if key not in self._passing:  # how many records pass this filter, cached per collection version
+      self._passing = {k: v for k, v in self._passing.items() if k[0] == self._version}
+      self._passing[key] = self._select("count(*)", None, where, where_document)[0][0]
+    passing = self._passing[key]
     if passing <= max(4096, n // 4):  # exact scores over the passing records
       rows = self._select("r.id, r.embedding", None, where, where_document)
       if not rows:
