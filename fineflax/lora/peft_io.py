@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fineflax.lora.adapters import check_lora, merge_lora
+from fineflax.lora.adapters import check_lora, linear_shapes, merge_lora
 from fineflax.lora.config import HF_TO_NAME, LoraConfig, resolve_targets
 from fineflax.models.config import ModelConfig
 from fineflax.models.hf_import import HF_LINEARS, state_dict_from_params
@@ -100,6 +100,7 @@ def import_peft(adapter_dir: str | os.PathLike, model_config: ModelConfig) -> tu
     if field not in raw:
       raise ValueError(f"{cfg_path}: missing field {field!r}")
   r = int(raw["r"])
+  shapes = linear_shapes(model_config)
   per_layer: dict[str, dict[str, dict[int, np.ndarray]]] = {}
   for key, value in read_safetensors(w_path).items():
     m = _KEY.match(key)
@@ -110,6 +111,11 @@ def import_peft(adapter_dir: str | os.PathLike, model_config: ModelConfig) -> tu
     if layer >= model_config.num_layers:
       raise ValueError(f"{w_path}: tensor {key!r} is for layer {layer}, the model has "
                        f"{model_config.num_layers} layers")
+    n_in, n_out = shapes[name]
+    expected = (r, n_in) if ab == "a" else (n_out, r)
+    if tuple(value.shape) != expected:
+      raise ValueError(f"{w_path}: tensor {key!r} has shape {tuple(value.shape)}; expected {expected} "
+                       f"(r={r} from {ADAPTER_CONFIG}, the linear is {n_in} -> {n_out})")
     per_layer.setdefault(name, {"a": {}, "b": {}})[ab][layer] = np.asarray(value, np.float32).T
   if not per_layer:
     raise ValueError(f"{w_path}: no LoRA tensors")
