@@ -36,9 +36,7 @@ def setup_model(config):
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
   if config.model.quant != "none":
     params = quant.quantize_params(params, targets=tuple(config.lora.targets), kind=config.model.quant)
-  lora_cfg = lora_lib.LoraConfig(r=config.lora.r, alpha=config.lora.alpha, dropout=config.lora.dropout,
-                                 target_modules=tuple(config.lora.targets),
-                                 use_rslora=config.lora.rslora)
+  lora_cfg = lora_lib.LoraConfig.from_mapping(config.lora)
   lora = lora_lib.init_lora(params, model_config, lora_cfg, jax.random.PRNGKey(config.seed + 1))
   logging.info("loaded %s (%s, quant=%s) in %.1fs", config.model.source, model_config.model_type,
                config.model.quant, time.time() - t0)

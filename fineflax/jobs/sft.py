@@ -115,12 +115,13 @@ def run(config, workdir: str | None) -> dict:
       writer.write_scalars(step, scalars)
       bar.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k != "learning_rate"})
       bar.update(1)
-      if step % config.checkpoint.every == 0 or step == opt_cfg.num_steps or stop:
+      stopping = bool(stop)  # polled once a step
+      if step % config.checkpoint.every == 0 or step == opt_cfg.num_steps or stopping:
         if not ckpt.save(step, state, meta_of(), metrics=_ckpt_metrics(scalars)):
           status = f"stopped: checkpoint at step {step} could not be written (disk full?)"
           break
         last_good = step
-      if stop:
+      if stopping:
         status = f"stopped by {stop.signal_name} at step {step}"
         break
   bar.close()

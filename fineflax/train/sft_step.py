@@ -62,8 +62,12 @@ def eval_step(lora, base, batch, **loss_kwargs):
 
 
 def make_sft_fns(optimizer, **loss_kwargs):
-  """(jitted train step (state donated), jitted eval step) closed over static settings."""
-  train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs), donate_argnums=(0,))
+  """(jitted train step, jitted eval step) closed over static settings.
+
+  The state is not donated: it is small (LoRA + optimizer moments), and the loop keeps the previous
+  state when a step produces a non-finite loss.
+  """
+  train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs))
   evaluate = jax.jit(functools.partial(eval_step, **loss_kwargs))
   return train, evaluate
 

@@ -1,0 +1,120 @@
+"""The SFT job end to end on a tiny model: falling loss, exact resume, NaN stop, clean stop, exports."""
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from conftest import make_hf_model
+from fineflax.train.metric_writer import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory, smollm2):
+  path = tmp_path_factory.mktemp("tiny_smol")
+  make_hf_model("smollm2", path, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
+  smollm2[2].save_pretrained(path)
+  return str(path)
+
+
+def _config(source, num_steps=8, **over):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("qs", os.path.join(os.path.dirname(__file__), "..",
+                                                                   "configs", "quickstart.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.model.source = source
+  c.optimizer.num_steps = num_steps
+  c.optimizer.warmup_steps = 2
+  c.optimizer.learning_rate = 3e-2
+  c.data.batch_size = 4
+  c.data.max_length = 64
+  c.data.eval_batches = 1
+  c.eval_every = 4
+  c.log_every = 1
+  c.checkpoint.every = 2
+  c.sample_prompt = ""
+  for k, v in over.items():
+    node = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+class StopAfter:
+  """Stands in for StopRequested: becomes true after `n` polls, like a SIGTERM at step n."""
+  def __init__(self, n):
+    self.n, self.polls, self.signal_name = n, 0, "SIGTERM"
+  def __call__(self):
+    return self
+  def __enter__(self):
+    return self
+  def __exit__(self, *a):
+    return False
+  def __bool__(self):
+    self.polls += 1
+    return self.polls >= self.n  # the job polls once a step
+
+
+def _losses(workdir):
+  return {r["step"]: r["train_loss"] for r in read_jsonl(os.path.join(workdir, "logs", "metrics.jsonl"))}
+
+
+def test_sft_loss_falls_and_exports(tiny_source, tmp_path):
+  from fineflax.jobs import sft
+  summary = sft.run(_config(tiny_source, num_steps=12), str(tmp_path))
+  assert summary["status"] == "completed" and summary["step"] == 12
+  losses = _losses(str(tmp_path))
+  assert np.mean([losses[s] for s in (11, 12)]) < np.mean([losses[s] for s in (1, 2)]) - 1.0
+  rows = read_jsonl(os.path.join(str(tmp_path), "logs", "metrics.jsonl"))
+  assert any("eval_loss" in r for r in rows) and any("tokens_per_s" in r for r in rows)
+  assert os.path.exists(os.path.join(summary["adapter"], "adapter_model.safetensors"))
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "logs"))
+
+
+def test_resume_matches_uninterrupted_run(tiny_source, tmp_path, monkeypatch):
+  from fineflax.jobs import sft
+  sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "full"))
+  monkeypatch.setattr(sft, "StopRequested", StopAfter(3))
+  s = sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "resumed"))
+  assert s["status"] == "stopped by SIGTERM at step 3"
+  monkeypatch.undo()
+  s = sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "resumed"))
+  assert s["status"] == "completed"
+  full, resumed = _losses(str(tmp_path / "full")), _losses(str(tmp_path / "resumed"))
+  assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
+  for step in range(1, 7):
+    np.testing.assert_allclose(resumed[step], full[step], rtol=1e-5, err_msg=f"step {step}")
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_source, tmp_path, monkeypatch, capsys):
+  from fineflax.jobs import sft
+  real = sft.make_sft_fns
+
+  def poisoned(*args, **kwargs):
+    train, evaluate = real(*args, **kwargs)
+    def train_nan(state, base, batch):
+      new_state, metrics = train(state, base, batch)
+      if int(new_state["step"]) >= 5:
+        metrics = dict(metrics, loss=metrics["loss"] * float("nan"))
+      return new_state, metrics
+    return train_nan, evaluate
+
+  monkeypatch.setattr(sft, "make_sft_fns", poisoned)
+  s = sft.run(_config(tiny_source, num_steps=8), str(tmp_path))
+  assert s["status"] == "stopped: non-finite loss nan at step 5"
+  assert "the last good checkpoint is step 4" in capsys.readouterr().out
+  assert json.load(open(tmp_path / "summary.json"))["step"] == 4
+
+
+def test_stop_requested_catches_sigterm():
+  from fineflax.train.signals import StopRequested
+  with StopRequested() as stop:
+    assert not stop
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop and stop.signal_name == "SIGTERM"
