@@ -61,7 +61,8 @@ def check_lora(lora: dict, config: ModelConfig, cfg: LoraConfig | None = None,
     if name not in LINEAR_NAMES:
       raise ValueError(f"{source}: unknown linear {name!r}; available: {list(LINEAR_NAMES)}")
     if not isinstance(ab, dict) or set(ab) != {"a", "b"}:
-      raise ValueError(f"{source}[{name!r}]: expected keys {{'a', 'b'}}, got {sorted(ab) if isinstance(ab, dict) else ab}")
+      got = sorted(ab) if isinstance(ab, dict) else type(ab).__name__
+      raise ValueError(f"{source}[{name!r}]: expected keys {{'a', 'b'}}, got {got}")
     L, n_in, n_out = _expected_kernel(config, name)
     a, b = tuple(ab["a"].shape), tuple(ab["b"].shape)
     r = a[-1] if len(a) == 3 else None

@@ -1,0 +1,324 @@
+"""QLoRA on one GPU: peak memory of a training step on 7B shapes, and step speed of QLoRA vs bf16 LoRA
+vs transformers + peft.
+
+  python benchmarks/qlora.py            # GPU (H100): about 5 minutes; writes the "qlora" section of RESULTS.md
+  python benchmarks/qlora.py --smoke    # CPU check with tiny shapes; prints only (RESULTS.md untouched)
+
+Every case: random weights of the model's shape built on the device layer by layer (bf16; NF4 = block 64 with
+double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
+random tokens, loss on every token through `fineflax.train.sft_step` (logits in chunks of 256 positions under
+`jax.checkpoint`, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (f32
+adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer).
+memory: seq 1024, batch 1, one step; peak = JAX `peak_bytes_in_use` since the worker process started
+(weights, adapters, optimizer state, activations and XLA temporaries all included).
+speed: Llama-3.2-1B shape, batch 4 x seq 1024, tokens/s = B*T*steps / time of `steps` steps after warm-up.
+torch: `AutoModelForCausalLM.from_config` (bf16, sdpa) + peft `get_peft_model`, gradient checkpointing on
+(matching remat "full"), fused AdamW, same GPU, same run. Each case runs in a fresh subprocess.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import shlex
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import _gpu  # noqa: E402
+from benchmarks._results import markdown_table, write_section  # noqa: E402
+
+LORA_R, LORA_ALPHA, LR, LOGITS_CHUNK = 16, 32.0, 1e-4, 256
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+HF_TARGETS = tuple(f"{t}_proj" for t in TARGETS)
+LLAMA3_ROPE = (("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+               ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
+MODELS = {  # fineflax ModelConfig fields
+    "Llama-2-7B": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
+                       num_heads=32, num_kv_heads=32, head_dim=128, rms_norm_eps=1e-5, rope_theta=1e4,
+                       max_position_embeddings=4096),
+    "Qwen2.5-7B": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                       num_heads=28, num_kv_heads=4, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                       attention_bias=True, model_type="qwen2", max_position_embeddings=32768),
+    "Llama-3.2-1B": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+                         num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=5e5,
+                         rope_scaling=LLAMA3_ROPE, tie_word_embeddings=True, max_position_embeddings=131072),
+}
+SMOKE_MODELS = {  # same structure, tiny
+    "Llama-2-7B": dict(MODELS["Llama-2-7B"], vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16),
+    "Qwen2.5-7B": dict(MODELS["Qwen2.5-7B"], vocab_size=512, hidden_size=64, intermediate_size=192,
+                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16),
+    "Llama-3.2-1B": dict(MODELS["Llama-3.2-1B"], vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16),
+}
+MEMORY_TARGET_GB = {"Llama-2-7B": 6.0, "Qwen2.5-7B": 8.0}
+SPEED_MODEL = "Llama-3.2-1B"
+
+
+# ----------------------------------------------------------------------------- fineflax worker
+
+def random_params(mc, quant: str, key, dtype):
+  """Random N(0, 0.02) weights built on the device one layer (or one row chunk) at a time.
+
+  quant "nf4": every linear kernel is an NF4Tensor made inside the same per-layer loop.
+  """
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+
+  from fineflax.lora import linear_shapes
+  from fineflax.quant import quantize_nf4
+
+  def normal(k, shape):
+    return (0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+  @functools.partial(jax.jit, static_argnums=(1, 2, 3))
+  def stacked(k, n, shape, nf4):
+    one = (lambda kk: quantize_nf4(normal(kk, shape), 64, True)) if nf4 else (lambda kk: normal(kk, shape))
+    return jax.lax.map(one, jax.random.split(k, n))
+
+  def chunked(k, shape):  # [R, C] in 8 row chunks (1 when R is not divisible)
+    n = 8 if shape[0] % 8 == 0 else 1
+    return stacked(k, n, (shape[0] // n, shape[1]), False).reshape(shape)
+
+  c, L = mc, mc.num_layers
+  keys = iter(jax.random.split(key, 16))
+  layers = {n: {"kernel": stacked(next(keys), L, s, quant == "nf4")} for n, s in linear_shapes(c).items()}
+  if c.attention_bias:
+    for n in ("q", "k", "v"):
+      layers[n]["bias"] = jnp.zeros((L, linear_shapes(c)[n][1]), dtype)
+  layers["attn_norm"] = jnp.ones((L, c.hidden_size), dtype)
+  layers["mlp_norm"] = jnp.ones((L, c.hidden_size), dtype)
+  params = {"embed": chunked(next(keys), (c.vocab_size, c.hidden_size)), "layers": layers,
+            "final_norm": jnp.ones((c.hidden_size,), dtype)}
+  if not c.tie_word_embeddings:
+    params["lm_head"] = {"kernel": chunked(next(keys), (c.hidden_size, c.vocab_size))}
+  return params
+
+
+def fineflax_worker(spec: dict) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fineflax.lora import LoraConfig, init_lora, lora_scale
+  from fineflax.models import ModelConfig
+  from fineflax.quant import bits_per_parameter, is_quantized
+  from fineflax.train.sft_step import init_state, make_sft_fns
+
+  config = dict(spec["config"])
+  if config.get("rope_scaling"):  # JSON turned the tuple of pairs into lists; ModelConfig must be hashable
+    config["rope_scaling"] = tuple(tuple(kv) for kv in config["rope_scaling"])
+  mc = ModelConfig(**config)
+  b, t = spec["batch"], spec["seq"]
+  params = random_params(mc, spec["quant"], jax.random.PRNGKey(0), jnp.bfloat16)
+  jax.block_until_ready(params)
+  after_params = _gpu.jax_peak_bytes()
+  leaves = jax.tree_util.tree_leaves(params)
+  param_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
+  kernel = params["layers"]["gate"]["kernel"]
+  bits = bits_per_parameter(kernel) if is_quantized(kernel) else 16.0
+
+  cfg = LoraConfig(r=LORA_R, alpha=LORA_ALPHA, target_modules=TARGETS)
+  lora = init_lora(params, mc, cfg, jax.random.PRNGKey(1))
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, weight_decay=0.0))
+  train, _ = make_sft_fns(optimizer, model_config=mc, lora_scale=lora_scale(cfg), lora_dropout=0.0,
+                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=LOGITS_CHUNK)
+  state = init_state(lora, optimizer, seed=0)
+  tokens = np.random.default_rng(0).integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
+  batch = jax.device_put({
+      "tokens": tokens[..., :-1], "targets": tokens[..., 1:], "loss_mask": np.ones((1, b, t), np.float32),
+      "attention_mask": np.ones((1, b, t), np.int32),
+      "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy()})
+  t0 = time.perf_counter()
+  compiled = train.lower(state, params, batch).compile()
+  compile_s = time.perf_counter() - t0
+  box = {"state": state, "metrics": None}
+
+  def step():
+    box["state"], box["metrics"] = compiled(box["state"], params, batch)
+
+  sync = lambda: jax.block_until_ready((box["state"], box["metrics"]))
+  for _ in range(spec["warmup"]):
+    step()
+  dt = _gpu.time_steps(step, spec["steps"], sync)
+  loss = float(box["metrics"]["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"fineflax loss is {loss}")
+  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
+          "peak_after_params": after_params, "param_bytes": int(param_bytes), "bits": bits,
+          "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
+
+
+# ----------------------------------------------------------------------------- torch worker
+
+def torch_worker(spec: dict) -> dict:
+  import peft
+  import torch
+  import transformers
+
+  c, b, t = spec["config"], spec["batch"], spec["seq"]
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
+  torch.manual_seed(0)
+  rope = dict(c.get("rope_scaling") or (("rope_type", "default"),), rope_theta=c["rope_theta"])
+  hf = transformers.LlamaConfig(
+      vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+      num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+      num_key_value_heads=c["num_kv_heads"], head_dim=c["head_dim"], rope_parameters=rope,
+      tie_word_embeddings=c.get("tie_word_embeddings", False),
+      max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=c["rms_norm_eps"], use_cache=False)
+  with device:
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16, attn_implementation="sdpa")
+  model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+  model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                     target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
+  model.train()
+  trainable = [p for p in model.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0, **({"fused": True} if cuda else {}))
+  tokens = torch.randint(0, c["vocab_size"], (b, t), device=device)
+  box = {}
+
+  def step():
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+      loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    box["loss"] = loss.detach()
+
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  t0 = time.perf_counter()
+  step()
+  sync()
+  first_s = time.perf_counter() - t0
+  for _ in range(spec["warmup"] - 1):
+    step()
+  dt = _gpu.time_steps(step, spec["steps"], sync)
+  loss = float(box["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"torch loss is {loss}")
+  return {"seconds": dt, "compile_s": first_s, "loss": loss, "peak_bytes": _gpu.torch_peak_bytes(),
+          "device": _gpu.torch_device_name(),
+          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                       "peft": peft.__version__}}
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+def cases(args) -> list[dict]:
+  models = SMOKE_MODELS if args.smoke else MODELS
+  seq = 32 if args.smoke else 1024
+  out = []
+  for name in MEMORY_TARGET_GB:
+    for quant in ("nf4", "none"):
+      out.append(dict(part="memory", model=name, config=models[name], framework="fineflax", quant=quant,
+                      batch=1, seq=seq, steps=1, warmup=0, remat="full"))
+  speed = dict(part="speed", model=SPEED_MODEL, config=models[SPEED_MODEL], batch=2 if args.smoke else 4,
+               seq=seq, steps=2 if args.smoke else args.steps, warmup=1 if args.smoke else 2)
+  out.append(dict(speed, framework="fineflax", quant="nf4", remat="full"))
+  out.append(dict(speed, framework="fineflax", quant="none", remat="full"))
+  out.append(dict(speed, framework="torch", quant="none"))
+  return out
+
+
+def gb(x) -> str:
+  return "n/a" if x is None else f"{x / 1e9:.2f}"
+
+
+def label(r: dict) -> str:
+  if r["framework"] == "torch":
+    return "transformers + peft bf16 LoRA (grad ckpt)"
+  return "fineflax " + ("QLoRA (NF4 + double quant)" if r["quant"] == "nf4" else "bf16 LoRA")
+
+
+def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
+  mem = {(r["model"], r["quant"]): r for r in rows if r["part"] == "memory"}
+  mem_rows = []
+  for name, target in MEMORY_TARGET_GB.items():
+    q, d = mem.get((name, "nf4"), {}), mem.get((name, "none"), {})
+    ok = "error" not in q and q.get("peak_bytes") is not None
+    mem_rows.append([name, gb(q.get("peak_bytes")) if "error" not in q else "error: " + q["error"][:60],
+                     gb(q.get("param_bytes")), f"{q.get('bits', float('nan')):.3f}",
+                     gb(d.get("peak_bytes")) if "error" not in d else "error: " + d["error"][:60],
+                     gb(d.get("param_bytes")), f"<= {target:g}",
+                     ("yes" if q["peak_bytes"] / 1e9 <= target else "**no**") if ok else "n/a"])
+  speed = {label(r): r for r in rows if r["part"] == "speed"}
+  spd_rows, tps = [], {}
+  for name, r in speed.items():
+    if "error" in r:
+      spd_rows.append([name, "error: " + r["error"][:80], "", "", ""])
+      continue
+    tps[name] = r["tokens_s"]
+    spd_rows.append([name, round(r["tokens_s"]), round(1000 * r["seconds"] / r["steps"], 1),
+                     gb(r["peak_bytes"]), round(r["compile_s"], 1)])
+  q_name, b_name, t_name = (label({"framework": "fineflax", "quant": "nf4"}),
+                            label({"framework": "fineflax", "quant": "none"}), label({"framework": "torch"}))
+  ratios = []
+  if q_name in tps and b_name in tps:
+    ratios.append(f"- QLoRA / bf16 LoRA tokens/s: **{tps[q_name] / tps[b_name]:.2f}x** (target >= 0.7x)")
+  if b_name in tps and t_name in tps:
+    ratios.append(f"- fineflax bf16 LoRA / transformers + peft: **{tps[b_name] / tps[t_name]:.2f}x** "
+                  "(target >= 1.3x)")
+  versions = {}
+  for r in rows:
+    versions.update(r.get("versions", {}))
+  sp = next((r for r in rows if r["part"] == "speed"), {})
+  title = "## QLoRA: memory and speed" + (" — SMOKE (tiny shapes, CPU; numbers meaningless)" if smoke else "")
+  return "\n".join([
+      title, "", f"Device: {device}. Command: `{command}`.",
+      "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
+      "Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
+      "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). "
+      "weights: bytes of the base parameters; bits/param: of the NF4 linear kernels.", "",
+      markdown_table(["model shape", "QLoRA peak GB", "QLoRA weights GB", "bits/param",
+                      "bf16 LoRA peak GB", "bf16 weights GB", "target GB", "met"], mem_rows), "",
+      f"Training step speed, {SPEED_MODEL} shape, batch {sp.get('batch')} x seq {sp.get('seq')}, "
+      f"{sp.get('warmup')} warm-up + {sp.get('steps')} timed steps (remat full / gradient checkpointing on):", "",
+      markdown_table(["case", "tokens/s", "step ms", "peak GB", "compile / 1st step s"], spd_rows), "",
+      *ratios])
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU; print only")
+  ap.add_argument("--steps", type=int, default=10, help="timed steps of the speed cases")
+  ap.add_argument("--only", choices=("memory", "speed"), help="run one part")
+  ap.add_argument("--worker", help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.worker:
+    spec = json.loads(args.worker)
+    result = torch_worker(spec) if spec["framework"] == "torch" else fineflax_worker(spec)
+    _gpu.print_result(result)
+    return
+  command = "python benchmarks/qlora.py" + (" --smoke" if args.smoke else "")
+  rows = []
+  for case in cases(args):
+    if args.only and case["part"] != args.only:
+      continue
+    t0 = time.perf_counter()
+    env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
+    if args.smoke and case["framework"] == "torch":
+      env["CUDA_VISIBLE_DEVICES"] = ""
+    result = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(case)], env=env)
+    row = dict(case, **result)
+    if "seconds" in row:
+      row["tokens_s"] = case["batch"] * case["seq"] * case["steps"] / row["seconds"]
+    rows.append(row)
+    summary = {k: row.get(k) for k in ("peak_bytes", "tokens_s", "compile_s", "loss", "error")}
+    print(f"[{time.perf_counter() - t0:6.1f}s] {case['part']} {case['model']} {label(case)}: {summary}",
+          file=sys.stderr, flush=True)
+  md = report(rows, _gpu.device_name(), command, args.smoke)
+  print(md)
+  if not args.smoke:
+    write_section("qlora", md)
+
+
+if __name__ == "__main__":
+  main()
