@@ -174,6 +174,8 @@ class Collection:
   # ---- reads -------------------------------------------------------------------------------------------
   def _select(self, columns: str, ids, where, where_document, extra: str = "", params=()) -> list:
     wsql, wp = filters.where_sql(where)
+    if ids is not None and len(ids) < 1000:
+      wsql = filters.correlated(wsql)
     dsql, dp = filters.where_document_sql(where_document)
     sql = f"SELECT {columns} FROM records r WHERE r.collection = ? AND ({wsql}) AND ({dsql})"
     args = [self.name, *wp, *dp]

@@ -36,14 +36,18 @@ def _eq_sql(key: str, value: Any, where: str) -> tuple[str, list]:
 
 
 def _in_sql(key: str, values: Any, where: str) -> tuple[str, list]:
+  """One index lookup: key = ? AND (t = 's' AND s IN (...) OR t = 'n' AND n IN (...) OR t = 'b' AND ...)."""
   if not isinstance(values, (list, tuple)) or not values:
     raise ValueError(f"{where}: expected a non-empty list, got {values!r}")
-  parts, params = [], []
+  by_type: dict[str, list] = {}
   for i, v in enumerate(values):
-    sql, p = _eq_sql(key, v, f"{where}[{i}]")
-    parts.append(sql)
-    params += p
-  return "(" + " OR ".join(parts) + ")", params
+    t, s, n = typed(v, f"{where}[{i}]")
+    by_type.setdefault(t, []).append(s if t == "s" else n)
+  parts, params = [], [key]
+  for t, vals in by_type.items():
+    parts.append(f"(t = '{t}' AND {'s' if t == 's' else 'n'} IN ({','.join('?' * len(vals))}))")
+    params += vals
+  return f"r.rid IN (SELECT rid FROM meta WHERE key = ? AND ({' OR '.join(parts)}))", params
 
 
 def _field_sql(key: str, cond: Any, where: str) -> tuple[str, list]:
@@ -114,3 +118,8 @@ def where_document_sql(where: dict | None, at: str = "where_document") -> tuple[
   if not isinstance(value, str) or not value:
     raise ValueError(f"{at}[{op!r}]: expected a non-empty string, got {value!r}")
   return f"instr(coalesce(r.document, ''), ?) {'>' if op == '$contains' else '='} 0", [value]
+
+
+def correlated(sql: str) -> str:
+  """The same filter as per-row EXISTS lookups (fast when few rows are tested, e.g. id IN (...))."""
+  return sql.replace("r.rid IN (SELECT rid FROM meta WHERE ", "EXISTS (SELECT 1 FROM meta WHERE meta.rid = r.rid AND ")
