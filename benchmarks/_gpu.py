@@ -1,0 +1,101 @@
+"""Helpers for GPU benchmarks: device name, peak memory, step timing, one fresh subprocess per case.
+
+Import-light on purpose: neither jax nor torch is imported here, so a parent process that only
+orchestrates workers never touches the GPU (its memory and JAX's preallocation stay out of the numbers).
+
+  name = device_name()                             # "NVIDIA H100 80GB HBM3" | "cpu (x86_64)"
+  result = run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=jax_env())
+  # in the worker:  dt = time_steps(step, n, sync);  peak = jax_peak_bytes() or torch_peak_bytes()
+  #                 print_result(dict)             # the one line run_worker parses
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from typing import Callable
+
+RESULT_PREFIX = "BENCH_RESULT_JSON: "
+GIB = 1024 ** 3
+
+
+def device_name() -> str:
+  """First GPU's name from `nvidia-smi`, else "cpu (<machine>)"."""
+  if shutil.which("nvidia-smi"):
+    try:
+      out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30, check=True).stdout
+      names = [line.strip() for line in out.splitlines() if line.strip()]
+      if names:
+        return names[0] + (f" (x{len(names)} visible)" if len(names) > 1 else "")
+    except (subprocess.SubprocessError, OSError):
+      pass
+  return f"cpu ({platform.machine()})"
+
+
+def jax_env(**extra: str) -> dict[str, str]:
+  """Environment for a JAX worker: no preallocation, so `peak_bytes_in_use` is the program's own peak."""
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", TF_CPP_MIN_LOG_LEVEL="2")
+  env.update(extra)
+  return env
+
+
+def run_worker(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600.0) -> dict:
+  """Runs `argv`, streams its stderr, returns the dict it printed with `print_result`.
+
+  A failing or silent worker gives {"error": "<last lines of its output>"} instead of raising, so one
+  out-of-memory case does not lose the rest of a benchmark.
+  """
+  try:
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f}s"}
+  for line in reversed(proc.stdout.splitlines()):
+    if line.startswith(RESULT_PREFIX):
+      return json.loads(line[len(RESULT_PREFIX):])
+  tail = " | ".join(proc.stdout.strip().splitlines()[-3:])
+  return {"error": f"exit code {proc.returncode}; no result line. {tail}"[:500]}
+
+
+def print_result(result: dict) -> None:
+  """The worker's answer: one line `BENCH_RESULT_JSON: {...}` on stdout."""
+  sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+  sys.stdout.flush()
+
+
+def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None]) -> float:
+  """Seconds for `n` calls of `step`, with `sync()` (device barrier) before starting and after the last."""
+  sync()
+  t = time.perf_counter()
+  for _ in range(n):
+    step()
+  sync()
+  return time.perf_counter() - t
+
+
+def jax_peak_bytes() -> int | None:
+  """Peak bytes in use on JAX's first device since the process started (None where unsupported, e.g. CPU)."""
+  import jax
+  stats = jax.devices()[0].memory_stats()
+  return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def jax_device_name() -> str:
+  import jax
+  d = jax.devices()[0]
+  return f"{d.platform}: {d.device_kind}"
+
+
+def torch_peak_bytes() -> int | None:
+  """torch.cuda.max_memory_allocated() since the last reset (None without CUDA)."""
+  import torch
+  return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+
+
+def torch_device_name() -> str:
+  import torch
+  return f"cuda: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,310 @@
+"""LoRA SFT training throughput and peak GPU memory: fineflax vs transformers + peft, same GPU, same run.
+
+  python benchmarks/sft.py                 # GPU: SmolLM2-135M and Llama-3.2-1B shapes, seq 1024 (< 5 min on H100)
+  python benchmarks/sft.py --smoke         # CPU check: tiny shapes, 2 steps, prints only (RESULTS.md untouched)
+  python benchmarks/sft.py --torch-compile # adds a torch.compile case per model (slow to compile)
+
+Both sides: random bf16 weights of the model's shape (tied embeddings), random tokens, loss on every
+token, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (fp32 adapters, bf16 compute), AdamW + global-norm clip 1.
+fineflax: `make_sft_fns` train step (jit, donated state) over a [A=1, B, T] batch; swept over remat
+(none / dots / full) and the logits chunk. torch: `AutoModelForCausalLM.from_config` (sdpa attention) +
+peft `get_peft_model`, autocast bf16, fused AdamW, gradient checkpointing off / on.
+Every case runs in a fresh subprocess (separate memory peaks; JAX with XLA_PYTHON_CLIENT_PREALLOCATE=false).
+tokens/s = B * T * steps / time of `steps` timed steps after `warmup` untimed ones (the first compiles).
+ratio = tokens/s over the torch case with matching recomputation (remat none <-> checkpointing off,
+remat dots/full <-> checkpointing on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import shlex
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import _gpu  # noqa: E402
+from benchmarks._results import markdown_table, write_section  # noqa: E402
+
+LORA_R, LORA_ALPHA, LR = 16, 32.0, 1e-4
+HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SHAPES = {  # name: (model shape, batch); head_dim 64 for all
+    "SmolLM2-135M": (dict(vocab=49152, hidden=576, inter=1536, layers=30, heads=9, kv_heads=3, head_dim=64,
+                          rope_theta=100000.0), 8),
+    "Llama-3.2-1B": (dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8, head_dim=64,
+                          rope_theta=500000.0), 4),
+}
+SMOKE_SHAPES = {"tiny": (dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=16,
+                              rope_theta=10000.0), 2)}
+DEFAULT_CHUNK = 256  # configs/quickstart.py: model.logits_chunk
+
+
+# ----------------------------------------------------------------------------- fineflax worker
+
+def _lora_params(params, model_config, key):
+  """LoRA pytree {name: {"a": [L,in,r], "b": [L,r,out]}} and its scale; fineflax.lora when present."""
+  import jax
+  import jax.numpy as jnp
+  try:
+    from fineflax import lora as lora_lib
+    cfg = lora_lib.LoraConfig(r=LORA_R, alpha=LORA_ALPHA, dropout=0.0,
+                              target_modules=("q", "k", "v", "o", "gate", "up", "down"), use_rslora=False)
+    return lora_lib.init_lora(params, model_config, cfg, key), lora_lib.lora_scale(cfg), "fineflax.lora"
+  except (ImportError, AttributeError):
+    pass
+  from fineflax.models import LINEAR_NAMES
+  lora = {}
+  for name, k in zip(LINEAR_NAMES, jax.random.split(key, len(LINEAR_NAMES))):
+    n_layers, d_in, d_out = params["layers"][name]["kernel"].shape
+    lora[name] = {"a": jax.random.normal(k, (n_layers, d_in, LORA_R), jnp.float32) / math.sqrt(d_in),
+                  "b": jnp.zeros((n_layers, LORA_R, d_out), jnp.float32)}
+  return lora, LORA_ALPHA / LORA_R, "benchmark (fineflax.lora missing)"
+
+
+def fineflax_worker(spec: dict) -> dict:
+  import types
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from fineflax.models import ModelConfig, init_params
+  from fineflax.train.optim import make_optimizer
+  from fineflax.train.sft_step import init_state, make_sft_fns
+
+  s, b, t = spec["shape"], spec["batch"], spec["seq"]
+  mc = ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
+                   num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
+                   head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
+                   max_position_embeddings=max(t, 2048))
+  params = init_params(mc, jax.random.PRNGKey(0), dtype=jnp.bfloat16)
+  lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
+  opt_cfg = types.SimpleNamespace(learning_rate=LR, warmup_steps=0, num_steps=10_000, end_lr_ratio=1.0,
+                                  weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=1.0)
+  optimizer = make_optimizer(opt_cfg)
+  train, _ = make_sft_fns(optimizer, model_config=mc, lora_scale=scale, lora_dropout=0.0,
+                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"])
+  state = init_state(lora, optimizer, seed=0)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
+  batch = {"tokens": tokens[..., :-1], "targets": tokens[..., 1:],
+           "loss_mask": np.ones((1, b, t), np.float32), "attention_mask": np.ones((1, b, t), np.int32),
+           "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy(),
+           "segment_ids": np.ones((1, b, t), np.int32)}
+  batch = jax.device_put(batch)
+
+  t0 = time.perf_counter()
+  compiled = train.lower(state, params, batch).compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  xla_bytes = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                        - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+  box = {"state": state, "metrics": None}
+
+  def step():
+    box["state"], box["metrics"] = compiled(box["state"], params, batch)
+
+  sync = lambda: jax.block_until_ready((box["state"], box["metrics"]))
+  for _ in range(spec["warmup"]):
+    step()
+  dt = _gpu.time_steps(step, spec["steps"], sync)
+  loss = float(box["metrics"]["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"fineflax loss is {loss}")
+  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
+          "xla_bytes": xla_bytes, "device": _gpu.jax_device_name(), "lora_init": lora_source,
+          "versions": {"jax": jax.__version__}}
+
+
+# ----------------------------------------------------------------------------- torch worker
+
+def torch_worker(spec: dict) -> dict:
+  import peft
+  import torch
+  import transformers
+
+  s, b, t = spec["shape"], spec["batch"], spec["seq"]
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(
+      vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
+      num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+      head_dim=s["head_dim"], rope_parameters={"rope_type": "default", "rope_theta": s["rope_theta"]},
+      tie_word_embeddings=True, max_position_embeddings=max(t, 2048), rms_norm_eps=1e-5, use_cache=False)
+  with device:
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+  if spec["ckpt"]:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+  model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                     target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
+  model.train()
+  trainable = [p for p in model.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trainable, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                          **({"fused": True} if cuda else {"foreach": True}))
+  forward = torch.compile(model) if spec["compile"] else model
+  tokens = torch.randint(0, s["vocab"], (b, t), device=device)
+  box = {}
+
+  def step():
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+      loss = forward(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    box["loss"] = loss.detach()
+
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  t0 = time.perf_counter()
+  step()
+  sync()
+  first_s = time.perf_counter() - t0
+  for _ in range(spec["warmup"] - 1):
+    step()
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()  # after warm-up: includes weights, optimizer state, activations
+  dt = _gpu.time_steps(step, spec["steps"], sync)
+  loss = float(box["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"torch loss is {loss}")
+  return {"seconds": dt, "compile_s": first_s, "loss": loss, "peak_bytes": _gpu.torch_peak_bytes(),
+          "xla_bytes": None, "device": _gpu.torch_device_name(),
+          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                       "peft": peft.__version__}}
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+def cases(args) -> list[dict]:
+  """One dict per (model, framework, setting); each runs in its own subprocess."""
+  shapes = SMOKE_SHAPES if args.smoke else SHAPES
+  seq = args.seq or (64 if args.smoke else 1024)
+  out = []
+  for model, (shape, batch) in shapes.items():
+    if args.models and model not in args.models:
+      continue
+    base = dict(model=model, shape=shape, batch=args.batch or batch, seq=seq, steps=args.steps,
+                warmup=args.warmup)
+    chunk = 16 if args.smoke else DEFAULT_CHUNK
+    sweep = ([("none", chunk), ("full", 32)] if args.smoke else
+             [("none", chunk), ("none", min(1024, seq)), ("dots", chunk), ("full", chunk)])
+    for remat, logits_chunk in sweep:
+      out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk,
+                      default=(remat, logits_chunk) == ("none", chunk)))
+    for ckpt in (False, True):
+      out.append(dict(base, framework="torch", ckpt=ckpt, compile=False))
+    if args.torch_compile:
+      out.append(dict(base, framework="torch", ckpt=False, compile=True))
+  return [c for c in out if not args.frameworks or c["framework"] in args.frameworks]
+
+
+def setting(c: dict) -> str:
+  if c["framework"] == "fineflax":
+    return f"remat={c['remat']}, logits_chunk={c['logits_chunk']}" + (" (default)" if c.get("default") else "")
+  return ("sdpa, " + ("grad ckpt on" if c["ckpt"] else "grad ckpt off")
+          + (", torch.compile" if c["compile"] else ""))
+
+
+def recomputes(c: dict) -> bool:
+  return c["remat"] != "none" if c["framework"] == "fineflax" else c["ckpt"]
+
+
+def gib(x):
+  return "n/a" if x is None else round(x / _gpu.GIB, 2)
+
+
+def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
+  header = ["model", "framework", "setting", "batch x seq", "tokens/s", "step ms", "peak GiB",
+            "XLA est. GiB", "compile / 1st step s", "ratio"]
+  table, summary = [], []
+  for model in dict.fromkeys(r["model"] for r in rows):
+    mine = [r for r in rows if r["model"] == model]
+    torch_ref = {recomputes(r): r["tokens_s"] for r in mine
+                 if r["framework"] == "torch" and not r["compile"] and "tokens_s" in r}
+    for r in mine:
+      if "error" in r:
+        table.append([model, r["framework"], setting(r), f"{r['batch']} x {r['seq']}", "error: " + r["error"][:80],
+                      "", "", "", "", ""])
+        continue
+      ref = torch_ref.get(recomputes(r))
+      ratio = f"{r['tokens_s'] / ref:.2f}x" if ref else "n/a"
+      table.append([model, r["framework"], setting(r), f"{r['batch']} x {r['seq']}", round(r["tokens_s"]),
+                    round(1000 * r["seconds"] / r["steps"], 1), gib(r["peak_bytes"]), gib(r["xla_bytes"]),
+                    round(r["compile_s"], 1), ratio])
+    ok = [r for r in mine if "tokens_s" in r]
+    best = {f: max((r for r in ok if r["framework"] == f), key=lambda r: r["tokens_s"], default=None)
+            for f in ("fineflax", "torch")}
+    if best["fineflax"] and best["torch"]:
+      summary.append(f"- {model}: best fineflax ({setting(best['fineflax'])}) {best['fineflax']['tokens_s']:.0f} "
+                     f"tokens/s vs best transformers+peft ({setting(best['torch'])}) {best['torch']['tokens_s']:.0f}: "
+                     f"**{best['fineflax']['tokens_s'] / best['torch']['tokens_s']:.2f}x** (target >= 1.5x)")
+  versions = {}
+  for r in rows:
+    versions.update(r.get("versions", {}))
+  title = "## SFT training throughput (LoRA r=16, all linears, bf16)" + (" — SMOKE (tiny shapes, CPU)" if smoke else "")
+  lines = [title, "", f"Device: {device}. Command: `{command}`.",
+           "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
+           "Random weights and tokens, loss on all tokens, AdamW + clip 1.0, fp32 adapters, "
+           f"{rows[0]['warmup']} warm-up + {rows[0]['steps']} timed steps, each case in a fresh process. "
+           "peak GiB: JAX `peak_bytes_in_use` / `torch.cuda.max_memory_allocated` (after warm-up reset). "
+           "XLA est.: arguments + outputs - donated + temporaries of the compiled step. "
+           "ratio: tokens/s over transformers+peft with matching recomputation (ckpt off <-> remat none).", "",
+           markdown_table(header, table), ""] + summary
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--smoke", action="store_true", help="tiny shapes on any device; print only")
+  p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; smoke 2)")
+  p.add_argument("--warmup", type=int, default=None, help="untimed steps, the first compiles (default 3; smoke 1)")
+  p.add_argument("--batch", type=int, default=None, help="override every model's batch size")
+  p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024; smoke 64)")
+  p.add_argument("--models", nargs="*", default=None, help=f"subset of {list(SHAPES)}")
+  p.add_argument("--frameworks", nargs="*", default=None, help="subset of fineflax, torch")
+  p.add_argument("--torch-compile", action="store_true", help="add a torch.compile case per model")
+  p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "sft.json"))
+  p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.worker:
+    spec = json.loads(args.worker)
+    _gpu.print_result((fineflax_worker if spec["framework"] == "fineflax" else torch_worker)(spec))
+    return 0
+  args.steps = args.steps or (2 if args.smoke else 10)
+  args.warmup = max(1, args.warmup or (1 if args.smoke else 3))
+  command = "python benchmarks/sft.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+  rows, t_all = [], time.perf_counter()
+  for c in cases(args):
+    env = _gpu.jax_env() if c["framework"] == "fineflax" else dict(os.environ)
+    t = time.perf_counter()
+    res = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(c)], env=env)
+    row = dict(c, **res)
+    if "seconds" in res:
+      row["tokens_s"] = c["batch"] * c["seq"] * c["steps"] / res["seconds"]
+    print(f"[sft] {c['model']} {c['framework']} {setting(c)}: "
+          + (f"{row['tokens_s']:.0f} tokens/s, peak {gib(row['peak_bytes'])} GiB" if "tokens_s" in row
+             else row.get("error", "?")) + f" ({time.perf_counter() - t:.0f}s wall)", file=sys.stderr, flush=True)
+    rows.append(row)
+  device = _gpu.device_name()
+  md = report(rows, device, command.strip(), args.smoke)
+  print(md)
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps({"device": device, "command": command.strip(), "smoke": args.smoke,
+                             "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1))
+  os.replace(tmp, out)
+  if not args.smoke:
+    write_section("sft", md)
+  print(f"[sft] wrote {out}" + ("" if args.smoke else " and RESULTS.md section 'sft'")
+        + f" in {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
+  return 0 if all("tokens_s" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
