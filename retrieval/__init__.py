@@ -16,22 +16,22 @@ API
   server: python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000
       (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3)
 """
-from retrieval.bm25 import BM25Index
-from retrieval.dense import DenseIndex
-from retrieval.documents import Document, Hit, read_jsonl, to_documents
-from retrieval.embedder import Embedder
-from retrieval.engine import (BM25SearchEngine, HybridSearchEngine, SearchEngine, VectorSearchEngine,
-                              create_search_engine)
-from retrieval.fusion import convex_combination, rrf
-from retrieval.rerank import CrossEncoderReranker
+import importlib
 
-__all__ = ["BM25Index", "DenseIndex", "Document", "Hit", "read_jsonl", "to_documents", "Embedder",
-           "BM25SearchEngine", "HybridSearchEngine", "SearchEngine", "VectorSearchEngine",
-           "create_search_engine", "convex_combination", "rrf", "CrossEncoderReranker", "retrieve_http"]
+_EXPORTS = {
+    "BM25Index": "retrieval.bm25", "DenseIndex": "retrieval.dense", "Document": "retrieval.documents",
+    "Hit": "retrieval.documents", "read_jsonl": "retrieval.documents", "to_documents": "retrieval.documents",
+    "Embedder": "retrieval.embedder", "BM25SearchEngine": "retrieval.engine",
+    "HybridSearchEngine": "retrieval.engine", "SearchEngine": "retrieval.engine",
+    "VectorSearchEngine": "retrieval.engine", "create_search_engine": "retrieval.engine",
+    "convex_combination": "retrieval.fusion", "rrf": "retrieval.fusion",
+    "CrossEncoderReranker": "retrieval.rerank", "retrieve_http": "retrieval.server",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-  if name == "retrieve_http":  # lazy: keeps http imports out of library use
-    from retrieval.server import retrieve_http
-    return retrieve_http
-  raise AttributeError(name)
+  """Lazy exports: `import retrieval` stays cheap; bm25s, JAX and faiss load on first use."""
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'retrieval' has no attribute {name!r}")
+  return getattr(importlib.import_module(_EXPORTS[name]), name)

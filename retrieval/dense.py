@@ -17,7 +17,9 @@ import shutil
 import tempfile
 from typing import Sequence
 
-import faiss
+from retrieval.lazy import lazy_import
+
+faiss = lazy_import("faiss", "faiss-cpu")  # loaded on first use: BM25-only users need no faiss
 import numpy as np
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
