@@ -4,7 +4,7 @@ r"""fineflax entry point.
 
 The config's `job` field picks the module `fineflax.jobs.<job>`, whose `run(config, workdir)` does the work.
 """
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from fineflax import jobs
@@ -19,6 +19,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax and jax log every save at INFO
   config = _CONFIG.value
   if _DRY_RUN.value:
     print(jobs.dry_run_report(config))

@@ -31,13 +31,13 @@ def get_config():
   config.data.on_bad_row = "error"  # error (name file and line) or skip (count and go on)
   config.data.batch_size = 8  # rows per micro-batch
   config.data.grad_accum = 1  # micro-batches per optimizer step
-  config.data.max_length = 128  # tokens per row
+  config.data.max_length = 64  # tokens per row
   config.data.packing = False  # pack several conversations into a row (segment ids keep them apart)
   config.data.truncation = "right"  # right, left or drop
-  config.data.eval_batches = 4  # batches per evaluation
+  config.data.eval_batches = 2  # batches per evaluation
 
   config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.num_steps = 40  # optimizer updates
+  config.optimizer.num_steps = 30  # optimizer updates
   config.optimizer.learning_rate = 1e-3  # peak learning rate
   config.optimizer.warmup_steps = 4  # linear warmup
   config.optimizer.end_lr_ratio = 0.1  # cosine decays to this fraction of the peak
@@ -47,12 +47,12 @@ def get_config():
   config.optimizer.grad_clip = 1.0  # global-norm clip; 0 = off
 
   config.checkpoint = ml_collections.ConfigDict()
-  config.checkpoint.every = 20  # steps between checkpoints
+  config.checkpoint.every = 15  # steps between checkpoints
   config.checkpoint.keep_last = 2  # most recent checkpoints kept
   config.checkpoint.keep_best = 1  # best-by-eval-loss checkpoints kept
 
   config.log_every = 5  # steps between logged train metrics
-  config.eval_every = 20  # steps between evaluations
+  config.eval_every = 15  # steps between evaluations
   config.sample_prompt = "What is 48 + 37?"  # answered before and after training; "" = skip
   config.sample_max_new_tokens = 32  # tokens for that answer
   return config

@@ -32,6 +32,10 @@ def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, 
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
 
+def _num_tokens(batch) -> jnp.ndarray:
+  return jnp.sum(batch["attention_mask"].astype(jnp.float32))
+
+
 def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, **loss_kwargs):
   """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. LoRA only."""
   rng, step_rng = jax.random.split(state["rng"])
@@ -51,7 +55,8 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
   grads = jax.tree.map(lambda g: g / n, grads)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
   lora = optax.apply_updates(state["lora"], updates)
-  metrics = {"loss": nll / n, "tokens": n, "grad_norm": optax.tree.norm(grads)}
+  metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
+             "grad_norm": optax.tree.norm(grads)}
   return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
 
 
