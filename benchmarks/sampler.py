@@ -55,6 +55,8 @@ def jax_worker(spec: dict) -> dict:
   from fineflax.sampling import generate
   out = {"device": _gpu.jax_device_name(), "rows": []}
   for name, shape in spec["shapes"].items():
+    if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
+      shape = dict(shape, rope_scaling=tuple(tuple(kv) for kv in shape["rope_scaling"]))
     config = ModelConfig(**shape)
     if name == "SmolLM2-135M" and spec.get("gguf"):
       from fineflax.models import load
@@ -107,7 +109,7 @@ def torch_worker(spec: dict) -> dict:
                       intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
                       num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
                       head_dim=shape["head_dim"], rms_norm_eps=shape.get("rms_norm_eps", 1e-5),
-                      tie_word_embeddings=True, max_position_embeddings=4096,
+                      tie_word_embeddings=True, max_position_embeddings=131072,
                       rope_parameters=dict(rope, rope_theta=shape.get("rope_theta", 10000.0)) if rope
                       else {"rope_type": "default", "rope_theta": shape.get("rope_theta", 10000.0)})
     with no_init_weights(), torch.device(dev):
