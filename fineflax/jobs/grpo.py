@@ -62,7 +62,8 @@ class Trainer:
                        dual_clip=rl.dual_clip or None, beta=rl.beta, entropy_coef=rl.entropy_coef,
                        agg_mode=rl.agg_mode, max_len=rl.max_new_tokens)
     loss_kwargs.update({"grpo": dict(clip=rl.clip), "luffy": dict(gamma=rl.luffy_gamma, on_policy_clip=rl.clip),
-                        "exgrpo": dict(replay_beta=rl.exgrpo_beta, on_policy_clip=rl.clip)}[rl.objective])
+                        "exgrpo": dict(replay_beta=rl.get("exgrpo_beta", 0.1), on_policy_clip=rl.clip)
+                        }[rl.objective])
     fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
                dtype=self.dtype, logits_chunk=config.model.logits_chunk)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
@@ -70,7 +71,7 @@ class Trainer:
     self.state = init_state(lora, self.optimizer, config.seed)
     self.eos = self.model_config.eos_token_ids[0]
     self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
-    self.buffer = ExperienceBuffer(rl.group_size, sigma=rl.exgrpo_sigma)
+    self.buffer = ExperienceBuffer(rl.group_size, sigma=rl.get("exgrpo_sigma", 1.0))
     self.solve_rate = 0.0
 
   def prompt(self, problem) -> list[int]:
