@@ -1,0 +1,59 @@
+"""Shared pieces of the experiment scripts: loading a config file, device name, curves, RESULTS.md."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(path: str, variant: str = ""):
+  """get_config(variant) of a config file (as launch.py's `--config path:variant`)."""
+  spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, ROOT / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def device_name() -> str:
+  """The accelerator's name (nvidia-smi) or "CPU (N cores)"."""
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30).stdout.strip()
+    if out:
+      return out.splitlines()[0]
+  except (OSError, subprocess.SubprocessError):
+    pass
+  return f"CPU ({os.cpu_count()} cores)"
+
+
+def command_line() -> str:
+  return "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+def plot_curves(series: dict[str, list[tuple[list, list]]], ylabel: str, path: str, title: str = "") -> None:
+  """One line per name: the mean over its runs (x, y), with a min-max band when there are several."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 3.8))
+  for name, runs in series.items():
+    x = np.asarray(runs[0][0], float)
+    ys = np.asarray([np.interp(x, np.asarray(r[0], float), np.asarray(r[1], float)) for r in runs])
+    ax.plot(x, ys.mean(0), label=f"{name} (n={len(runs)})")
+    if len(runs) > 1:
+      ax.fill_between(x, ys.min(0), ys.max(0), alpha=0.2)
+  ax.set_xlabel("RL step")
+  ax.set_ylabel(ylabel)
+  if title:
+    ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

@@ -1,0 +1,84 @@
+"""GRPO on generated arithmetic word problems: held-out accuracy before and after, reward curve.
+
+  python experiments/grpo_arith/run.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
+  python experiments/grpo_arith/run.py --smoke --out /tmp/grpo_arith                             # CPU
+
+Runs `fineflax.jobs.grpo` with configs/grpo_arith.py (any `--set key=value` overrides), then writes
+history.json, reward_curve.png and RESULTS.md (command, device, wall time, table) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+
+
+def override(config, assignments):
+  """`a.b=value` strings applied with the type of the existing field."""
+  for item in assignments:
+    key, _, value = item.partition("=")
+    node, *path = key.split(".")
+    parent = config
+    for p in [node, *path][:-1]:
+      parent = parent[p]
+    leaf = [node, *path][-1]
+    old = parent[leaf]
+    parent[leaf] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
+  ap.add_argument("--out", default="experiments/grpo_arith/out")
+  ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
+  ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value")
+  args = ap.parse_args()
+  from fineflax.jobs import grpo
+  config = load_config("configs/grpo_arith.py", "smoke" if args.smoke else "")
+  config.model.source = args.model
+  override(config, args.set)
+  os.makedirs(args.out, exist_ok=True)
+  t0 = time.time()
+  result = grpo.run(config, os.path.join(args.out, "run"))
+  wall = time.time() - t0
+  hist = result["history"]
+  json.dump(hist, open(os.path.join(args.out, "history.json"), "w"), indent=1)
+  train = [h for h in hist if "reward_mean" in h]
+  evals = [h for h in hist if "eval_accuracy" in h]
+  plot_curves({"train reward (math + 0.1 format)": [([h["step"] for h in train], [h["reward_mean"] for h in train])],
+               "held-out accuracy (greedy)": [([h["step"] for h in evals], [h["eval_accuracy"] for h in evals])]},
+              "reward / accuracy", os.path.join(args.out, "reward_curve.png"),
+              title=f"GRPO, SmolLM2-135M-Instruct QLoRA ({device_name()})")
+  before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
+  rows = "\n".join(f"| {h['step']} | {h['time_s']:.0f} | {h['eval_accuracy']:.3f} | "
+                   f"{h.get('reward_mean', float('nan')):.3f} | {h.get('completion_length', h.get('eval_completion_length', 0)):.0f} |"
+                   for h in evals)
+  md = f"""## GRPO on arithmetic word problems ({time.strftime('%Y-%m-%d')})
+
+- command: `{command_line()}`
+- device: {device_name()}; wall time {wall:.0f} s (model load, compilation and evaluations included)
+- model: SmolLM2-135M-Instruct, NF4 base + LoRA r={config.lora.r}; {config.num_steps} steps x
+  {config.rl.prompts_per_step} questions x {config.rl.group_size} samples; held-out set: {config.task.num_eval}
+  problems ({tuple(config.task.num_steps)} operations), disjoint from training.
+- held-out accuracy (greedy): **{before:.3f} -> {after:.3f}** ({(after - before) * 100:+.1f} points,
+  x{after / max(before, 1e-9):.2f})
+
+| step | time (s) | held-out accuracy | train reward | completion length |
+|---|---|---|---|---|
+{rows}
+
+![reward curve](reward_curve.png)
+"""
+  pathlib.Path(args.out, "RESULTS.md").write_text(md)
+  print(md)
+
+
+if __name__ == "__main__":
+  main()
