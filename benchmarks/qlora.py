@@ -6,8 +6,8 @@ vs transformers + peft.
 
 Every case: random weights of the model's shape built on the device layer by layer (bf16; NF4 = block 64 with
 double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
-random tokens, loss on every token through `fineflax.train.sft_step` (logits in chunks of 256 positions under
-`jax.checkpoint`, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (f32
+random tokens, loss on every token through `fineflax.train.sft_step` (jitted, LoRA/optimizer state donated;
+logits in chunks of 256 positions under `jax.checkpoint`, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (f32
 adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer).
 memory: seq 1024, batch 1, one step; peak = JAX `peak_bytes_in_use` since the worker process started
 (weights, adapters, optimizer state, activations and XLA temporaries all included).
@@ -18,6 +18,7 @@ torch: `AutoModelForCausalLM.from_config` (bf16, sdpa) + peft `get_peft_model`, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import pathlib
@@ -65,8 +66,6 @@ def random_params(mc, quant: str, key, dtype):
 
   quant "nf4": every linear kernel is an NF4Tensor made inside the same per-layer loop.
   """
-  import functools
-
   import jax
   import jax.numpy as jnp
 
@@ -77,13 +76,14 @@ def random_params(mc, quant: str, key, dtype):
     return (0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
 
   @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-  def stacked(k, n, shape, nf4):
+  def stacked(k, n, shape, nf4):  # [n, *shape], one entry at a time
     one = (lambda kk: quantize_nf4(normal(kk, shape), 64, True)) if nf4 else (lambda kk: normal(kk, shape))
     return jax.lax.map(one, jax.random.split(k, n))
 
-  def chunked(k, shape):  # [R, C] in 8 row chunks (1 when R is not divisible)
+  @functools.partial(jax.jit, static_argnums=(1,))
+  def chunked(k, shape):  # [R, C] in 8 row chunks (1 when R is not divisible); reshaped inside the jit
     n = 8 if shape[0] % 8 == 0 else 1
-    return stacked(k, n, (shape[0] // n, shape[1]), False).reshape(shape)
+    return jax.lax.map(lambda kk: normal(kk, (shape[0] // n, shape[1])), jax.random.split(k, n)).reshape(shape)
 
   c, L = mc, mc.num_layers
   keys = iter(jax.random.split(key, 16))
@@ -109,7 +109,7 @@ def fineflax_worker(spec: dict) -> dict:
   from fineflax.lora import LoraConfig, init_lora, lora_scale
   from fineflax.models import ModelConfig
   from fineflax.quant import bits_per_parameter, is_quantized
-  from fineflax.train.sft_step import init_state, make_sft_fns
+  from fineflax.train.sft_step import init_state, sft_step
 
   config = dict(spec["config"])
   if config.get("rope_scaling"):  # JSON turned the tuple of pairs into lists; ModelConfig must be hashable
@@ -127,8 +127,10 @@ def fineflax_worker(spec: dict) -> dict:
   cfg = LoraConfig(r=LORA_R, alpha=LORA_ALPHA, target_modules=TARGETS)
   lora = init_lora(params, mc, cfg, jax.random.PRNGKey(1))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, weight_decay=0.0))
-  train, _ = make_sft_fns(optimizer, model_config=mc, lora_scale=lora_scale(cfg), lora_dropout=0.0,
-                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=LOGITS_CHUNK)
+  train = jax.jit(functools.partial(
+      sft_step, optimizer=optimizer, model_config=mc, lora_scale=lora_scale(cfg), lora_dropout=0.0,
+      remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec.get("logits_chunk", LOGITS_CHUNK)),
+      donate_argnums=(0,) if spec.get("donate", True) else ())
   state = init_state(lora, optimizer, seed=0)
   tokens = np.random.default_rng(0).integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
   batch = jax.device_put({
@@ -138,6 +140,8 @@ def fineflax_worker(spec: dict) -> dict:
   t0 = time.perf_counter()
   compiled = train.lower(state, params, batch).compile()
   compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  temp_bytes = None if mem is None else int(mem.temp_size_in_bytes)
   box = {"state": state, "metrics": None}
 
   def step():
@@ -151,7 +155,7 @@ def fineflax_worker(spec: dict) -> dict:
   if not math.isfinite(loss):
     raise FloatingPointError(f"fineflax loss is {loss}")
   return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
-          "peak_after_params": after_params, "param_bytes": int(param_bytes), "bits": bits,
+          "peak_after_params": after_params, "xla_temp_bytes": temp_bytes, "param_bytes": int(param_bytes), "bits": bits,
           "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
 
 
