@@ -122,7 +122,8 @@ def test_bundled_samples_match_their_generator_and_load():
   spec.loader.exec_module(make_samples)
   built = make_samples.build_samples()
   assert sum(len(t.encode()) for t in built.values()) < 1_000_000
-  expected = {"arithmetic_messages.jsonl": "messages", "units_sharegpt.json": "sharegpt",
+  expected = {"arithmetic_messages.jsonl": "messages", "arithmetic_eval_messages.jsonl": "messages",
+              "units_sharegpt.json": "sharegpt",
               "world_alpaca.jsonl": "alpaca", "strings_prompt_completion.csv": "prompt_completion",
               "tools_glaive.jsonl": "glaive"}
   assert set(built) == set(expected)

@@ -242,5 +242,7 @@ def test_sigkill_mid_upsert_keeps_last_committed_state(tmp_path):
   child.wait()
   col = VectorStore(tmp_path).get_collection("k", HashingEmbedding(16))
   batches = col.count() // B
-  assert col.count() % B == 0 and batches in (done + 1, done + 2)
+  # the child may have committed more batches while this process slept; what matters is that the
+  # store holds whole committed batches only, each exactly as written
+  assert col.count() % B == 0 and batches >= done + 1
   check_state(tmp_path, batches, B)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+
 import jax
 import jax.numpy as jnp
 
@@ -97,8 +99,25 @@ def _linear(x, p, lora_p, scale, dtype, dropout_rate, key):
   return y
 
 
-def _attention(q, k, v, mask):
-  """Grouped-query attention. q [B,T,Hq,D], k/v [B,S,Hkv,D], mask [B,T,S] bool -> [B,T,Hq,D]."""
+def attention_impl(dtype) -> str:
+  """"cudnn" (fused flash attention) on GPUs for bf16/f16 compute, else "xla" (einsum + softmax).
+
+  FINEFLAX_ATTENTION=xla|cudnn overrides the choice.
+  """
+  forced = os.environ.get("FINEFLAX_ATTENTION")
+  if forced:
+    return forced
+  low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if jax.default_backend() == "gpu" and low_precision else "xla"
+
+
+def _attention(q, k, v, mask, impl: str = "xla"):
+  """Grouped-query attention. q [B,T,Hq,D], k/v [B,S,Hkv,D], mask [B,T,S] bool -> [B,T,Hq,D].
+
+  Every query row must attend to at least one key (the callers always allow the token itself).
+  """
+  if impl == "cudnn":
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
   b, t, hq, d = q.shape
   hkv = k.shape[2]
   q = q.reshape(b, t, hkv, hq // hkv, d)
@@ -142,7 +161,9 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     mask = causal[None] & attention_mask[:, None, :]
     if segment_ids is not None:
       mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    mask = mask | jnp.eye(t, dtype=jnp.bool_)[None]  # padding queries see themselves: no empty rows
     index = None
+    impl = attention_impl(dtype)
   else:
     if segment_ids is not None:
       raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
@@ -151,6 +172,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     slots = jnp.arange(kv_mask.shape[1])
     causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
     mask = causal[None] & kv_mask[:, None, :]
+    mask = mask | (slots[None, :] == (index + jnp.arange(t))[:, None])[None]  # each token sees itself
+    impl = "xla"
 
   layers = params["layers"]
   keys = (jax.random.split(dropout_rng, c.num_layers) if (dropout_rng is not None and lora_dropout > 0)
@@ -180,7 +203,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
     else:
       k_all, v_all = k, v
-    attn = _attention(q, k_all, v_all, mask).reshape(b, t, c.num_heads * c.head_dim)
+    attn = _attention(q, k_all, v_all, mask, impl).reshape(b, t, c.num_heads * c.head_dim)
     x = x + lin("o", attn)
     h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
     x = x + lin("down", jax.nn.silu(lin("gate", h)) * lin("up", h))
