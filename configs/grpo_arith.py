@@ -37,12 +37,11 @@ def get_config(variant: str = ""):
   config.task.num_eval = 256  # held-out problems (disjoint split)
   config.task.num_steps = (1, 2)  # operations per problem (inclusive range, 1..5)
   config.task.system_prompt = (  # instruction given with every question
-      "Solve the word problem. Think step by step inside <think> </think>, then give only the final "
-      "number inside <answer> </answer>.")
+      "Solve the word problem step by step. End with the final number, like: The answer is 42.")
+  config.task.accuracy_reward = "math_last_number"  # reward that defines held-out accuracy
 
   config.rewards = ml_collections.ConfigDict()
-  config.rewards.math = 1.0  # weight of the answer-correctness reward
-  config.rewards.format = 0.1  # weight of the <think>/<answer> format reward
+  config.rewards.math_last_number = 1.0  # weight of answer correctness (<answer>/boxed, else last number)
 
   config.rl = ml_collections.ConfigDict()
   config.rl.prompts_per_step = 32  # questions per rollout batch
@@ -54,7 +53,7 @@ def get_config(variant: str = ""):
   config.rl.exgrpo_sigma = 1.0  # ExGRPO Gaussian bucket weights N(k; K/2, sigma)
   config.rl.exgrpo_threshold = 0.35  # ExGRPO: replay once the batch solve rate passes this
   config.rl.experience_share = 0.5  # ExGRPO: share of each batch's questions taken from the buffer
-  config.rl.max_new_tokens = 160  # completion budget
+  config.rl.max_new_tokens = 128  # completion budget
   config.rl.temperature = 1.0  # sampling temperature for rollouts
   config.rl.top_p = 1.0  # nucleus sampling mass for rollouts
   config.rl.num_iterations = ml_collections.FieldReference(1)  # updates per rollout batch (mu)

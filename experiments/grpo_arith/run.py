@@ -52,7 +52,7 @@ def main():
   json.dump(hist, open(os.path.join(args.out, "history.json"), "w"), indent=1)
   train = [h for h in hist if "reward_mean" in h]
   evals = [h for h in hist if "eval_accuracy" in h]
-  plot_curves({"train reward (math + 0.1 format)": [([h["step"] for h in train], [h["reward_mean"] for h in train])],
+  plot_curves({"train reward (sampled)": [([h["step"] for h in train], [h["reward_mean"] for h in train])],
                "held-out accuracy (greedy)": [([h["step"] for h in evals], [h["eval_accuracy"] for h in evals])]},
               "reward / accuracy", os.path.join(args.out, "reward_curve.png"),
               title=f"GRPO, SmolLM2-135M-Instruct QLoRA ({device_name()})")

@@ -84,12 +84,13 @@ class Trainer:
                     rng=rng, lora=self.state["lora"], lora_scale=self.scale, dtype=self.dtype)
 
   def evaluate(self, problems) -> dict:
-    """Greedy held-out accuracy (math reward = 1), in batches of config.eval_batch_size."""
+    """Greedy held-out accuracy (config.task.accuracy_reward = 1), in batches of eval_batch_size."""
     correct, lengths = [], []
     for i in range(0, len(problems), self.config.eval_batch_size):
       chunk = problems[i:i + self.config.eval_batch_size]
       out = self.sample([self.prompt(p) for p in chunk], None, greedy=True)
-      total, _, _ = score_completions({"math": 1.0}, [p.question for p in chunk], out.texts,
+      total, _, _ = score_completions({self.config.task.accuracy_reward: 1.0},
+                                      [p.question for p in chunk], out.texts,
                                       [{"answer": str(p.answer)} for p in chunk])
       correct += list(total)
       lengths += list(out.lengths)

@@ -19,11 +19,7 @@ from fineflax.quant import NF4Tensor, full_shape, is_quantized, quantize_tensor
 
 def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
   """(in, out) of each linear of one layer."""
-  c = config
-  q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  return {"q": (c.hidden_size, q), "k": (c.hidden_size, kv), "v": (c.hidden_size, kv),
-          "o": (q, c.hidden_size), "gate": (c.hidden_size, c.intermediate_size),
-          "up": (c.hidden_size, c.intermediate_size), "down": (c.intermediate_size, c.hidden_size)}
+  return config.linear_shapes()
 
 
 def _expected_kernel(config: ModelConfig, name: str) -> tuple[int, int, int]:

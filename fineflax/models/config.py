@@ -37,6 +37,13 @@ class ModelConfig:
   def rope_scaling_dict(self) -> dict[str, Any] | None:
     return dict(self.rope_scaling) if self.rope_scaling else None
 
+  def linear_shapes(self) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear projection of one layer, in y = x @ kernel layout."""
+    h, i = self.hidden_size, self.intermediate_size
+    q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "gate": (h, i), "up": (h, i),
+            "down": (i, h)}
+
   def num_params(self) -> int:
     """Parameter count (embedding counted once when tied)."""
     h, i, hd = self.hidden_size, self.intermediate_size, self.head_dim

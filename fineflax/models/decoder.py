@@ -35,15 +35,7 @@ Params = dict[str, Any]
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32, std: float = 0.02) -> Params:
   """Random weights N(0, std) for linears and embeddings, ones for norms (like HF `_init_weights`)."""
   c, L = config, config.num_layers
-  shapes = {
-      "q": (c.hidden_size, c.num_heads * c.head_dim),
-      "k": (c.hidden_size, c.num_kv_heads * c.head_dim),
-      "v": (c.hidden_size, c.num_kv_heads * c.head_dim),
-      "o": (c.num_heads * c.head_dim, c.hidden_size),
-      "gate": (c.hidden_size, c.intermediate_size),
-      "up": (c.hidden_size, c.intermediate_size),
-      "down": (c.intermediate_size, c.hidden_size),
-  }
+  shapes = c.linear_shapes()
   keys = iter(jax.random.split(rng, len(shapes) + 2))
   normal = lambda shape: (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
   layers: Params = {n: {"kernel": normal((L, *s))} for n, s in shapes.items()}
@@ -231,9 +223,34 @@ def output_kernel(params: Params, config: ModelConfig, dtype) -> jnp.ndarray:
   return materialize(params["lm_head"]["kernel"], dtype)
 
 
+@jax.custom_vjp
+def project_logits(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+  """f32 logits h @ w [..., V] for h [..., H], w [H, V] (f32 accumulation).
+
+  The backward pass casts the f32 logit gradient to w's dtype before both matmuls, so a bf16 output
+  matrix is never copied to f32 (2.2 GB for a 152k x 3584 head): dh = g @ w.T, dw = h.T @ g.
+  """
+  return jnp.matmul(h, w, preferred_element_type=jnp.float32)
+
+
+def _project_fwd(h, w):
+  return project_logits(h, w), (h, w)
+
+
+def _project_bwd(res, g):
+  h, w = res
+  g = g.astype(w.dtype)
+  dh = jnp.matmul(g, w.T, preferred_element_type=jnp.float32).astype(h.dtype)
+  dw = jnp.einsum("...h,...v->hv", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
+  return dh, dw
+
+
+project_logits.defvjp(_project_fwd, _project_bwd)
+
+
 def logits_from_hidden(params: Params, config: ModelConfig, h: jnp.ndarray) -> jnp.ndarray:
   """f32 logits [..., V] = h @ output_kernel (f32 accumulation)."""
-  return jnp.matmul(h, output_kernel(params, config, h.dtype), preferred_element_type=jnp.float32)
+  return project_logits(h, output_kernel(params, config, h.dtype))
 
 
 def forward(params: Params, config: ModelConfig, tokens: jnp.ndarray, **kwargs) -> jnp.ndarray:

@@ -26,19 +26,12 @@ def load_config(source: str | os.PathLike) -> ModelConfig:
 
 def linear_params(config: ModelConfig) -> int:
   """Parameters in the seven linear projections of all layers (what QLoRA quantises)."""
-  c = config
-  per_layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
-  per_layer += 3 * c.hidden_size * c.intermediate_size
-  return c.num_layers * per_layer
+  return config.num_layers * sum(i * o for i, o in config.linear_shapes().values())
 
 
 def lora_params(config: ModelConfig, r: int, targets=("q", "k", "v", "o", "gate", "up", "down")) -> int:
   """Parameters of rank-r adapters A (in, r) and B (r, out) on each targeted linear."""
-  c = config
-  dims = {"q": (c.hidden_size, c.num_heads * c.head_dim), "k": (c.hidden_size, c.num_kv_heads * c.head_dim),
-          "v": (c.hidden_size, c.num_kv_heads * c.head_dim), "o": (c.num_heads * c.head_dim, c.hidden_size),
-          "gate": (c.hidden_size, c.intermediate_size), "up": (c.hidden_size, c.intermediate_size),
-          "down": (c.intermediate_size, c.hidden_size)}
+  c, dims = config, config.linear_shapes()
   return c.num_layers * sum(r * (i + o) for n, (i, o) in dims.items() if n in targets)
 
 

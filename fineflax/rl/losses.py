@@ -13,6 +13,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from fineflax.models.decoder import project_logits
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "sum")
 _LOG_RATIO_CLAMP = 20.0  # verl clamps logp - old_logp to [-20, 20] before exp
 
@@ -144,7 +146,7 @@ def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128)
   @jax.checkpoint
   def one_chunk(args):
     hc, tc = args
-    logits = jnp.matmul(hc, out_kernel.astype(hc.dtype), preferred_element_type=jnp.float32)
+    logits = project_logits(hc, out_kernel.astype(hc.dtype))
     return token_logp(logits, tc), entropy_from_logits(logits)
 
   logp, ent = jax.lax.map(one_chunk, (hs, ts))
