@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
+# on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler grpo search_r1 luffy
+# Outputs go to $OUT (default /tmp/out): the RESULTS.md files and each experiment's folder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+GGUF=/root/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export FINEFLAX_CACHE=/root/fineflax-cache JAX_COMPILATION_CACHE_DIR=/root/jax-cache
+mkdir -p "$OUT"
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    setup1) python3 -m pip install -q --no-index --no-deps --target /root/site .whl/*.whl
+            [ -d .whl2 ] && python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
+            mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
+    setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
+    faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
+    bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
+            python3 benchmarks/qlora.py ;;
+    sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
+    grpo)   python3 experiments/grpo_arith/run.py --model "$GGUF" --out "$OUT/grpo_arith" ;;
+    search_r1) python3 experiments/search_r1/run.py --model "$GGUF" --out "$OUT/search_r1" ;;
+    luffy)  python3 experiments/luffy/run.py --model "$GGUF" --out "$OUT/luffy" ${LUFFY_ARGS:-} ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+  cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
+done
+nvidia-smi --query-gpu=name,memory.used --format=csv
