@@ -2,7 +2,8 @@
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler grpo search_r1 luffy
-# Outputs go to $OUT (default /tmp/out): the RESULTS.md files and each experiment's folder.
+# Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
+# and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -21,11 +22,15 @@ for stage in "$@"; do
     bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
             python3 benchmarks/qlora.py ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
-    grpo)   python3 experiments/grpo_arith/run.py --model "$GGUF" --out "$OUT/grpo_arith" ;;
-    search_r1) python3 experiments/search_r1/run.py --model "$GGUF" --out "$OUT/search_r1" ;;
-    luffy)  python3 experiments/luffy/run.py --model "$GGUF" --out "$OUT/luffy" ${LUFFY_ARGS:-} ;;
+    grpo)   python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
+    search_r1) python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
+    luffy)  python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
+  if [ -d "/root/work/$stage" ] || [ "$stage" = grpo ]; then
+    src=/root/work/$stage; [ "$stage" = grpo ] && src=/root/work/grpo_arith
+    mkdir -p "$OUT/$stage" && cp "$src"/RESULTS.md "$src"/*.png "$src"/*.json "$OUT/$stage/" 2>/dev/null
+  fi
 done
 nvidia-smi --query-gpu=name,memory.used --format=csv
