@@ -11,6 +11,8 @@ GGUF=/root/models/SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export FINEFLAX_CACHE=/root/fineflax-cache JAX_COMPILATION_CACHE_DIR=/root/jax-cache
 mkdir -p "$OUT"
+# an experiment that fails with cuDNN attention is run again with the XLA attention path
+retry_xla() { "$@" || { echo "retrying with FINEFLAX_ATTENTION=xla"; FINEFLAX_ATTENTION=xla "$@"; }; }
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
@@ -22,9 +24,9 @@ for stage in "$@"; do
     bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
             python3 benchmarks/qlora.py ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
-    grpo)   python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
-    search_r1) python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
-    luffy)  python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
+    grpo)   retry_xla python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
+    search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
+    luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
