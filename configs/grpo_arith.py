@@ -48,6 +48,7 @@ def get_config(variant: str = ""):
   config.rl.group_size = 8  # completions per question (G)
   config.rl.objective = "grpo"  # grpo (incl. DAPO / Dr. GRPO settings), luffy or exgrpo
   config.rl.n_off = 1  # LUFFY: off-policy solver traces per group
+  config.rl.traces_path = ""  # LUFFY traces file (JSON/JSONL/Parquet); "" = the task solver's solutions
   config.rl.luffy_gamma = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma)
   config.rl.exgrpo_beta = 0.1  # ExGRPO importance-weight shaping w / (w + beta)
   config.rl.exgrpo_sigma = 1.0  # ExGRPO Gaussian bucket weights N(k; K/2, sigma)

