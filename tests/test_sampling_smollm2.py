@@ -65,7 +65,6 @@ def test_smollm2_greedy_matches_transformers_on_the_same_weights(smollm2):
   assert tok.decode(ref[0, :list(ref[0]).index(im_end)]) == "The capital of France is Paris."
 
 
-@pytest.mark.slow
 def test_smollm2_greedy_matches_transformers_loading_the_gguf(smollm2):
   from transformers import AutoModelForCausalLM
   from fineflax.models.load import resolve_source
