@@ -20,6 +20,20 @@ def load_config(path: str, variant: str = ""):
   return module.get_config(variant) if variant else module.get_config()
 
 
+def apply_overrides(config, overrides: dict) -> None:
+  """Sets dotted keys ("rl.group_size") of a ConfigDict; string values take the existing field's type."""
+  for key, value in overrides.items():
+    node, *path = key.split(".")
+    parent = config
+    for p in [node, *path][:-1]:
+      parent = parent[p]
+    leaf = [node, *path][-1]
+    old = parent[leaf]
+    if isinstance(value, str) and not isinstance(old, str):
+      value = value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value)
+    parent[leaf] = value
+
+
 def device_name() -> str:
   """The accelerator's name (nvidia-smi) or "CPU (N cores)"."""
   try:

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import load_config
+from experiments.common import apply_overrides, load_config
 from fineflax.jobs import grpo
 
 
@@ -16,12 +16,7 @@ def _config(source, objective="grpo", **over):
   c.rl.max_new_tokens = 8
   c.task.num_eval = 4
   c.task.num_train = 64
-  for k, v in over.items():
-    node = c
-    *parents, leaf = k.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = v
+  apply_overrides(c, over)
   return c
 
 

@@ -6,6 +6,7 @@ import signal
 import numpy as np
 import pytest
 
+from experiments.common import apply_overrides, load_config
 from fineflax.train.metric_writer import read_jsonl
 
 
@@ -15,12 +16,7 @@ def tiny_source(tiny_smol):
 
 
 def _config(source, num_steps=8, **over):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("qs", os.path.join(os.path.dirname(__file__), "..",
-                                                                   "configs", "quickstart.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
+  c = load_config("configs/quickstart.py")
   c.model.source = source
   c.optimizer.num_steps = num_steps
   c.optimizer.warmup_steps = 2
@@ -32,12 +28,7 @@ def _config(source, num_steps=8, **over):
   c.log_every = 1
   c.checkpoint.every = 2
   c.sample_prompt = ""
-  for k, v in over.items():
-    node = c
-    *parents, leaf = k.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = v
+  apply_overrides(c, over)
   return c
 
 

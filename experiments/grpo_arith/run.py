@@ -17,20 +17,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
-
-
-def override(config, assignments):
-  """`a.b=value` strings applied with the type of the existing field."""
-  for item in assignments:
-    key, _, value = item.partition("=")
-    node, *path = key.split(".")
-    parent = config
-    for p in [node, *path][:-1]:
-      parent = parent[p]
-    leaf = [node, *path][-1]
-    old = parent[leaf]
-    parent[leaf] = type(old)(value) if not isinstance(old, bool) else value.lower() in ("1", "true")
+from experiments.common import apply_overrides, command_line, device_name, load_config, plot_curves  # noqa: E402
 
 
 def main():
@@ -43,7 +30,7 @@ def main():
   from fineflax.jobs import grpo
   config = load_config("configs/grpo_arith.py", "smoke" if args.smoke else "")
   config.model.source = args.model
-  override(config, args.set)
+  apply_overrides(config, dict(item.partition("=")[::2] for item in args.set))
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
   result = grpo.run(config, os.path.join(args.out, "run"))

@@ -251,8 +251,15 @@ def run(config, workdir: str | None) -> dict:
   bar.close()
   writer.close()
   ckpt.close()
+  export_run(tr, config, workdir, history)
+  return {"history": history, "workdir": workdir}
+
+
+def export_run(tr: Trainer, config, workdir: str, history: list[dict]) -> None:
+  """The LoRA as a PEFT adapter in WORKDIR/adapter, the metric history in WORKDIR/history.json (atomic)."""
   lora_lib.export_peft(tr.state["lora"], tr.lora_cfg, tr.model_config, os.path.join(workdir, "adapter"),
                        base_model_name_or_path=str(config.model.source))
-  with open(os.path.join(workdir, "history.json"), "w") as f:
+  tmp = os.path.join(workdir, "history.json.tmp")
+  with open(tmp, "w") as f:
     json.dump(history, f, indent=1)
-  return {"history": history, "workdir": workdir}
+  os.replace(tmp, os.path.join(workdir, "history.json"))

@@ -11,7 +11,6 @@ Evaluation: greedy Search-R1 inference on held-out questions (EM overall / singl
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
@@ -19,9 +18,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from fineflax import lora as lora_lib
 from fineflax.jobs.common import make_workdir
-from fineflax.jobs.grpo import Trainer
+from fineflax.jobs.grpo import Trainer, export_run
 from fineflax.rl import groups as G
 from fineflax.search_r1 import (RolloutConfig, ScriptedPolicy, Tags, make_kb, make_search_fn, prompt_ids,
                                 rollout_batch, run_rollouts, search_r1_reward)
@@ -194,10 +192,5 @@ def run(config, workdir: str | None) -> dict:
   bar.close()
   writer.close()
   ckpt.close()
-  lora_lib.export_peft(tr.state["lora"], tr.lora_cfg, tr.model_config, os.path.join(workdir, "adapter"),
-                       base_model_name_or_path=str(config.model.source))
-  tmp = os.path.join(workdir, "history.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(history, f, indent=1)
-  os.replace(tmp, os.path.join(workdir, "history.json"))
+  export_run(tr, config, workdir, history)
   return {"history": history, "workdir": workdir, "trainer": tr, "held_out": evals}
