@@ -46,9 +46,39 @@ def resolve_source(source: str) -> pathlib.Path:
                           f"({', '.join(ALIASES)})")
 
 
-def load_tokenizer(source: str | os.PathLike):
-  """A transformers tokenizer for a folder, a .gguf file (converted once, then cached) or an alias."""
+ASSETS = pathlib.Path(__file__).parent / "assets"
+
+
+def _bundled_tokenizer(alias: str):
+  """The alias's tokenizer shipped with fineflax (JSON gzipped), unpacked once into the cache."""
+  import gzip
+  import shutil
   from transformers import AutoTokenizer
+  src = ASSETS / alias
+  digest = hashlib.sha1((src / "tokenizer.json.gz").read_bytes()).hexdigest()[:16]
+  target = CACHE_DIR / "tokenizers" / f"{alias}-{digest}"
+  if not (target / "tokenizer.json").exists():
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+      if f.name == "tokenizer.json.gz":
+        with gzip.open(f, "rb") as a, open(tmp / "tokenizer.json", "wb") as b:
+          shutil.copyfileobj(a, b)
+      elif f.suffix in (".json", ".jinja"):
+        shutil.copy(f, tmp / f.name)
+    try:
+      os.replace(tmp, target)
+    except OSError:  # another process unpacked it first
+      shutil.rmtree(tmp, ignore_errors=True)
+  return AutoTokenizer.from_pretrained(str(target))
+
+
+def load_tokenizer(source: str | os.PathLike):
+  """A transformers tokenizer for a folder, an alias (bundled copy) or a .gguf file (converted once by
+  transformers, which needs torch for that, then cached)."""
+  from transformers import AutoTokenizer
+  if str(source) in ALIASES and (ASSETS / str(source) / "tokenizer.json.gz").exists():
+    return _bundled_tokenizer(str(source))
   path = resolve_source(str(source))
   if path.is_dir():
     try:
@@ -59,6 +89,9 @@ def load_tokenizer(source: str | os.PathLike):
   cached = CACHE_DIR / "tokenizers" / key[:16]
   if (cached / "tokenizer.json").exists():
     return AutoTokenizer.from_pretrained(str(cached))
+  if importlib.util.find_spec("torch") is None:
+    raise ImportError(f"{path}: transformers converts GGUF tokenizers only with torch installed "
+                      "(pip install torch==2.13.0), or point at a folder holding tokenizer.json")
   tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
   tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
   tok.save_pretrained(str(tmp))
