@@ -46,6 +46,10 @@ def get_config():
   config.optimizer.b2 = 0.999  # Adam beta2
   config.optimizer.grad_clip = 1.0  # global-norm clip; 0 = off
 
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # data-parallel devices (-1: all that fsdp leaves)
+  config.mesh.fsdp = 1  # devices the frozen base weights are split over
+
   config.checkpoint = ml_collections.ConfigDict()
   config.checkpoint.every = 15  # steps between checkpoints
   config.checkpoint.keep_last = 2  # most recent checkpoints kept

@@ -16,6 +16,7 @@ from fineflax.data import Mixture, load_source, make_batch_iterator, sample_file
 from fineflax.data.iterator import pad_id_of
 from fineflax.jobs.common import answer, compute_dtype, make_workdir, setup_model, stack_micro_batches
 from fineflax.train.checkpoint import Checkpointer
+from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.metric_writer import MetricWriter
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import init_state, make_sft_fns
@@ -51,14 +52,14 @@ def _batches(mixture, tokenizer, data_cfg):
                              truncation=data_cfg.truncation)
 
 
-def evaluate(eval_fn, lora, base, config, tokenizer) -> dict:
+def evaluate(eval_fn, lora, base, config, tokenizer, mesh) -> dict:
   """Token-weighted eval loss and perplexity over `config.data.eval_batches` batches of the eval set."""
   if not config.data.eval_sources:
     return {}
   it = _batches(parse_sources(config.data.eval_sources, config.data, seed=1234), tokenizer, config.data)
   nll, n = 0.0, 0.0
   for _ in range(config.data.eval_batches):
-    s, c = eval_fn(lora, base, next(it))
+    s, c = eval_fn(lora, base, shard_batch(next(it), mesh))
     nll, n = nll + float(s), n + float(c)
   loss = nll / max(n, 1.0)
   return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}
@@ -74,7 +75,9 @@ def run(config, workdir: str | None) -> dict:
   train_fn, eval_fn = make_sft_fns(optimizer, model_config=model_config, lora_scale=scale,
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
                                    logits_chunk=config.model.logits_chunk)
-  state = init_state(lora, optimizer, config.seed)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+  base = shard_params(base, mesh)
+  state = replicate(init_state(lora, optimizer, config.seed), mesh)
   batches = _batches(parse_sources(config.data.sources, config.data, config.seed), tokenizer, config.data)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=config.checkpoint.keep_last,
                       keep_best=config.checkpoint.keep_best, best_metric="eval_loss", best_mode="min")
@@ -97,6 +100,7 @@ def run(config, workdir: str | None) -> dict:
   with StopRequested() as stop:
     for step in range(start + 1, opt_cfg.num_steps + 1):
       batch = stack_micro_batches([next(batches) for _ in range(config.data.grad_accum)], pad_id)
+      batch = shard_batch(batch, mesh, batch_axis=1)
       new_state, metrics = train_fn(state, base, batch)
       metrics = jax.device_get(metrics)
       if not np.isfinite(metrics["loss"]):
@@ -111,7 +115,7 @@ def run(config, workdir: str | None) -> dict:
         t_last, tokens_since = now, 0.0
         scalars["learning_rate"] = float(schedule(step - 1))
       if do_eval:
-        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer))
+        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer, mesh))
       writer.write_scalars(step, scalars)
       bar.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k != "learning_rate"})
       bar.update(1)

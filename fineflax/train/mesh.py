@@ -1,0 +1,71 @@
+"""Device mesh with axes ("data", "fsdp"): batches split over both, large frozen weights over "fsdp".
+
+One device and many run the same jitted steps: arrays are placed with these shardings before the call
+and XLA's sharding propagation does the rest (gradients of the replicated LoRA are all-reduced).
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+BATCH_AXES = ("data", "fsdp")
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, devices=None) -> Mesh:
+  """Mesh of shape (data, fsdp) over `devices` (default all); data = -1 takes what fsdp leaves."""
+  devices = np.asarray(jax.devices() if devices is None else devices)
+  n = devices.size
+  if data == -1:
+    if n % fsdp:
+      raise ValueError(f"mesh: {n} devices are not divisible by fsdp={fsdp}")
+    data = n // fsdp
+  if data * fsdp != n:
+    raise ValueError(f"mesh: data={data} x fsdp={fsdp} != {n} devices")
+  return Mesh(devices.reshape(data, fsdp), BATCH_AXES)
+
+
+def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedSharding:
+  """Split dimension `batch_axis` of an `ndim`-array over every device of the mesh."""
+  spec = [None] * ndim
+  spec[batch_axis] = BATCH_AXES
+  return NamedSharding(mesh, P(*spec))
+
+
+def shard_batch(batch: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
+  """device_put every array of `batch`, split along `batch_axis` (which must divide evenly)."""
+  size = mesh.devices.size
+  out = {}
+  for k, v in batch.items():
+    if v.shape[batch_axis] % size:
+      raise ValueError(f"batch field {k!r}: dimension {batch_axis} = {v.shape[batch_axis]} is not "
+                       f"divisible by the {size} devices of the mesh")
+    out[k] = jax.device_put(v, batch_sharding(mesh, batch_axis, v.ndim))
+  return out
+
+
+def _fsdp_spec(x, fsdp: int) -> P:
+  """Shard the largest dimension divisible by `fsdp` (replicate small or indivisible arrays)."""
+  shape = getattr(x, "shape", ())
+  if fsdp == 1 or np.prod(shape, dtype=np.int64) < 2 ** 16:
+    return P()
+  for d in sorted(range(len(shape)), key=lambda i: -shape[i]):
+    if shape[d] % fsdp == 0:
+      spec = [None] * len(shape)
+      spec[d] = "fsdp"
+      return P(*spec)
+  return P()
+
+
+def shard_params(params, mesh: Mesh):
+  """device_put a frozen parameter pytree: big arrays split over "fsdp", the rest replicated.
+
+  Quantised tensors are pytrees too; their array leaves (codes, scales) are placed the same way.
+  """
+  fsdp = mesh.shape["fsdp"]
+  return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, _fsdp_spec(x, fsdp))), params)
+
+
+def replicate(tree, mesh: Mesh):
+  """device_put a pytree (LoRA, optimizer state) fully replicated over the mesh."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))

@@ -1,0 +1,48 @@
+"""The SFT step on a 2x2 ("data", "fsdp") mesh of forced CPU devices equals the one-device step."""
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from fineflax.models import ModelConfig, init_params
+    from fineflax import lora as L, quant
+    from fineflax.train.sft_step import make_sft_fns, init_state
+    from fineflax.train.mesh import make_mesh, shard_batch, shard_params, replicate
+    assert jax.device_count() == 4, jax.devices()
+    c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=16)
+    base = quant.quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
+    cfg = L.LoraConfig(r=4, alpha=8.0)
+    lora = L.init_lora(base, c, cfg, jax.random.PRNGKey(1))
+    lora = jax.tree.map(lambda x: x + 0.01, lora)
+    opt = optax.adamw(1e-2)
+    train, _ = make_sft_fns(opt, model_config=c, lora_scale=2.0)
+    rng = np.random.RandomState(0)
+    A, B, T = 2, 8, 16
+    batch = {"tokens": rng.randint(0, 256, (A, B, T)).astype(np.int32),
+             "targets": rng.randint(0, 256, (A, B, T)).astype(np.int32),
+             "loss_mask": (rng.rand(A, B, T) > 0.3).astype(np.float32),
+             "attention_mask": np.ones((A, B, T), np.int32),
+             "positions": np.tile(np.arange(T, dtype=np.int32), (A, B, 1)),
+             "segment_ids": np.ones((A, B, T), np.int32)}
+    s1, m1 = train(init_state(lora, opt, 0), base, batch)
+    mesh = make_mesh(data=2, fsdp=2)
+    s2, m2 = train(replicate(init_state(lora, opt, 0), mesh), shard_params(base, mesh),
+                   shard_batch(batch, mesh, batch_axis=1))
+    assert len(m2["loss"].sharding.device_set) == 4
+    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
+                 s1["lora"], s2["lora"])
+    print("OK", float(m1["loss"]))
+""")
+
+
+def test_sharded_sft_step_equals_single_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
