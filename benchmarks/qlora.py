@@ -22,7 +22,6 @@ import functools
 import json
 import math
 import pathlib
-import shlex
 import sys
 import time
 

@@ -8,7 +8,7 @@ their stored embeddings; otherwise FAISS candidates are post-filtered, widening 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Sequence
 
 import bm25s
 import numpy as np
+
+from retrieval.atomic import atomic_dir, read_meta
 
 METHODS = ("lucene", "robertson", "bm25l", "bm25+", "atire")
 _FORMAT = 1
@@ -94,27 +94,15 @@ class BM25Index:
   def save(self, path: str | os.PathLike) -> None:
     """Writes folder `path` (bm25s files + meta.json) via a temporary folder and os.replace."""
     self._require_index()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
-    try:
+    with atomic_dir(path) as tmp:
       if self.ids:
         self._model.save(str(tmp / "bm25s"))
       (tmp / "meta.json").write_text(json.dumps(dict(format=_FORMAT, config=self.config, ids=self.ids)))
-      from retrieval.dense import _replace_dir
-      _replace_dir(tmp, path)
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> "BM25Index":
     path = pathlib.Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-      raise FileNotFoundError(f"{meta_path}: not a saved BM25Index")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != _FORMAT:
-      raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT}")
+    meta = read_meta(path, _FORMAT, "BM25Index")
     self = cls(**meta["config"])
     self.ids = list(meta["ids"])
     c = self.config

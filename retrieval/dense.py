@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Sequence
 
+from retrieval.atomic import atomic_dir, read_meta
 from retrieval.lazy import lazy_import
 
 faiss = lazy_import("faiss", "faiss-cpu")  # loaded on first use: BM25-only users need no faiss
@@ -199,27 +198,16 @@ class DenseIndex:
   # ---- persistence -----------------------------------------------------------------------------
   def save(self, path: str | os.PathLike) -> None:
     """Writes folder `path` (index.faiss, meta.json) via a temporary folder and os.replace."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
-    try:
+    with atomic_dir(path) as tmp:
       faiss.write_index(self.index, str(tmp / "index.faiss"))
       meta = dict(format=_FORMAT, dim=self.dim, kind=self.kind, options=self.options, next_id=self._next_id,
                   ids=[[s, i] for s, i in self._str_to_int.items()])
       (tmp / "meta.json").write_text(json.dumps(meta))
-      _replace_dir(tmp, path)
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> "DenseIndex":
     path = pathlib.Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-      raise FileNotFoundError(f"{meta_path}: not a saved DenseIndex")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != _FORMAT:
-      raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {_FORMAT}")
+    meta = read_meta(path, _FORMAT, "DenseIndex")
     self = cls(meta["dim"], meta["kind"], **meta["options"])
     self.index = faiss.read_index(str(path / "index.faiss"))
     if isinstance(self.index, faiss.IndexIVF):
@@ -230,14 +218,3 @@ class DenseIndex:
     if self.index.ntotal != len(self._str_to_int):
       raise ValueError(f"{path}: index holds {self.index.ntotal} vectors but meta.json {len(self._str_to_int)} ids")
     return self
-
-
-def _replace_dir(src: pathlib.Path, dst: pathlib.Path) -> None:
-  """Moves folder src to dst; an existing dst is renamed aside first and removed after."""
-  old = None
-  if dst.exists():
-    old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
-    os.replace(dst, old)
-  os.replace(src, dst)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)

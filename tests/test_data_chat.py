@@ -4,7 +4,6 @@ and with the ChatML fallback for a tokenizer without a chat template."""
 import json
 import re
 
-import numpy as np
 import pytest
 
 from fineflax.data import CHATML_TEMPLATE, load_source, render_with_spans, sample_file, tokenize_chat

@@ -9,7 +9,6 @@ import numpy as np
 
 from experiments.common import load_config
 from fineflax.jobs import grpo
-from fineflax.rewards import score_completions
 from fineflax.rl.advantages import group_advantages
 from fineflax.rl.rollout import build_rl_batch, round_up
 

@@ -1,6 +1,4 @@
 """Logits parity of the fineflax decoder with transformers (PyTorch, f32) for every supported family."""
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from fineflax.rewards import get_reward
-from fineflax.rewards.function_call import W_JSON, W_KEYS, W_REQUIRED, W_TOOL, W_VALID
+from fineflax.rewards.function_call import W_JSON, W_KEYS, W_REQUIRED, W_TOOL
 
 TOOLS = [{"type": "function", "function": {
     "name": "book_flight", "description": "Book a flight",

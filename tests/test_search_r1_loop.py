@@ -2,7 +2,6 @@
 limits, loss mask = the policy's own tokens, failing / slow engines reported in the trace."""
 import time
 
-import numpy as np
 import pytest
 
 from fineflax.search_r1 import (INVALID_ACTION_TEXT, Passage, RolloutConfig, ScriptedPolicy, Tags,

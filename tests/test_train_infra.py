@@ -1,13 +1,11 @@
 """Training infrastructure: orbax checkpoints (round trip, last-N + best retention, failed writes), metrics."""
 import errno
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from fineflax.train.checkpoint import Checkpointer
 from fineflax.train.metric_writer import MetricWriter, read_jsonl

@@ -29,7 +29,7 @@ from configs import search_r1 as search_r1_config  # noqa: E402
 from fineflax.jobs import search_r1 as job  # noqa: E402
 from fineflax.rewards.qa import extract_answer  # noqa: E402
 from fineflax.sampling import format_chat, generate  # noqa: E402
-from fineflax.search_r1 import Passage, exact_match, format_passages  # noqa: E402
+from fineflax.search_r1 import exact_match, format_passages  # noqa: E402
 
 DIRECT = ("Answer the given question. Give only the short answer inside <answer> and </answer>, for "
           "example <answer> Beijing </answer>. Question: {question}\n")

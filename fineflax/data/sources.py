@@ -20,7 +20,7 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -123,11 +123,10 @@ def _scan_jsonl(path: pathlib.Path, schema: str, bad: _BadRows):
         schema = _resolve_schema("auto", row.keys(), f"{path}:line {n}")
       try:
         to_messages(row, schema)
-      except RowError as e:
+      except RowError as err:
         missing = missing_columns(schema, row.keys())
-        if missing:
-          e = f"missing column(s) {missing} of schema {schema!r}"
-        bad(f"{path}:line {n}", str(e))
+        reason = f"missing column(s) {missing} of schema {schema!r}" if missing else str(err)
+        bad(f"{path}:line {n}", reason)
         rejected = True
         continue
       lines.append(n)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from fineflax import lora as lora_lib
 from fineflax.jobs.common import compute_dtype
