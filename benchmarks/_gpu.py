@@ -99,3 +99,48 @@ def torch_peak_bytes() -> int | None:
 def torch_device_name() -> str:
   import torch
   return f"cuda: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
+
+
+def time_torch_lora_steps(model, forward, tokens, *, lr: float, warmup: int, steps: int,
+                          reset_peak_after_warmup: bool = False) -> dict:
+  """Times AdamW steps (bf16 autocast, LM loss on `tokens`, clip 1.0) of a peft model's trainable params.
+
+  `forward` is `model` or a compiled wrapper of it. Returns seconds per step, the first step's time
+  (compile / warm-up), the last loss, torch's peak bytes, the device name and library versions.
+  """
+  import math
+  import peft
+  import torch
+  import transformers
+  cuda = tokens.device.type == "cuda"
+  trainable = [p for p in model.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                          **({"fused": True} if cuda else {"foreach": True}))
+  box = {}
+
+  def step():
+    with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+      loss = forward(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    box["loss"] = loss.detach()
+
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  t0 = time.perf_counter()
+  step()
+  sync()
+  first_s = time.perf_counter() - t0
+  for _ in range(warmup - 1):
+    step()
+  if cuda and reset_peak_after_warmup:
+    torch.cuda.reset_peak_memory_stats()  # after warm-up: weights, optimizer state, activations
+  dt = time_steps(step, steps, sync)
+  loss = float(box["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"torch loss is {loss}")
+  return {"seconds": dt, "compile_s": first_s, "loss": loss, "peak_bytes": torch_peak_bytes(),
+          "device": torch_device_name(),
+          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                       "peft": peft.__version__}}

@@ -182,35 +182,8 @@ def torch_worker(spec: dict) -> dict:
   model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                                                      target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
   model.train()
-  trainable = [p for p in model.parameters() if p.requires_grad]
-  opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0, **({"fused": True} if cuda else {}))
   tokens = torch.randint(0, c["vocab_size"], (b, t), device=device)
-  box = {}
-
-  def step():
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-      loss = model(input_ids=tokens, labels=tokens).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    box["loss"] = loss.detach()
-
-  sync = torch.cuda.synchronize if cuda else (lambda: None)
-  t0 = time.perf_counter()
-  step()
-  sync()
-  first_s = time.perf_counter() - t0
-  for _ in range(spec["warmup"] - 1):
-    step()
-  dt = _gpu.time_steps(step, spec["steps"], sync)
-  loss = float(box["loss"])
-  if not math.isfinite(loss):
-    raise FloatingPointError(f"torch loss is {loss}")
-  return {"seconds": dt, "compile_s": first_s, "loss": loss, "peak_bytes": _gpu.torch_peak_bytes(),
-          "device": _gpu.torch_device_name(),
-          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                       "peft": peft.__version__}}
+  return _gpu.time_torch_lora_steps(model, model, tokens, lr=LR, warmup=spec["warmup"], steps=spec["steps"])
 
 
 # ----------------------------------------------------------------------------- orchestration
