@@ -14,7 +14,9 @@ def get_config():
 
   config.prompt = "Explain in two sentences why the sky is blue."  # the user message
   config.system_prompt = ""  # system message; empty keeps the chat template's default
-  config.memory_store = ""  # optional memory/ vector store path: adds RAG/SOP context to the system prompt
+  config.memory_store = ""  # memory/ vector store folder (python -m memory.ingest): adds RAG context
+  config.memory_collection = "default"  # collection of that store to search
+  config.sop_folder = ""  # folder of SOP JSON files (e.g. memory/sops): adds the matching procedure
 
   config.sampling = ml_collections.ConfigDict()
   config.sampling.max_new_tokens = 96  # generation budget

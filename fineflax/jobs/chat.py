@@ -9,12 +9,24 @@ from fineflax.models import load
 from fineflax.sampling import format_chat, generate
 
 
+def memory_embedding():
+  """The embedding function of memory stores (None: the store's default, all-MiniLM-L6-v2)."""
+  return None
+
+
 def system_prompt_for(config) -> str:
-  """config.system_prompt, plus RAG/SOP context from a memory store when config.memory_store is set."""
-  if not config.memory_store:
+  """config.system_prompt, or the memory layer's prompt with RAG context from config.memory_store
+  (collection config.memory_collection) and the matching SOP from config.sop_folder."""
+  if not config.memory_store and not config.sop_folder:
     return config.system_prompt
-  from memory.prompt import build_system_prompt
-  return build_system_prompt(config.prompt, store=config.memory_store, base_prompt=config.system_prompt)
+  from memory.prompt import DEFAULT_BASE, build_system_prompt
+  from memory.sop import SOPManager
+  from memory.store import VectorStore
+  col = None
+  if config.memory_store:
+    col = VectorStore(config.memory_store).get_collection(config.memory_collection, memory_embedding())
+  sops = SOPManager(config.sop_folder) if config.sop_folder else None
+  return build_system_prompt(config.prompt, store=col, sops=sops, base=config.system_prompt or DEFAULT_BASE)
 
 
 def run(config, workdir: str | None) -> str:
