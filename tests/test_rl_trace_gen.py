@@ -1,0 +1,42 @@
+"""Trace generation: solver traces round-trip through load_traces; model traces keep only rewarded ones;
+the LUFFY trainer takes its traces from a file."""
+import jax
+
+from fineflax.rl import trace_gen
+from fineflax.rl.tasks import generate_problems
+from fineflax.rl.traces import load_traces
+
+
+def test_solver_traces_round_trip(tmp_path):
+  trace_gen.main(["--out", str(tmp_path / "t.jsonl"), "--n", "12", "--steps", "2", "3"])
+  traces = load_traces(tmp_path / "t.jsonl")
+  problems = generate_problems(12, "train", (2, 3), 0)
+  assert [t.question for t in traces] == [p.question for p in problems]
+  assert all(t.answer == str(p.answer) and t.response == p.solution for t, p in zip(traces, problems))
+
+
+def test_model_traces_keep_only_rewarded_samples(tiny_smol):
+  problems = generate_problems(3, "train", (1, 1), 0)
+  kept = trace_gen.model_traces(tiny_smol, problems, samples=2, max_new_tokens=4, reward="format",
+                                min_reward=0.0)
+  assert [p for p, _ in kept] == problems  # min_reward 0: every question keeps its first sample
+  assert trace_gen.model_traces(tiny_smol, problems, samples=2, max_new_tokens=4, reward="format",
+                                min_reward=1.0) == []  # 4 random tokens never form <think>..<answer>
+
+
+def test_luffy_trainer_reads_traces_from_a_file(tiny_smol, tmp_path):
+  from experiments.common import load_config
+  from fineflax.jobs import grpo
+  problems = generate_problems(2, "train", (1, 2), 0)
+  from fineflax.rl.traces import write_luffy_jsonl
+  write_luffy_jsonl(tmp_path / "t.jsonl", [(problems[0].question, "The answer is 7.", 7, {})], "test")
+  c = load_config("configs/grpo_arith.py", "smoke")
+  c.model.source = tiny_smol
+  c.rl.objective = "luffy"
+  c.rl.traces_path = str(tmp_path / "t.jsonl")
+  c.rl.max_new_tokens = 8
+  tr = grpo.Trainer(c)
+  rows = tr.rollout(problems, [None, None], jax.random.PRNGKey(0))
+  K = c.rl.group_size
+  assert rows["text"][:K].count("The answer is 7.") == 1 and sum(rows["off_policy"][:K]) == 1
+  assert sum(rows["off_policy"][K:]) == 0 and len(rows["text"]) == 2 * K  # no trace: all on-policy
