@@ -9,6 +9,7 @@ import time
 
 import jax
 import numpy as np
+from clu import metrics as clu_metrics
 from tqdm import tqdm
 
 from fineflax import lora as lora_lib
@@ -57,11 +58,12 @@ def evaluate(eval_fn, lora, base, config, tokenizer, mesh) -> dict:
   if not config.data.eval_sources:
     return {}
   it = _batches(parse_sources(config.data.eval_sources, config.data, seed=1234), tokenizer, config.data)
-  nll, n = 0.0, 0.0
+  avg = None
   for _ in range(config.data.eval_batches):
-    s, c = eval_fn(lora, base, shard_batch(next(it), mesh))
-    nll, n = nll + float(s), n + float(c)
-  loss = nll / max(n, 1.0)
+    total, count = eval_fn(lora, base, shard_batch(next(it), mesh))
+    batch_avg = clu_metrics.Average(total=total, count=count)  # token-weighted mean NLL
+    avg = batch_avg if avg is None else avg.merge(batch_avg)
+  loss = float(avg.compute())
   return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}
 
 
