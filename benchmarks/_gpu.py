@@ -144,3 +144,25 @@ def time_torch_lora_steps(model, forward, tokens, *, lr: float, warmup: int, ste
           "device": torch_device_name(),
           "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                        "peft": peft.__version__}}
+
+
+def time_jax_steps(compiled, state, params, batch, *, warmup: int, steps: int) -> tuple[float, float]:
+  """(seconds per step, last loss) of a compiled `(state, params, batch) -> (state, metrics)` step.
+
+  The state is threaded through the calls (it may be donated); raises if the loss is not finite.
+  """
+  import math
+  import jax
+  box = {"state": state, "metrics": None}
+
+  def step():
+    box["state"], box["metrics"] = compiled(box["state"], params, batch)
+
+  sync = lambda: jax.block_until_ready((box["state"], box["metrics"]))
+  for _ in range(warmup):
+    step()
+  dt = time_steps(step, steps, sync)
+  loss = float(box["metrics"]["loss"])
+  if not math.isfinite(loss):
+    raise FloatingPointError(f"fineflax loss is {loss}")
+  return dt, loss

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import pathlib
 import sys
 import time
@@ -141,18 +140,8 @@ def fineflax_worker(spec: dict) -> dict:
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   temp_bytes = None if mem is None else int(mem.temp_size_in_bytes)
-  box = {"state": state, "metrics": None}
-
-  def step():
-    box["state"], box["metrics"] = compiled(box["state"], params, batch)
-
-  sync = lambda: jax.block_until_ready((box["state"], box["metrics"]))
-  for _ in range(spec["warmup"]):
-    step()
-  dt = _gpu.time_steps(step, spec["steps"], sync)
-  loss = float(box["metrics"]["loss"])
-  if not math.isfinite(loss):
-    raise FloatingPointError(f"fineflax loss is {loss}")
+  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
+                                 steps=spec["steps"])
   return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
           "peak_after_params": after_params, "xla_temp_bytes": temp_bytes, "param_bytes": int(param_bytes), "bits": bits,
           "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}

@@ -103,18 +103,8 @@ def fineflax_worker(spec: dict) -> dict:
   mem = compiled.memory_analysis()
   xla_bytes = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
                                         - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  box = {"state": state, "metrics": None}
-
-  def step():
-    box["state"], box["metrics"] = compiled(box["state"], params, batch)
-
-  sync = lambda: jax.block_until_ready((box["state"], box["metrics"]))
-  for _ in range(spec["warmup"]):
-    step()
-  dt = _gpu.time_steps(step, spec["steps"], sync)
-  loss = float(box["metrics"]["loss"])
-  if not math.isfinite(loss):
-    raise FloatingPointError(f"fineflax loss is {loss}")
+  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
+                                 steps=spec["steps"])
   return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
           "xla_bytes": xla_bytes, "device": _gpu.jax_device_name(), "lora_init": lora_source,
           "versions": {"jax": jax.__version__}}
