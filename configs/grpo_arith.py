@@ -67,6 +67,7 @@ def get_config(variant: str = ""):
   config.rl.agg_mode = "seq-mean-token-mean"  # seq-mean-token-mean, token-mean or sum
   config.rl.advantage_scale = "group"  # group, batch or none (Dr. GRPO)
   config.rl.mask_truncated = False  # zero the loss of completions cut at max_new_tokens
+  config.rl.overlong_buffer = 0  # DAPO soft overlong punishment over the last N tokens (0 = off)
   config.rl.dynamic_sampling = False  # DAPO: drop zero-variance groups and refill
   config.rl.max_refill_rounds = 2  # extra rollout rounds allowed for refilling
 

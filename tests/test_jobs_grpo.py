@@ -79,3 +79,10 @@ def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol, monkeypa
   np.testing.assert_array_equal(np.float32(rows2["behaviour_logp"][r]), best.logp)
   metrics = tr.train_step(rows2, np.linspace(0, 1, K).astype(np.float32), np.ones(1, bool))
   assert np.isfinite(metrics["loss"]) and "off_pg_loss" in metrics
+
+
+def test_dapo_overlong_punishment_shapes_the_reward_not_the_solve_rate(tiny_smol, tmp_path):
+  # a random tiny model never stops: every sample uses all 8 tokens, deep in the 4-token buffer
+  c = _config(tiny_smol, "grpo", **{"rl.overlong_buffer": 4, "num_steps": 1})
+  hist = grpo.run(c, str(tmp_path))["history"]
+  assert hist[-1]["reward_mean"] < -0.9 and hist[-1]["solve_rate"] == 0.0

@@ -20,7 +20,7 @@ from fineflax import lora as lora_lib
 from fineflax.jobs.common import compute_dtype, make_workdir, setup_model
 from fineflax.rewards import score_completions
 from fineflax.rl import groups as G
-from fineflax.rl.advantages import group_advantages, zero_variance_groups
+from fineflax.rl.advantages import dapo_overlong_penalty, group_advantages, zero_variance_groups
 from fineflax.rl.experience import ExperienceBuffer, experience_split, replay_active
 from fineflax.rl.rollout import build_rl_batch, round_up
 from fineflax.rl.step import make_rl_fns
@@ -144,8 +144,11 @@ class Trainer:
     return [train[int(q)] for q in qids] + [train[i] for i in fresh], qids + [None] * len(fresh), \
         [int(q) for q in qids] + fresh
 
-  def update_buffer(self, idx, rows, rewards):
-    """Record each group's fresh on-policy rows (ExGRPO); returns the batch solve rate."""
+  def update_buffer(self, idx, rows, rewards, correct=None):
+    """Record each group's fresh on-policy rows (ExGRPO); returns the batch solve rate.
+
+    correct [N] bool: task success before reward shaping (default: reward >= 1)."""
+    correct = np.asarray(rewards) >= 1.0 if correct is None else np.asarray(correct, bool)
     K = self.rl.group_size
     for g, q in enumerate(idx):
       sl = slice(g * K, (g + 1) * K)
@@ -153,9 +156,9 @@ class Trainer:
       if len(fresh) == K:
         self.buffer.add_group(q, rows["prompt"][sl.start], [rows["completion"][i] for i in fresh],
                               [rows["rollout_logp"][i] for i in fresh], [float(rewards[i]) for i in fresh],
-                              correct=[rewards[i] >= 1.0 for i in fresh])
+                              correct=[bool(correct[i]) for i in fresh])
     on = ~np.asarray(rows["off_policy"])
-    return float((rewards[on] >= 1.0).mean())
+    return float(correct[on].mean())
 
   def train_step(self, rows, rewards, keep_groups) -> dict:
     """Advantages over kept groups, old/ref log-probs, then num_iterations updates; returns metrics."""
@@ -209,13 +212,18 @@ def run(config, workdir: str | None) -> dict:
     for step in range(start + 1, config.num_steps + 1):
       t0 = time.time()
       rows, rewards, idx, cursor = G.empty_rows(), np.zeros(0, np.float32), [], (step - 1) * rl.prompts_per_step
-      per_fn, errors = {}, {}
+      per_fn, errors, correct = {}, {}, np.zeros(0, bool)
       for round_ in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
         probs, qids, ids = tr.choose(train, order, cursor + round_ * 7919, np_rng)
         new = tr.rollout(probs, qids, jax.random.fold_in(rng, step * 100 + round_))
         ex = [{"answer": str(p.answer)} for p in probs for _ in range(rl.group_size)]
         r, pf, er = score_completions(dict(config.rewards), [p.question for p in probs for _ in range(rl.group_size)],
                                       new["text"], ex)
+        correct = np.concatenate([correct, r >= 1.0])  # before any shaping
+        if rl.get("overlong_buffer", 0):  # DAPO soft overlong punishment on on-policy rows
+          lengths = np.array([len(c) for c in new["completion"]])
+          r = r + np.asarray(dapo_overlong_penalty(lengths, rl.max_new_tokens, rl.overlong_buffer)) * \
+              ~np.asarray(new["off_policy"])
         G.extend(rows, new)
         rewards, idx = np.concatenate([rewards, r]), idx + ids
         for k in pf:
@@ -225,7 +233,7 @@ def run(config, workdir: str | None) -> dict:
         if not rl.dynamic_sampling or (~zero_var).sum() >= rl.prompts_per_step:
           break
       t_gen = time.time() - t0
-      tr.solve_rate = tr.update_buffer(idx, rows, rewards)
+      tr.solve_rate = tr.update_buffer(idx, rows, rewards, correct)
       keep = np.ones(len(idx), bool)
       if rl.dynamic_sampling and (~zero_var).any():
         keep = ~zero_var & (np.cumsum(~zero_var) <= rl.prompts_per_step)
