@@ -86,3 +86,19 @@ def test_dapo_overlong_punishment_shapes_the_reward_not_the_solve_rate(tiny_smol
   c = _config(tiny_smol, "grpo", **{"rl.overlong_buffer": 4, "num_steps": 1})
   hist = grpo.run(c, str(tmp_path))["history"]
   assert hist[-1]["reward_mean"] < -0.9 and hist[-1]["solve_rate"] == 0.0
+
+
+def test_dapo_dynamic_sampling_refills_only_while_groups_lack_variance(tiny_smol):
+  from fineflax.rewards import REWARDS, register
+  if "upper_share" not in REWARDS:
+    register("upper_share")(lambda prompt, completion, **e: sum(ch.isupper() for ch in completion)
+                            / max(len(completion), 1))
+  c = _config(tiny_smol, "grpo", **{"rl.dynamic_sampling": True, "rl.max_refill_rounds": 2})
+  tr = grpo.Trainer(c)
+  train, order = grpo.generate_problems(16, "train", (1, 2), 0), np.arange(16)
+  P, K = c.rl.prompts_per_step, c.rl.group_size
+  flat = tr.collect(train, order, 0, jax.random.PRNGKey(0), np.random.default_rng(0))  # reward 0 everywhere
+  assert len(flat["rows"]["completion"]) == 3 * P * K and flat["zero_var"].all()
+  c.rewards = {"upper_share": 1.0}
+  varied = tr.collect(train, order, 0, jax.random.PRNGKey(0), np.random.default_rng(0))
+  assert len(varied["rows"]["completion"]) == P * K and not varied["zero_var"].any()

@@ -144,6 +144,37 @@ class Trainer:
     return [train[int(q)] for q in qids] + [train[i] for i in fresh], qids + [None] * len(fresh), \
         [int(q) for q in qids] + fresh
 
+  def collect(self, train, order, cursor, rng, np_rng) -> dict:
+    """One step's scored rollout groups; with DAPO dynamic sampling, extra rounds until enough groups
+    have reward variance (or `max_refill_rounds` run out).
+
+    Returns rows, rewards (shaped), correct (task success before shaping), idx (problem indices),
+    zero_var (per group), per_fn and errors (reward-function breakdown).
+    """
+    rl, config = self.rl, self.config
+    out = {"rows": G.empty_rows(), "rewards": np.zeros(0, np.float32), "correct": np.zeros(0, bool),
+           "idx": [], "per_fn": {}, "errors": {}}
+    for round_ in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
+      probs, qids, ids = self.choose(train, order, cursor + round_ * 7919, np_rng)
+      new = self.rollout(probs, qids, jax.random.fold_in(rng, round_))
+      questions = [p.question for p in probs for _ in range(rl.group_size)]
+      examples = [{"answer": str(p.answer)} for p in probs for _ in range(rl.group_size)]
+      r, per_fn, errors = score_completions(dict(config.rewards), questions, new["text"], examples)
+      out["correct"] = np.concatenate([out["correct"], r >= 1.0])
+      if rl.get("overlong_buffer", 0):  # DAPO soft overlong punishment, on-policy rows only
+        lengths = np.array([len(c) for c in new["completion"]])
+        penalty = np.asarray(dapo_overlong_penalty(lengths, rl.max_new_tokens, rl.overlong_buffer))
+        r = r + penalty * ~np.asarray(new["off_policy"])
+      G.extend(out["rows"], new)
+      out["rewards"], out["idx"] = np.concatenate([out["rewards"], r]), out["idx"] + ids
+      for k in per_fn:
+        out["per_fn"][k] = np.concatenate([out["per_fn"].get(k, np.zeros(0)), per_fn[k]])
+        out["errors"][k] = out["errors"].get(k, 0) + errors[k]
+      out["zero_var"] = np.asarray(zero_variance_groups(out["rewards"], rl.group_size))
+      if not rl.dynamic_sampling or (~out["zero_var"]).sum() >= rl.prompts_per_step:
+        break
+    return out
+
   def update_buffer(self, idx, rows, rewards, correct=None):
     """Record each group's fresh on-policy rows (ExGRPO); returns the batch solve rate.
 
@@ -211,29 +242,11 @@ def run(config, workdir: str | None) -> dict:
   with StopRequested() as stop:
     for step in range(start + 1, config.num_steps + 1):
       t0 = time.time()
-      rows, rewards, idx, cursor = G.empty_rows(), np.zeros(0, np.float32), [], (step - 1) * rl.prompts_per_step
-      per_fn, errors, correct = {}, {}, np.zeros(0, bool)
-      for round_ in range(1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)):
-        probs, qids, ids = tr.choose(train, order, cursor + round_ * 7919, np_rng)
-        new = tr.rollout(probs, qids, jax.random.fold_in(rng, step * 100 + round_))
-        ex = [{"answer": str(p.answer)} for p in probs for _ in range(rl.group_size)]
-        r, pf, er = score_completions(dict(config.rewards), [p.question for p in probs for _ in range(rl.group_size)],
-                                      new["text"], ex)
-        correct = np.concatenate([correct, r >= 1.0])  # before any shaping
-        if rl.get("overlong_buffer", 0):  # DAPO soft overlong punishment on on-policy rows
-          lengths = np.array([len(c) for c in new["completion"]])
-          r = r + np.asarray(dapo_overlong_penalty(lengths, rl.max_new_tokens, rl.overlong_buffer)) * \
-              ~np.asarray(new["off_policy"])
-        G.extend(rows, new)
-        rewards, idx = np.concatenate([rewards, r]), idx + ids
-        for k in pf:
-          per_fn[k] = np.concatenate([per_fn.get(k, np.zeros(0)), pf[k]])
-          errors[k] = errors.get(k, 0) + er[k]
-        zero_var = np.asarray(zero_variance_groups(rewards, rl.group_size))
-        if not rl.dynamic_sampling or (~zero_var).sum() >= rl.prompts_per_step:
-          break
+      b = tr.collect(train, order, (step - 1) * rl.prompts_per_step, jax.random.fold_in(rng, step), np_rng)
+      rows, rewards, idx, zero_var, per_fn, errors = (b["rows"], b["rewards"], b["idx"], b["zero_var"],
+                                                      b["per_fn"], b["errors"])
       t_gen = time.time() - t0
-      tr.solve_rate = tr.update_buffer(idx, rows, rewards, correct)
+      tr.solve_rate = tr.update_buffer(idx, rows, rewards, b["correct"])
       keep = np.ones(len(idx), bool)
       if rl.dynamic_sampling and (~zero_var).any():
         keep = ~zero_var & (np.cumsum(~zero_var) <= rl.prompts_per_step)
