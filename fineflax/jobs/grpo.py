@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fineflax import lora as lora_lib
+from fineflax.io import atomic_write_text
 from fineflax.jobs.common import compute_dtype, make_workdir, setup_model
 from fineflax.rewards import score_completions
 from fineflax.rl import groups as G
@@ -280,7 +281,4 @@ def export_run(tr: Trainer, config, workdir: str, history: list[dict]) -> None:
   """The LoRA as a PEFT adapter in WORKDIR/adapter, the metric history in WORKDIR/history.json (atomic)."""
   lora_lib.export_peft(tr.state["lora"], tr.lora_cfg, tr.model_config, os.path.join(workdir, "adapter"),
                        base_model_name_or_path=str(config.model.source))
-  tmp = os.path.join(workdir, "history.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(history, f, indent=1)
-  os.replace(tmp, os.path.join(workdir, "history.json"))
+  atomic_write_text(os.path.join(workdir, "history.json"), json.dumps(history, indent=1))

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from fineflax import lora as lora_lib
 from fineflax.data import Mixture, load_source, make_batch_iterator, sample_file
 from fineflax.data.iterator import pad_id_of
+from fineflax.io import atomic_write_text
 from fineflax.jobs.common import answer, compute_dtype, make_workdir, setup_model, stack_micro_batches
 from fineflax.train.checkpoint import Checkpointer
 from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
@@ -145,8 +146,7 @@ def run(config, workdir: str | None) -> dict:
                    lora_scale=scale, dtype=dtype, max_new_tokens=config.sample_max_new_tokens)
     print(f"\n[after] {config.sample_prompt}\n{after}\n", flush=True)
     summary["sample_after"] = after
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  atomic_write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
   print(f"adapter: {adapter_dir}\nlogs: {os.path.join(workdir, 'logs')} (tensorboard --logdir ...)")
   return summary
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fineflax.io import atomic_write_text, read_json
 from fineflax.lora.adapters import check_lora, linear_shapes, merge_lora
 from fineflax.lora.config import HF_TO_NAME, LoraConfig, resolve_targets
 from fineflax.models.config import ModelConfig
@@ -28,18 +29,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _KEY = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])"
                   r"(?:\.default)?\.weight$")
-
-
-def _write_text(path: pathlib.Path, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 def adapter_config(cfg: LoraConfig, base_model_name_or_path: str | None = None) -> dict[str, Any]:
@@ -73,7 +62,7 @@ def export_peft(lora: dict, cfg: LoraConfig, model_config: ModelConfig, out_dir:
   cfg = LoraConfig(cfg.r, cfg.alpha, cfg.dropout, tuple(sorted(lora, key=list(HF_LINEARS).index)),
                    cfg.use_rslora)
   write_safetensors(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt"})
-  _write_text(out / ADAPTER_CONFIG, json.dumps(adapter_config(cfg, base_model_name_or_path), indent=2))
+  atomic_write_text(out / ADAPTER_CONFIG, json.dumps(adapter_config(cfg, base_model_name_or_path), indent=2))
   return out
 
 
@@ -84,10 +73,7 @@ def import_peft(adapter_dir: str | os.PathLike, model_config: ModelConfig) -> tu
   for p in (cfg_path, w_path):
     if not p.exists():
       raise FileNotFoundError(f"{folder}: no {p.name} (is this a PEFT adapter folder?)")
-  try:
-    raw = json.loads(cfg_path.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
+  raw = read_json(cfg_path)
   if raw.get("peft_type") != "LORA":
     raise ValueError(f"{cfg_path}: peft_type={raw.get('peft_type')!r}; only 'LORA' adapters are supported")
   unsupported = {"use_dora": (False, None), "fan_in_fan_out": (False, None), "bias": ("none", None),
@@ -148,7 +134,7 @@ def export_merged(params: dict, lora: dict, cfg: LoraConfig, model_config: Model
   write_safetensors(sd, out / "model.safetensors", metadata={"format": "pt"})
   hf = model_config.to_hf()
   hf["dtype"] = str(next(iter(sd.values())).dtype)
-  _write_text(out / "config.json", json.dumps(hf, indent=2))
+  atomic_write_text(out / "config.json", json.dumps(hf, indent=2))
   if tokenizer is not None:
     with tempfile.TemporaryDirectory(dir=out, prefix=".tokenizer.") as tmp:
       tokenizer.save_pretrained(tmp)

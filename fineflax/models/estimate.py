@@ -1,9 +1,9 @@
 """Model config without weights, and a memory estimate for `launch.py --dry_run`."""
 from __future__ import annotations
 
-import json
 import os
 
+from fineflax.io import read_json
 from fineflax.models.config import ModelConfig
 from fineflax.models.load import resolve_source
 
@@ -18,7 +18,7 @@ def load_config(source: str | os.PathLike) -> ModelConfig:
     cfg = path / "config.json"
     if not cfg.exists():
       raise FileNotFoundError(f"{path}: no config.json")
-    return ModelConfig.from_hf(json.loads(cfg.read_text()), source=str(cfg))
+    return ModelConfig.from_hf(read_json(cfg), source=str(cfg))
   import gguf
   from fineflax.models.gguf_import import hf_config_from_gguf
   return ModelConfig.from_hf(hf_config_from_gguf(gguf.GGUFReader(str(path)), str(path)), source=str(path))

@@ -1,12 +1,12 @@
 """Hugging Face (transformers) state-dict names and layouts <-> the stacked fineflax params pytree."""
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Mapping
 
 import numpy as np
 
+from fineflax.io import read_json
 from fineflax.models.config import ModelConfig
 from fineflax.models.safetensors_io import read_checkpoint
 
@@ -90,9 +90,6 @@ def load_hf_folder(folder: str | pathlib.Path, dtype=None) -> tuple[dict, ModelC
   cfg_path = folder / "config.json"
   if not cfg_path.exists():
     raise FileNotFoundError(f"{folder}: no config.json (is this a Hugging Face checkpoint folder?)")
-  try:
-    hf = json.loads(cfg_path.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{cfg_path}: invalid JSON ({e})") from e
+  hf = read_json(cfg_path)
   config = ModelConfig.from_hf(hf, source=str(cfg_path))
   return params_from_state_dict(read_checkpoint(folder), config, dtype, source=str(folder)), config

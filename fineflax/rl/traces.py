@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import tempfile
 from typing import Callable, Iterable, Iterator, Optional
+
+from fineflax.io import atomic_write_text
 
 
 class TraceFormatError(ValueError):
@@ -151,18 +151,9 @@ def filter_traces(traces: Iterable[Trace], reward_fn: Callable[[str, str], float
 
 def write_luffy_jsonl(path, rows, data_source: str) -> pathlib.Path:
   """Writes (question, response, answer, extra_info) rows as LUFFY-format JSONL, atomically."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for i, (question, response, answer, extra) in enumerate(rows):
-        f.write(json.dumps({"data_source": data_source, "prompt": [{"role": "user", "content": question}],
-                            "target": [{"role": "assistant", "content": response}], "ability": "math",
-                            "reward_model": {"style": "rule", "ground_truth": str(answer)},
-                            "extra_info": {"index": i, **(extra or {})}}) + "\n")
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-  return path
+  lines = [json.dumps({"data_source": data_source, "prompt": [{"role": "user", "content": question}],
+                       "target": [{"role": "assistant", "content": response}], "ability": "math",
+                       "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                       "extra_info": {"index": i, **(extra or {})}}) + "\n"
+           for i, (question, response, answer, extra) in enumerate(rows)]
+  return atomic_write_text(path, "".join(lines))
