@@ -13,7 +13,7 @@ from clu import metrics as clu_metrics
 from tqdm import tqdm
 
 from fineflax import lora as lora_lib
-from fineflax.data import Mixture, load_source, make_batch_iterator, sample_file
+from fineflax.data import build_mixture, load_source, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
 from fineflax.io import atomic_write_text
 from fineflax.jobs.common import answer, compute_dtype, make_workdir, setup_model, stack_micro_batches
@@ -25,19 +25,21 @@ from fineflax.train.sft_step import init_state, make_sft_fns
 from fineflax.train.signals import StopRequested
 
 
-def parse_sources(spec: str, data_cfg, seed: int) -> Mixture:
-  """Mixture from "path[:weight],path[:weight]"; bare names resolve to bundled sample files."""
-  sources = []
+def load_sources(spec: str, data_cfg) -> list[dict]:
+  """`build_mixture` entries with loaded sources from "path[:weight],..."; a bare name that is no
+  file is a bundled sample ("sample:NAME")."""
+  entries = []
   for item in [s.strip() for s in spec.split(",") if s.strip()]:
     path, weight = item, "1"
     if ":" in item and _is_number(item.rsplit(":", 1)[1]):
       path, weight = item.rsplit(":", 1)
-    if not os.path.exists(path) and "/" not in path:
-      path = str(sample_file(path))
-    sources.append((load_source(path, schema=data_cfg.schema, on_bad_row=data_cfg.on_bad_row), float(weight)))
-  if not sources:
-    raise ValueError("config.data.sources is empty")
-  return Mixture(sources, seed=seed)
+    if not os.path.exists(path) and "/" not in path and not path.startswith("sample:"):
+      path = "sample:" + path
+    entries.append({"source": load_source(path, schema=data_cfg.schema, on_bad_row=data_cfg.on_bad_row),
+                    "weight": float(weight)})
+  if not entries:
+    raise ValueError(f"config.data sources {spec!r} name no source")
+  return entries
 
 
 def _is_number(s: str) -> bool:
@@ -54,11 +56,12 @@ def _batches(mixture, tokenizer, data_cfg):
                              truncation=data_cfg.truncation)
 
 
-def evaluate(eval_fn, lora, base, config, tokenizer, mesh) -> dict:
-  """Token-weighted eval loss and perplexity over `config.data.eval_batches` batches of the eval set."""
-  if not config.data.eval_sources:
+def evaluate(eval_fn, lora, base, config, tokenizer, mesh, eval_entries) -> dict:
+  """Token-weighted eval loss and perplexity over the first `config.data.eval_batches` batches of the
+  eval set (the same batches at every evaluation)."""
+  if not eval_entries:
     return {}
-  it = _batches(parse_sources(config.data.eval_sources, config.data, seed=1234), tokenizer, config.data)
+  it = _batches(build_mixture(eval_entries, seed=1234), tokenizer, config.data)
   avg = None
   for _ in range(config.data.eval_batches):
     total, count = eval_fn(lora, base, shard_batch(next(it), mesh))
@@ -81,7 +84,9 @@ def run(config, workdir: str | None) -> dict:
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
   base = shard_params(base, mesh)
   state = replicate(init_state(lora, optimizer, config.seed), mesh)
-  batches = _batches(parse_sources(config.data.sources, config.data, config.seed), tokenizer, config.data)
+  batches = _batches(build_mixture(load_sources(config.data.sources, config.data), seed=config.seed),
+                     tokenizer, config.data)
+  eval_entries = load_sources(config.data.eval_sources, config.data) if config.data.eval_sources else []
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=config.checkpoint.keep_last,
                       keep_best=config.checkpoint.keep_best, best_metric="eval_loss", best_mode="min")
   restored = ckpt.restore(state)
@@ -118,7 +123,7 @@ def run(config, workdir: str | None) -> dict:
         t_last, tokens_since = now, 0.0
         scalars["learning_rate"] = float(schedule(step - 1))
       if do_eval:
-        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer, mesh))
+        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer, mesh, eval_entries))
       writer.write_scalars(step, scalars)
       bar.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k != "learning_rate"})
       bar.update(1)
