@@ -4,9 +4,8 @@ from __future__ import annotations
 import jax
 
 from fineflax import lora as lora_lib
-from fineflax.jobs.common import compute_dtype
+from fineflax.jobs.common import answer, compute_dtype
 from fineflax.models import load
-from fineflax.sampling import format_chat, generate
 
 
 def memory_embedding():
@@ -36,14 +35,9 @@ def run(config, workdir: str | None) -> str:
   if config.model.adapter:
     lora, lora_cfg = lora_lib.import_peft(config.model.adapter, model_config)
     scale = lora_lib.lora_scale(lora_cfg)
-  system = system_prompt_for(config)
-  messages = ([{"role": "system", "content": system}] if system else [])
-  messages.append({"role": "user", "content": config.prompt})
-  ids = tokenizer(format_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
   s = config.sampling
-  out = generate(params, model_config, [ids], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                 top_k=s.top_k, top_p=s.top_p, tokenizer=tokenizer, rng=jax.random.PRNGKey(config.seed),
-                 lora=lora, lora_scale=scale, dtype=dtype)
-  text = out.texts[0]
+  text = answer(params, model_config, tokenizer, config.prompt, lora=lora, lora_scale=scale,
+                max_new_tokens=s.max_new_tokens, dtype=dtype, system_prompt=system_prompt_for(config),
+                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, rng=jax.random.PRNGKey(config.seed))
   print(text, flush=True)
   return text
