@@ -4,10 +4,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
+
+from benchmarks._gpu import device_name  # noqa: F401  (re-exported for the experiment scripts)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,18 +33,6 @@ def apply_overrides(config, overrides: dict) -> None:
     if isinstance(value, str) and not isinstance(old, str):
       value = value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value)
     parent[leaf] = value
-
-
-def device_name() -> str:
-  """The accelerator's name (nvidia-smi) or "CPU (N cores)"."""
-  try:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30).stdout.strip()
-    if out:
-      return out.splitlines()[0]
-  except (OSError, subprocess.SubprocessError):
-    pass
-  return f"CPU ({os.cpu_count()} cores)"
 
 
 def command_line() -> str:
