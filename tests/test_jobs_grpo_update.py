@@ -6,6 +6,7 @@ LoRA update must all be right for the correlation to be strongly positive.
 """
 import jax
 import numpy as np
+import pytest
 
 from experiments.common import load_config
 from fineflax.jobs import grpo
@@ -17,9 +18,11 @@ def _upper_share(texts):
   return np.array([sum(ch.isupper() for ch in t) / max(len(t), 1) for t in texts], np.float32)
 
 
-def test_updates_move_logp_along_the_advantages(tiny_smol):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
   c = load_config("configs/grpo_arith.py", "smoke")
   c.model.source = tiny_smol
+  c.rl.temperature = temperature
   c.rl.max_new_tokens = 12
   c.rl.group_size = 8
   c.rl.agg_mode = "token-mean"
@@ -34,7 +37,7 @@ def test_updates_move_logp_along_the_advantages(tiny_smol):
   batch["advantages"] = np.asarray(group_advantages(rewards, c.rl.group_size), np.float32)
   batch["is_off_policy"] = np.zeros(len(rewards), bool)
   before = np.asarray(tr.logp_fn(tr.state["lora"], tr.base, batch)[0])
-  # the sampler's recorded log-probs are the policy's log-probs of the same tokens
+  # the sampler's recorded log-probs are the (tempered) policy's log-probs of the same tokens
   for i, lp in enumerate(rows["rollout_logp"]):
     np.testing.assert_allclose(before[i, :len(lp)], lp, atol=2e-4)
   batch["old_logp"] = before

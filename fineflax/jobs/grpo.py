@@ -67,7 +67,8 @@ class Trainer:
                         "exgrpo": dict(replay_beta=rl.get("exgrpo_beta", 0.1), on_policy_clip=rl.clip)
                         }[rl.objective])
     fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
-               dtype=self.dtype, logits_chunk=config.model.logits_chunk)
+               dtype=self.dtype, logits_chunk=config.model.logits_chunk,
+               temperature=rl.temperature)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=loss_kwargs, fwd_kwargs=fwd)
     self.state = init_state(lora, self.optimizer, config.seed)

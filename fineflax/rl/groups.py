@@ -3,7 +3,8 @@
 A group is the K rows of one question. Rows are kept as parallel lists in a dict:
   prompt (token list), completion (token list), loss_mask (float list), text (str),
   off_policy (bool: LUFFY trace or ExGRPO replay), behaviour_logp (float list: recorded log-probs of a
-  replayed trajectory, zeros elsewhere), rollout_logp (float list: log-probs recorded while sampling).
+  replayed trajectory, zeros elsewhere), rollout_logp (float list: log-probs of the sampling distribution, i.e. of softmax(logits / T), the
+  policy the loss differentiates).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def extend(rows: dict, other: dict) -> dict:
 def sampled_rows(prompts: Sequence[Sequence[int]], out, mask_truncated: bool) -> dict:
   """Rows of on-policy samples from a `SampleOutput` (same order as `prompts`)."""
   comps, masks = sample_rows(out, mask_truncated=mask_truncated)
-  logps = [out.raw_logprobs[i, :len(c)].tolist() for i, c in enumerate(comps)]
+  logps = [out.logprobs[i, :len(c)].tolist() for i, c in enumerate(comps)]
   return {"prompt": [list(p) for p in prompts], "completion": comps, "loss_mask": masks,
           "text": list(out.texts), "off_policy": [False] * len(comps),
           "behaviour_logp": [[0.0] * len(c) for c in comps], "rollout_logp": logps}

@@ -25,14 +25,21 @@ OBJECTIVES = ("grpo", "luffy", "exgrpo")
 
 
 def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
-                    logits_chunk=256):
-  """(logp [B, N], entropy [B, N]) of the completion tokens; hidden state t predicts token t + 1."""
+                    logits_chunk=256, temperature=1.0):
+  """(logp [B, N], entropy [B, N]) of the completion tokens under softmax(logits / temperature).
+
+  Hidden state t predicts token t + 1. `temperature` is the rollout temperature: the policy that the
+  loss differentiates is the distribution the samples came from (as TRL and verl do); logits are
+  h @ W, so h / T gives logits / T exactly.
+  """
   n = batch["completion"].shape[1]
   s = batch["tokens"].shape[1]
   h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
                      attention_mask=batch["attention_mask"], lora=lora, lora_scale=lora_scale,
                      remat=remat, dtype=dtype)
   h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+  if temperature != 1.0:
+    h = h / jnp.asarray(temperature, h.dtype)
   return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype), batch["completion"],
                                         chunk=logits_chunk)
 

@@ -8,7 +8,7 @@ For f32 logits z [B, V] and a `SamplingConfig` (temperature T, top_k k, top_p p)
         is >= p                                (p < 1; the most likely token is always kept)
   y ~ Categorical(softmax(z'))
   logprob     = log_softmax(z')[y]   (sampling distribution; 0 under greedy, a point mass)
-  raw_logprob = log_softmax(z)[y]    (the untempered policy, the log-prob that RL needs)
+  raw_logprob = log_softmax(z)[y]    (the untempered model)
 """
 from __future__ import annotations
 
