@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler grpo search_r1 luffy
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -17,13 +17,14 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     setup1) python3 -m pip install -q --no-index --no-deps --target /root/site .whl/*.whl
-            [ -d .whl2 ] && python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
+            for w in .whl2 .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --target /root/site $w/*.whl; done
             mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
     setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
     bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
             python3 benchmarks/qlora.py ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
+    sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
     grpo)   retry_xla python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
     luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
@@ -32,7 +33,7 @@ for stage in "$@"; do
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
   if [ -d "/root/work/$stage" ] || [ "$stage" = grpo ]; then
     src=/root/work/$stage; [ "$stage" = grpo ] && src=/root/work/grpo_arith
-    mkdir -p "$OUT/$stage" && cp "$src"/RESULTS.md "$src"/*.png "$src"/*.json "$OUT/$stage/" 2>/dev/null
+    mkdir -p "$OUT/$stage" && cp "$src"/*.md "$src"/*.png "$src"/*.json "$OUT/$stage/" 2>/dev/null
   fi
 done
 nvidia-smi --query-gpu=name,memory.used --format=csv

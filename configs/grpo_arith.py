@@ -36,6 +36,10 @@ def get_config(variant: str = ""):
   config.task.num_train = 4000  # distinct training problems
   config.task.num_eval = 256  # held-out problems (disjoint split)
   config.task.num_steps = (1, 2)  # operations per problem (inclusive range, 1..5)
+  config.task.max_start = 50  # start counts are drawn from [2, max_start]
+  config.task.max_addend = 30  # "gets x more" draws x from [1, max_addend]
+  config.task.eval_seed = 10_000  # seed of the held-out problems (another seed = another validation set)
+  config.task.assistant_prefix = ""  # text the assistant turn starts with (e.g. "<think>\n"); part of the prompt
   config.task.system_prompt = (  # instruction given with every question
       "Solve the word problem step by step. End with the final number, like: The answer is 42.")
   config.task.accuracy_reward = "math_last_number"  # reward that defines held-out accuracy

@@ -4,7 +4,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -60,3 +62,28 @@ def plot_curves(series: dict[str, list[tuple[list, list]]], ylabel: str, path: s
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def run_parallel(commands: dict[str, list[str]], log_dir: str, max_parallel: int = 4) -> dict[str, int]:
+  """Runs each named command (argv) as a subprocess, at most `max_parallel` at once (small models
+  leave a GPU mostly idle, so several runs share it); stdout+stderr go to LOG_DIR/<name>.log.
+
+  Returns {name: exit code}; the runs' own outputs are theirs to write.
+  """
+  os.makedirs(log_dir, exist_ok=True)
+  pending, running, codes = list(commands.items()), {}, {}
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  while pending or running:
+    while pending and len(running) < max_parallel:
+      name, argv = pending.pop(0)
+      log = open(os.path.join(log_dir, f"{name}.log"), "w")
+      running[name] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log)
+      print(f"started {name}: {' '.join(argv)}", flush=True)
+    for name, (proc, log) in list(running.items()):
+      if proc.poll() is not None:
+        log.close()
+        codes[name] = proc.returncode
+        del running[name]
+        print(f"finished {name} (exit {proc.returncode})", flush=True)
+    time.sleep(1.0)
+  return codes

@@ -56,6 +56,17 @@ def test_luffy_groups_hold_one_solver_trace(luffy_trainer):
     assert all(not rows["off_policy"][j] for j in group if j != i)
 
 
+def test_assistant_prefix_is_prefilled_and_stripped_from_traces(tiny_smol):
+  tr = grpo.Trainer(_config(tiny_smol, "luffy", **{"task.assistant_prefix": "<think>\n"}))
+  p = grpo.generate_problems(1, "train", (1, 2), 0)[0]
+  plain = grpo.prompt_ids(tr.tok, tr.config.task.system_prompt, p.question)
+  assert tr.prompt(p)[:len(plain)] == plain and tr.tok.decode(tr.prompt(p)[len(plain):]) == "<think>\n"
+  rows = tr.rollout([p], [None], jax.random.PRNGKey(0))
+  trace = rows["completion"][rows["off_policy"].index(True)]
+  stripped = tr.tok(p.solution[len("<think>\n"):], add_special_tokens=False)["input_ids"]
+  assert p.solution.startswith("<think>\n") and trace == stripped[:tr.rl.max_new_tokens]
+
+
 def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol, monkeypatch):
   tr = grpo.Trainer(_config(tiny_smol, "exgrpo", **{"rl.exgrpo_threshold": -1.0}))
   K = tr.rl.group_size

@@ -67,6 +67,15 @@ def test_difficulty_knob(steps):
   assert any(name in ps[0].question for name in NAMES) and any(item in ps[0].question for item in ITEMS)
 
 
+def test_number_size_knobs():
+  ps = generate_problems(200, "train", num_steps=1, seed=0, max_start=9, max_addend=4)
+  starts = [int(re.search(r"has (\d+) ", p.question).group(1)) for p in ps]
+  adds = [int(re.search(r"gets (\d+) more", p.question).group(1)) for p in ps if "gets" in p.question]
+  assert 2 <= min(starts) and max(starts) == 9 and adds and max(adds) == 4 and min(adds) == 1
+  with pytest.raises(ValueError, match="max_start=1"):
+    generate_problems(3, max_start=1)
+
+
 def test_bad_arguments():
   with pytest.raises(ValueError, match="num_steps must lie in 1..5"):
     generate_problems(3, num_steps=6)

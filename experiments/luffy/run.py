@@ -4,8 +4,8 @@
   python experiments/luffy/run.py --smoke --out /tmp/luffy                                     # CPU
 
 Every method samples `group_size` rows per question (LUFFY: one of them is the solver's worked trace;
-ExGRPO: one is a replayed own success once replay is on) on problems with 2-4 operations, where the
-base model rarely succeeds. Writes accuracy_curves.png, results.json and RESULTS.md into --out.
+ExGRPO: one is a replayed own success once replay is on) on problems with 2-3 operations and numbers
+up to 20, where the base model rarely succeeds. Writes accuracy_curves.png, results.json and RESULTS.md into --out.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
-from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+from experiments.common import (apply_overrides, command_line, device_name, load_config, plot_curves,  # noqa: E402
+                                run_parallel)
 
 METHODS = ("grpo", "luffy", "exgrpo")
 
@@ -31,14 +32,29 @@ def make_config(args, method, seed):
   c.seed = seed
   c.rl.objective = method
   c.rl.n_off = 1
-  c.task.num_steps = (2, 4)
+  c.task.num_steps = (2, 3)
+  c.task.max_start, c.task.max_addend = 20, 10
+  # R1-style: the assistant turn opens with "<think>\n" (prefilled), as the solver traces do
+  c.task.system_prompt = ("Think step by step inside <think> </think>, then give the final number inside "
+                          "<answer> </answer>.")
+  c.task.assistant_prefix = "<think>\n"
+  c.rl.temperature = 0.7
+  c.optimizer.learning_rate = 5e-4
+  c.rl.exgrpo_threshold = 0.0  # the paper's 0.35 is never reached by a 135M model on this task
   if not args.smoke:
     c.num_steps = args.steps
     c.eval_every = max(args.steps // 4, 1)
     c.rl.prompts_per_step = 16
     c.task.num_eval = 128
     c.rl.max_new_tokens = 192
+  apply_overrides(c, dict(item.partition("=")[::2] for item in args.set))
   return c
+
+
+def child_args(args) -> list[str]:
+  """The options a single-run child process needs to rebuild the same config."""
+  return ["--model", args.model, "--out", args.out, "--steps", str(args.steps),
+          *(["--smoke"] if args.smoke else []), *(["--set", *args.set] if args.set else [])]
 
 
 def main():
@@ -49,25 +65,35 @@ def main():
   ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
   ap.add_argument("--methods", nargs="*", default=list(METHODS))
   ap.add_argument("--smoke", action="store_true")
+  ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value for every run")
+  ap.add_argument("--parallel", type=int, default=1, help="runs sharing the device at once (subprocesses)")
+  ap.add_argument("--only", nargs=2, metavar=("METHOD", "SEED"), help="run one method and seed in-process")
   args = ap.parse_args()
-  import jax
-  jax.config.update("jax_compilation_cache_dir", os.path.join(args.out, "jax_cache"))
-  from fineflax.jobs import grpo
   os.makedirs(args.out, exist_ok=True)
-  results, t0 = {}, time.time()
-  for method in args.methods:
-    for seed in args.seeds:
-      c = make_config(args, method, seed)
-      ts = time.time()
-      hist = grpo.run(c, os.path.join(args.out, f"{method}-{seed}"))["history"]
-      results.setdefault(method, []).append({"seed": seed, "history": hist, "wall_s": time.time() - ts})
-      json.dump(results, open(os.path.join(args.out, "results.json"), "w"))
-      print(f"{method} seed {seed}: final accuracy {hist[-1].get('eval_accuracy')}", flush=True)
+  if args.only:
+    from fineflax.jobs import grpo
+    method, seed = args.only[0], int(args.only[1])
+    grpo.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
+    return
+  t0 = time.time()
+  commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),
+                           "--only", m, str(s)] for m in args.methods for s in args.seeds}
+  codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
+  results = {}
+  for m in args.methods:
+    for s in args.seeds:
+      path = os.path.join(args.out, f"{m}-{s}", "history.json")
+      if codes[f"{m}-{s}"] != 0 or not os.path.exists(path):
+        raise RuntimeError(f"run {m} seed {s} failed (exit {codes[f'{m}-{s}']}); see {args.out}/logs/{m}-{s}.log")
+      hist = json.load(open(path))
+      results.setdefault(m, []).append({"seed": s, "history": hist, "wall_s": hist[-1]["time_s"]})
+  json.dump(results, open(os.path.join(args.out, "results.json"), "w"))
   series = {m: [([h["step"] for h in r["history"] if "eval_accuracy" in h],
                  [h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h]) for r in runs]
             for m, runs in results.items()}
   plot_curves(series, "held-out accuracy (greedy)", os.path.join(args.out, "accuracy_curves.png"),
-              title=f"SmolLM2-135M QLoRA, 2-4 step arithmetic ({device_name()})")
+              title=f"SmolLM2-135M QLoRA, {'-'.join(map(str, make_config(args, 'grpo', 0).task.num_steps))}"
+              f"-step arithmetic ({device_name()})")
   lines = []
   for m, runs in results.items():
     first = np.array([r["history"][0]["eval_accuracy"] for r in runs])
@@ -78,11 +104,11 @@ def main():
   md = f"""## GRPO vs LUFFY vs ExGRPO ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
-- device: {device_name()}; total wall time {time.time() - t0:.0f} s
+- device: {device_name()}, {args.parallel} runs at once; total wall time {time.time() - t0:.0f} s
 - same rollout budget per step for every method: {make_config(args, 'grpo', 0).rl.prompts_per_step} questions x
   {make_config(args, 'grpo', 0).rl.group_size} rows; seeds {args.seeds}
 
-| method | seeds | accuracy at step 0 | final accuracy (mean ± std) | best accuracy | wall s / run |
+| method | seeds | accuracy at step 0 | final accuracy (mean ± std) | best accuracy | s / run (training loop) |
 |---|---|---|---|---|---|
 {chr(10).join(lines)}
 

@@ -35,13 +35,17 @@ from fineflax.train.sft_step import init_state
 from fineflax.train.signals import StopRequested
 
 
-def prompt_ids(tokenizer, system_prompt: str, question: str) -> list[int]:
+def prompt_ids(tokenizer, system_prompt: str, question: str, assistant_prefix: str = "") -> list[int]:
+  """Chat-formatted system + user turns, the assistant header, then `assistant_prefix` (prefilled)."""
   messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
-  return tokenizer(format_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
+  return tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"]
 
 
-def trace_ids(tokenizer, solution: str, eos_id: int) -> list[int]:
-  """An off-policy trace as completion tokens: the solver's worked solution, then end of turn."""
+def trace_ids(tokenizer, solution: str, eos_id: int, assistant_prefix: str = "") -> list[int]:
+  """An off-policy trace as completion tokens: the worked solution (less the prefilled
+  `assistant_prefix` it starts with, if any), then end of turn."""
+  if assistant_prefix and solution.startswith(assistant_prefix):
+    solution = solution[len(assistant_prefix):]
   return tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos_id]
 
 
@@ -81,7 +85,8 @@ class Trainer:
     self.solve_rate = 0.0
 
   def prompt(self, problem) -> list[int]:
-    return prompt_ids(self.tok, self.config.task.system_prompt, problem.question)
+    task = self.config.task
+    return prompt_ids(self.tok, task.system_prompt, problem.question, task.assistant_prefix)
 
   def sample(self, prompts, rng, greedy=False):
     rl = self.rl
@@ -127,7 +132,8 @@ class Trainer:
       G.extend(rows, {f: on[f][start:start + n_on[g]] for f in G.FIELDS})
       start += n_on[g]
       for _ in range(n_off[g]):
-        ids = trace_ids(self.tok, guides[g], self.eos)[:rl.max_new_tokens]
+        ids = trace_ids(self.tok, guides[g], self.eos,
+                        self.config.task.assistant_prefix)[:rl.max_new_tokens]
         G.extend(rows, G.fixed_row(prompts1[g], ids, guides[g]))
       if replay[g]:
         t = self.buffer.select_trajectory(qids[g], self.mean_entropy)
@@ -218,8 +224,11 @@ def run(config, workdir: str | None) -> dict:
   workdir = make_workdir(config, workdir)
   rl = config.rl
   tr = Trainer(config)
-  train = generate_problems(config.task.num_train, "train", tuple(config.task.num_steps), config.seed)
-  held_out = generate_problems(config.task.num_eval, "test", tuple(config.task.num_steps), 10_000)
+  task = config.task
+  sizes = dict(max_start=task.max_start, max_addend=task.max_addend)
+  train = generate_problems(task.num_train, "train", tuple(task.num_steps), config.seed, **sizes)
+  held_out = generate_problems(task.num_eval, "test", tuple(task.num_steps), task.eval_seed,
+                               **sizes)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=2, keep_best=1,
                       best_metric="eval_accuracy", best_mode="max")
   restored = ckpt.restore(tr.state)

@@ -69,7 +69,8 @@ def split_of(key: str) -> str:
   return "test" if h % 100 < HELD_OUT_PERCENT else "train"
 
 
-def _random_ops(rng: np.random.Generator, start: int, num_steps: int) -> list[tuple[str, int]]:
+def _random_ops(rng: np.random.Generator, start: int, num_steps: int,
+                max_addend: int = 30) -> list[tuple[str, int]]:
   ops, value = [], start
   for _ in range(num_steps):
     choices = (["+"] if value < MAX_VALUE else []) + (["-"] if value > 1 else []) + (["*"] if value * 2 <= MAX_VALUE else [])
@@ -77,7 +78,7 @@ def _random_ops(rng: np.random.Generator, start: int, num_steps: int) -> list[tu
     choices += ["/"] if divisors else []
     op = choices[rng.integers(len(choices))]
     if op == "+":
-      x = int(rng.integers(1, min(30, MAX_VALUE - value) + 1))
+      x = int(rng.integers(1, min(max_addend, MAX_VALUE - value) + 1))
     elif op == "-":
       x = int(rng.integers(1, value))
     elif op == "*":
@@ -99,23 +100,28 @@ def make_problem(name: str, item: str, start: int, ops: Sequence[tuple[str, int]
 
 
 def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[int, int]] = (1, 5),
-                      seed: int = 0) -> list[Problem]:
-  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed).
+                      seed: int = 0, max_start: int = 50, max_addend: int = 30) -> list[Problem]:
+  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed, max_start, max_addend).
 
   num_steps: an int in 1..5, or an inclusive range (lo, hi) drawn uniformly per problem.
+  max_start: the start count is drawn from [2, max_start]; max_addend: "gets x more" draws x from
+  [1, max_addend] (subtraction, multiplication by 2..4 and exact division follow the running value).
   """
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   lo, hi = (num_steps, num_steps) if isinstance(num_steps, int) else tuple(num_steps)
   if not 1 <= lo <= hi <= 5:
     raise ValueError(f"num_steps must lie in 1..5, got {num_steps!r}")
+  if not (2 <= max_start <= MAX_VALUE and 1 <= max_addend <= MAX_VALUE):
+    raise ValueError(f"need 2 <= max_start <= {MAX_VALUE} and 1 <= max_addend <= {MAX_VALUE}, "
+                     f"got max_start={max_start}, max_addend={max_addend}")
   rng = np.random.default_rng([seed, lo, hi, SPLITS.index(split)])
   out, seen = [], set()
   for _ in range(200 * n + 1000):
     if len(out) == n:
       break
-    start = int(rng.integers(2, 51))
-    ops = _random_ops(rng, start, int(rng.integers(lo, hi + 1)))
+    start = int(rng.integers(2, max_start + 1))
+    ops = _random_ops(rng, start, int(rng.integers(lo, hi + 1)), max_addend)
     p = make_problem(NAMES[rng.integers(len(NAMES))], ITEMS[rng.integers(len(ITEMS))], start, ops)
     if p.split == split and p.key not in seen:
       seen.add(p.key)

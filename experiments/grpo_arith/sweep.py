@@ -1,0 +1,99 @@
+"""Several GRPO-family settings side by side on one GPU: held-out (validation) accuracy curves and a table.
+
+  python experiments/grpo_arith/sweep.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+      --variants grpo dapo drgrpo --set num_steps=80 --parallel 6
+
+Each variant is `experiments/grpo_arith/run.py` with the common `--set` overrides and then its own
+(VARIANTS below), run as its own process (at most --parallel at once). Evaluations use
+`task.eval_seed=20000` unless overridden: a validation set apart from the held-out set (seed 10000)
+that the final run reports, so choosing a setting here does not touch the reported test problems.
+Writes sweep.md, sweep.json and accuracy_curves.png into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from experiments.common import command_line, device_name, plot_curves, run_parallel  # noqa: E402
+
+SMALL = {"task.max_start": "20", "task.max_addend": "10"}
+DAPO = {"rl.agg_mode": "token-mean", "rl.epsilon_high": "0.28", "rl.mask_truncated": "true",
+        "rl.dynamic_sampling": "true"}
+R1 = {"task.assistant_prefix": "<think>\n", "task.system_prompt":
+      "Think step by step inside <think> </think>, then give the final number inside <answer> </answer>."}
+VARIANTS = {  # name -> overrides applied after the common --set ones
+    "grpo_T1": {**SMALL},
+    "grpo": {**SMALL, "rl.temperature": "0.7", "optimizer.learning_rate": "5e-4"},
+    "drgrpo": {**SMALL, "rl.temperature": "0.7", "optimizer.learning_rate": "5e-4", "rl.agg_mode": "sum",
+               "rl.advantage_scale": "none", "rl.mask_truncated": "true"},
+    "dapo": {**SMALL, **DAPO, "rl.temperature": "0.7", "optimizer.learning_rate": "5e-4"},
+    "dapo_lr1e-3": {**SMALL, **DAPO, "rl.temperature": "0.7", "optimizer.learning_rate": "1e-3"},
+    "dapo_T1": {**SMALL, **DAPO, "optimizer.learning_rate": "5e-4"},
+    "dapo_think": {**SMALL, **DAPO, **R1, "rl.temperature": "0.7", "optimizer.learning_rate": "5e-4"},
+    "luffy_think": {**SMALL, **R1, "rl.objective": "luffy", "rl.temperature": "0.7",
+                    "optimizer.learning_rate": "5e-4"},
+}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="smollm2-135m-instruct")
+  ap.add_argument("--out", default="experiments/grpo_arith/sweep")
+  ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+  ap.add_argument("--set", nargs="*", default=[], help="overrides for every variant, a.b=value")
+  ap.add_argument("--parallel", type=int, default=4, help="runs sharing the device at once")
+  ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
+  args = ap.parse_args()
+  common = {"task.eval_seed": "20000", **dict(s.partition("=")[::2] for s in args.set)}
+  runner = str(pathlib.Path(__file__).with_name("run.py"))
+  commands = {}
+  for name in args.variants:
+    over = {**common, **VARIANTS[name]}
+    commands[name] = [sys.executable, runner, "--model", args.model, "--out", os.path.join(args.out, name),
+                      *(["--smoke"] if args.smoke else []), "--set", *[f"{k}={v}" for k, v in over.items()]]
+  t0 = time.time()
+  codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
+  results, rows = {}, []
+  for name in args.variants:
+    path = os.path.join(args.out, name, "history.json")
+    if codes[name] != 0 or not os.path.exists(path):
+      rows.append(f"| {name} | failed (exit {codes[name]}, see logs/{name}.log) | | | | |")
+      continue
+    hist = json.load(open(path))
+    results[name] = hist
+    evals = [h for h in hist if "eval_accuracy" in h]
+    train = [h for h in hist if "reward_mean" in h][-10:]
+    mean = lambda k: sum(h[k] for h in train) / max(len(train), 1)
+    rows.append(f"| {name} | {evals[0]['eval_accuracy']:.3f} -> {evals[-1]['eval_accuracy']:.3f} | "
+                f"{max(h['eval_accuracy'] for h in evals):.3f} | {mean('reward_mean'):.3f} | "
+                f"{mean('completion_length'):.0f} | {hist[-1]['time_s']:.0f} |")
+  json.dump({"variants": {n: VARIANTS[n] for n in args.variants}, "common": common, "results": results},
+            open(os.path.join(args.out, "sweep.json"), "w"))
+  plot_curves({n: [([h["step"] for h in r if "eval_accuracy" in h], [h["eval_accuracy"] for h in r
+                                                                     if "eval_accuracy" in h])]
+               for n, r in results.items()}, "validation accuracy (greedy)",
+              os.path.join(args.out, "accuracy_curves.png"), title=f"GRPO settings ({device_name()})")
+  md = f"""## GRPO settings sweep ({time.strftime('%Y-%m-%d')})
+
+- command: `{command_line()}`
+- device: {device_name()}, {args.parallel} runs at once; total wall {time.time() - t0:.0f} s
+- common overrides: `{common}`; per-variant overrides in sweep.json
+
+| variant | validation accuracy (start -> end) | best | train reward (last 10 steps) | completion length (last 10) | run wall s |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+![validation accuracy](accuracy_curves.png)
+"""
+  pathlib.Path(args.out, "sweep.md").write_text(md)
+  print(md)
+
+
+if __name__ == "__main__":
+  main()
