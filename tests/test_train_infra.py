@@ -29,6 +29,15 @@ def test_checkpoint_round_trip(tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state, restored)
 
 
+def test_saving_a_saved_step_again_keeps_the_first(tmp_path):
+  ckpt = Checkpointer(str(tmp_path / "c"))
+  assert ckpt.save(5, _state(0), {"n": 1})
+  assert ckpt.save(5, _state(1), {"n": 2})  # e.g. a stop request right after the periodic save
+  restored, meta = ckpt.restore(_state(2))
+  assert meta == {"n": 1}
+  np.testing.assert_array_equal(np.asarray(restored["lora"]["q"]["a"]), np.asarray(_state(0)["lora"]["q"]["a"]))
+
+
 def test_keeps_last_n_and_best(tmp_path):
   ckpt = Checkpointer(str(tmp_path / "c"), keep_last=2, keep_best=1, best_metric="eval_loss")
   losses = {1: 3.0, 2: 1.0, 3: 2.0, 4: 2.5, 5: 2.7}

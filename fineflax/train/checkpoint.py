@@ -37,7 +37,11 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict, metrics: dict | None = None) -> bool:
-    """Saves synchronously; returns False (and logs why) if the write failed, e.g. a full disk."""
+    """Saves synchronously; returns False (and logs why) if the write failed, e.g. a full disk.
+
+    A step that is already saved is kept as it is (a stop request right after a periodic save)."""
+    if step in self.manager.all_steps():
+      return True
     try:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       meta=ocp.args.JsonSave(meta)),
