@@ -2,10 +2,12 @@
 
   python launch.py --config configs/grpo_arith.py --workdir runs/grpo_arith          # GPU run
   python launch.py --config configs/grpo_arith.py:smoke --workdir runs/grpo_smoke    # CPU smoke test
+  The defaults are the DAPO-style settings of experiments/grpo_arith/RESULTS.md (token-mean loss,
+  clip-higher 0.28, truncated completions masked, rollouts at T=0.7, lr 5e-4).
   LUFFY: --config.rl.objective=luffy (n_off solver traces in each group); ExGRPO:
-  --config.rl.objective=exgrpo; DAPO: --config.rl.epsilon_high=0.28
-  --config.rl.agg_mode=token-mean --config.rl.dynamic_sampling=True; Dr. GRPO: --config.rl.agg_mode=sum
-  --config.rl.advantage_scale=none
+  --config.rl.objective=exgrpo; DAPO dynamic sampling: --config.rl.dynamic_sampling=True; plain GRPO:
+  --config.rl.agg_mode=seq-mean-token-mean --config.rl.epsilon_high=0.2 --config.rl.mask_truncated=False;
+  Dr. GRPO: --config.rl.agg_mode=sum --config.rl.advantage_scale=none
 """
 import ml_collections
 
@@ -36,8 +38,8 @@ def get_config(variant: str = ""):
   config.task.num_train = 4000  # distinct training problems
   config.task.num_eval = 256  # held-out problems (disjoint split)
   config.task.num_steps = (1, 2)  # operations per problem (inclusive range, 1..5)
-  config.task.max_start = 50  # start counts are drawn from [2, max_start]
-  config.task.max_addend = 30  # "gets x more" draws x from [1, max_addend]
+  config.task.max_start = 20  # start counts are drawn from [2, max_start]
+  config.task.max_addend = 10  # "gets x more" draws x from [1, max_addend]
   config.task.eval_seed = 10_000  # seed of the held-out problems (another seed = another validation set)
   config.task.assistant_prefix = ""  # text the assistant turn starts with (e.g. "<think>\n"); part of the prompt
   config.task.system_prompt = (  # instruction given with every question
@@ -59,18 +61,18 @@ def get_config(variant: str = ""):
   config.rl.exgrpo_threshold = 0.35  # ExGRPO: replay once the batch solve rate passes this
   config.rl.experience_share = 0.5  # ExGRPO: share of each batch's questions taken from the buffer
   config.rl.max_new_tokens = 128  # completion budget
-  config.rl.temperature = 1.0  # sampling temperature for rollouts
+  config.rl.temperature = 0.7  # rollout temperature; the loss uses the same softmax(logits / T)
   config.rl.top_p = 1.0  # nucleus sampling mass for rollouts
   config.rl.num_iterations = ml_collections.FieldReference(1)  # updates per rollout batch (mu)
   config.rl.clip = True  # clipped surrogate (False: -r*A, LUFFY's released code)
   config.rl.epsilon_low = 0.2  # clip range below 1
-  config.rl.epsilon_high = 0.2  # clip range above 1 (DAPO clip-higher: 0.28)
+  config.rl.epsilon_high = 0.28  # clip range above 1 (DAPO clip-higher; GRPO: 0.2)
   config.rl.dual_clip = 0.0  # dual-clip constant c for A < 0 (0 = off)
   config.rl.beta = 0.0  # k3 KL coefficient to the LoRA-off reference (GRPO paper: 0.04)
   config.rl.entropy_coef = 0.0  # entropy bonus coefficient
-  config.rl.agg_mode = "seq-mean-token-mean"  # seq-mean-token-mean, token-mean or sum
+  config.rl.agg_mode = "token-mean"  # seq-mean-token-mean (GRPO), token-mean (DAPO) or sum (Dr. GRPO)
   config.rl.advantage_scale = "group"  # group, batch or none (Dr. GRPO)
-  config.rl.mask_truncated = False  # zero the loss of completions cut at max_new_tokens
+  config.rl.mask_truncated = True  # zero the loss of completions cut at max_new_tokens (DAPO)
   config.rl.overlong_buffer = 0  # DAPO soft overlong punishment over the last N tokens (0 = off)
   config.rl.dynamic_sampling = False  # DAPO: drop zero-variance groups and refill
   config.rl.max_refill_rounds = 2  # extra rollout rounds allowed for refilling
@@ -78,7 +80,7 @@ def get_config(variant: str = ""):
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.num_steps = (config.get_ref("num_steps")  # optimizer updates (follows num_steps)
                                 * config.rl.get_ref("num_iterations"))
-  config.optimizer.learning_rate = 2e-4  # peak learning rate (LoRA)
+  config.optimizer.learning_rate = 5e-4  # peak learning rate (LoRA)
   config.optimizer.warmup_steps = 5  # linear warmup
   config.optimizer.end_lr_ratio = 1.0  # constant after warmup
   config.optimizer.weight_decay = 0.0  # AdamW weight decay

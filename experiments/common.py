@@ -50,7 +50,7 @@ def plot_curves(series: dict[str, list[tuple[list, list]]], ylabel: str, path: s
   for name, runs in series.items():
     x = np.asarray(runs[0][0], float)
     ys = np.asarray([np.interp(x, np.asarray(r[0], float), np.asarray(r[1], float)) for r in runs])
-    ax.plot(x, ys.mean(0), label=f"{name} (n={len(runs)})")
+    ax.plot(x, ys.mean(0), label=f"{name} (n={len(runs)})", marker="o" if len(x) <= 12 else None)
     if len(runs) > 1:
       ax.fill_between(x, ys.min(0), ys.max(0), alpha=0.2)
   ax.set_xlabel("RL step")

@@ -51,7 +51,7 @@ def main():
 
 - command: `{command_line()}`
 - device: {device_name()}; wall time {wall:.0f} s (model load, compilation and evaluations included)
-- model: SmolLM2-135M-Instruct, NF4 base + LoRA r={config.lora.r}; {config.num_steps} steps x
+- model: SmolLM2-135M-Instruct, NF4 base + LoRA r={config.lora.r}; {hist[-1]['step']} of {config.num_steps} steps x
   {config.rl.prompts_per_step} questions x {config.rl.group_size} samples; held-out set: {config.task.num_eval}
   problems ({tuple(config.task.num_steps)} operations), disjoint from training.
 - held-out accuracy (greedy): **{before:.3f} -> {after:.3f}** ({(after - before) * 100:+.1f} points,

@@ -40,6 +40,8 @@ def make_config(args, method, seed):
   c.task.assistant_prefix = "<think>\n"
   c.rl.temperature = 0.7
   c.optimizer.learning_rate = 5e-4
+  # the GRPO-paper loss for every method (the 2026-11-26 runs), not the config's DAPO defaults
+  c.rl.agg_mode, c.rl.epsilon_high, c.rl.mask_truncated = "seq-mean-token-mean", 0.2, False
   c.rl.exgrpo_threshold = 0.0  # the paper's 0.35 is never reached by a 135M model on this task
   if not args.smoke:
     c.num_steps = args.steps
@@ -68,6 +70,8 @@ def main():
   ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value for every run")
   ap.add_argument("--parallel", type=int, default=1, help="runs sharing the device at once (subprocesses)")
   ap.add_argument("--only", nargs=2, metavar=("METHOD", "SEED"), help="run one method and seed in-process")
+  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--device", default="", help="device name for the report (default: this machine's)")
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   if args.only:
@@ -76,46 +80,62 @@ def main():
     grpo.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
     return
   t0 = time.time()
-  commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),
-                           "--only", m, str(s)] for m in args.methods for s in args.seeds}
-  codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
-  results = {}
-  for m in args.methods:
-    for s in args.seeds:
-      path = os.path.join(args.out, f"{m}-{s}", "history.json")
-      if codes[f"{m}-{s}"] != 0 or not os.path.exists(path):
-        raise RuntimeError(f"run {m} seed {s} failed (exit {codes[f'{m}-{s}']}); see {args.out}/logs/{m}-{s}.log")
-      hist = json.load(open(path))
-      results.setdefault(m, []).append({"seed": s, "history": hist, "wall_s": hist[-1]["time_s"]})
+  if not args.collect:
+    commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),
+                             "--only", m, str(s)] for m in args.methods for s in args.seeds}
+    codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
+    failed = [name for name, code in codes.items() if code != 0]
+    if failed:
+      print(f"runs that did not finish: {failed} (their logged evaluations are still reported)", flush=True)
+  results = {m: [load_run(args.out, m, s) for s in args.seeds] for m in args.methods}
   json.dump(results, open(os.path.join(args.out, "results.json"), "w"))
-  series = {m: [([h["step"] for h in r["history"] if "eval_accuracy" in h],
-                 [h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h]) for r in runs]
-            for m, runs in results.items()}
+  device = args.device or device_name()
+  evals = lambda r: [(h["step"], h["eval_accuracy"]) for h in r["history"] if "eval_accuracy" in h]
+  steps = sorted({st for runs in results.values() for r in runs for st, _ in evals(r)})
+  series = {m: [tuple(map(list, zip(*evals(r)))) for r in runs] for m, runs in results.items()}
+  num_ops = "-".join(map(str, make_config(args, "grpo", 0).task.num_steps))
   plot_curves(series, "held-out accuracy (greedy)", os.path.join(args.out, "accuracy_curves.png"),
-              title=f"SmolLM2-135M QLoRA, {'-'.join(map(str, make_config(args, 'grpo', 0).task.num_steps))}"
-              f"-step arithmetic ({device_name()})")
+              title=f"SmolLM2-135M QLoRA, {num_ops}-step arithmetic ({device})")
   lines = []
   for m, runs in results.items():
-    first = np.array([r["history"][0]["eval_accuracy"] for r in runs])
-    final = np.array([r["history"][-1]["eval_accuracy"] for r in runs])
-    best = np.array([max(h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h) for r in runs])
-    lines.append(f"| {m} | {len(runs)} | {first.mean():.3f} | {final.mean():.3f} ± {final.std():.3f} | "
-                 f"{best.mean():.3f} ± {best.std():.3f} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
+    cells = []
+    for st in steps:
+      acc = np.array([a for r in runs for s_, a in evals(r) if s_ == st])
+      cells.append(f"{acc.mean():.3f} ± {acc.std():.3f} (n={len(acc)})" if len(acc) else "-")
+    reached = ", ".join(str(r["steps_run"]) for r in runs)
+    lines.append(f"| {m} | {' | '.join(cells)} | {reached} |")
+  c0 = make_config(args, "grpo", 0)
   md = f"""## GRPO vs LUFFY vs ExGRPO ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
-- device: {device_name()}, {args.parallel} runs at once; total wall time {time.time() - t0:.0f} s
-- same rollout budget per step for every method: {make_config(args, 'grpo', 0).rl.prompts_per_step} questions x
-  {make_config(args, 'grpo', 0).rl.group_size} rows; seeds {args.seeds}
+- device: {device}, {args.parallel} runs at once
+- same rollout budget per step for every method: {c0.rl.prompts_per_step} questions x {c0.rl.group_size} rows;
+  seeds {args.seeds}; held-out accuracy = greedy, {c0.task.num_eval} problems, mean ± std over seeds
 
-| method | seeds | accuracy at step 0 | final accuracy (mean ± std) | best accuracy | s / run (training loop) |
-|---|---|---|---|---|---|
+| method | {' | '.join(f'step {st}' for st in steps)} | steps run (per seed) |
+|---|{'---|' * len(steps)}---|
 {chr(10).join(lines)}
 
 ![accuracy curves](accuracy_curves.png)
 """
   pathlib.Path(args.out, "RESULTS.md").write_text(md)
   print(md)
+
+
+def load_run(out: str, method: str, seed: int) -> dict:
+  """{seed, history, steps_run, finished} of one run: its history.json, or, for a run that was stopped
+  before writing it, the per-step metrics it logged (WORKDIR/logs/metrics.jsonl)."""
+  workdir = os.path.join(out, f"{method}-{seed}")
+  path = os.path.join(workdir, "history.json")
+  if os.path.exists(path):
+    hist, finished = json.load(open(path)), True
+  else:
+    log = os.path.join(workdir, "logs", "metrics.jsonl")
+    if not os.path.exists(log):
+      raise FileNotFoundError(f"run {method} seed {seed} left neither {path} nor {log}; "
+                              f"see {out}/logs/{method}-{seed}.log")
+    hist, finished = [json.loads(line) for line in open(log) if line.strip()], False
+  return {"seed": seed, "history": hist, "steps_run": hist[-1]["step"], "finished": finished}
 
 
 if __name__ == "__main__":
