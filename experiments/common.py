@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -87,3 +88,15 @@ def run_parallel(commands: dict[str, list[str]], log_dir: str, max_parallel: int
         print(f"finished {name} (exit {proc.returncode})", flush=True)
     time.sleep(1.0)
   return codes
+
+
+def load_history(workdir: str) -> tuple[list[dict], bool]:
+  """(history, finished) of one run: WORKDIR/history.json, or for a run stopped before writing it, the
+  per-step metrics it logged (WORKDIR/logs/metrics.jsonl) with finished=False."""
+  path = os.path.join(workdir, "history.json")
+  if os.path.exists(path):
+    return json.load(open(path)), True
+  log = os.path.join(workdir, "logs", "metrics.jsonl")
+  if not os.path.exists(log):
+    raise FileNotFoundError(f"{workdir}: the run left neither history.json nor logs/metrics.jsonl")
+  return [json.loads(line) for line in open(log) if line.strip()], False

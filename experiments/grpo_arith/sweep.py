@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import command_line, device_name, plot_curves, run_parallel  # noqa: E402
+from experiments.common import command_line, device_name, load_history, plot_curves, run_parallel  # noqa: E402
 
 SMALL = {"task.max_start": "20", "task.max_addend": "10"}
 DAPO = {"rl.agg_mode": "token-mean", "rl.epsilon_high": "0.28", "rl.mask_truncated": "true",
@@ -61,12 +61,15 @@ def main():
   codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
   results, rows = {}, []
   for name in args.variants:
-    path = os.path.join(args.out, name, "history.json")
-    if codes[name] != 0 or not os.path.exists(path):
+    try:  # a run that failed or was stopped still reports the evaluations it logged
+      hist, _ = load_history(os.path.join(args.out, name, "run"))
+    except FileNotFoundError:
       rows.append(f"| {name} | failed (exit {codes[name]}, see logs/{name}.log) | | | | |")
       continue
-    hist = json.load(open(path))
     results[name] = hist
+    if not any("eval_accuracy" in h for h in hist[1:]):
+      rows.append(f"| {name} | stopped before its first evaluation (exit {codes[name]}) | | | | |")
+      continue
     evals = [h for h in hist if "eval_accuracy" in h]
     train = [h for h in hist if "reward_mean" in h][-10:]
     mean = lambda k: sum(h[k] for h in train) / max(len(train), 1)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
-from experiments.common import (apply_overrides, command_line, device_name, load_config, plot_curves,  # noqa: E402
-                                run_parallel)
+from experiments.common import (apply_overrides, command_line, device_name, load_config,  # noqa: E402
+                                load_history, plot_curves, run_parallel)
 
 METHODS = ("grpo", "luffy", "exgrpo")
 
@@ -79,7 +79,6 @@ def main():
     method, seed = args.only[0], int(args.only[1])
     grpo.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
     return
-  t0 = time.time()
   if not args.collect:
     commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),
                              "--only", m, str(s)] for m in args.methods for s in args.seeds}
@@ -123,18 +122,11 @@ def main():
 
 
 def load_run(out: str, method: str, seed: int) -> dict:
-  """{seed, history, steps_run, finished} of one run: its history.json, or, for a run that was stopped
-  before writing it, the per-step metrics it logged (WORKDIR/logs/metrics.jsonl)."""
-  workdir = os.path.join(out, f"{method}-{seed}")
-  path = os.path.join(workdir, "history.json")
-  if os.path.exists(path):
-    hist, finished = json.load(open(path)), True
-  else:
-    log = os.path.join(workdir, "logs", "metrics.jsonl")
-    if not os.path.exists(log):
-      raise FileNotFoundError(f"run {method} seed {seed} left neither {path} nor {log}; "
-                              f"see {out}/logs/{method}-{seed}.log")
-    hist, finished = [json.loads(line) for line in open(log) if line.strip()], False
+  """{seed, history, steps_run, finished} of one run (`load_history`: stopped runs report what they logged)."""
+  try:
+    hist, finished = load_history(os.path.join(out, f"{method}-{seed}"))
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"run {method} seed {seed}: {e}; see {out}/logs/{method}-{seed}.log") from e
   return {"seed": seed, "history": hist, "steps_run": hist[-1]["step"], "finished": finished}
 
 
