@@ -1,5 +1,6 @@
 """The GRPO-family job on a tiny model: GRPO runs and resumes; LUFFY rows carry traces; ExGRPO replays."""
 import os
+import signal
 
 import jax
 import numpy as np
@@ -18,6 +19,26 @@ def _config(source, objective="grpo", **over):
   c.task.num_train = 64
   apply_overrides(c, over)
   return c
+
+
+def test_stop_request_right_after_a_checkpointed_evaluation(tiny_smol, tmp_path, monkeypatch):
+  """SIGTERM during step 2 (an evaluation step, so already checkpointed): the run stops after step 2,
+  exports, and a rerun resumes at step 3."""
+  train_step = grpo.Trainer.train_step
+
+  def train_step_then_sigterm(self, *args):
+    out = train_step(self, *args)
+    if int(self.state["step"]) == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  monkeypatch.setattr(grpo.Trainer, "train_step", train_step_then_sigterm)
+  c = _config(tiny_smol, "grpo", **{"num_steps": "5", "eval_every": "2"})
+  hist = grpo.run(c, str(tmp_path))["history"]
+  assert [h["step"] for h in hist] == [0, 1, 2] and "eval_accuracy" in hist[-1]
+  assert os.path.exists(tmp_path / "history.json")
+  monkeypatch.setattr(grpo.Trainer, "train_step", train_step)
+  assert [h["step"] for h in grpo.run(c, str(tmp_path))["history"]][0] == 3
 
 
 @pytest.fixture(scope="module")

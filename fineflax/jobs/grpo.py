@@ -84,6 +84,19 @@ class Trainer:
       self.traces = {t.question: t.response for t in load_traces(rl.traces_path)}
     self.solve_rate = 0.0
 
+  eval_metric = "eval_accuracy"  # the evaluation key that picks the best checkpoint
+
+  def checkpoint_meta(self) -> dict:
+    """What a checkpoint stores beside the state (restored by `restore_meta`)."""
+    return {"buffer": self.buffer.state_dict(), "solve_rate": self.solve_rate, "config": self.config.to_dict()}
+
+  def restore_meta(self, meta: dict) -> None:
+    self.buffer = ExperienceBuffer.from_state_dict(meta["buffer"])
+    self.solve_rate = meta["solve_rate"]
+
+  def eval_summary(self, m: dict) -> str:
+    return f"held-out accuracy {m['eval_accuracy']:.3f}"
+
   def prompt(self, problem) -> list[int]:
     task = self.config.task
     return prompt_ids(self.tok, task.system_prompt, problem.question, task.assistant_prefix)
@@ -220,6 +233,51 @@ class Trainer:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def train_loop(tr: Trainer, workdir: str, held_out, step_scalars, *, desc: str,
+               eval_at_start: bool = True) -> list[dict]:
+  """The RL loop shared by the jobs; returns the metric history (one dict per step, step 0 first).
+
+  Resumes from WORKDIR/checkpoints (state + `tr.restore_meta`); a fresh run evaluates at step 0 when
+  `eval_at_start`. Each step s = start+1..num_steps: scalars = step_scalars(s); every `eval_every` steps
+  and at the end add `tr.evaluate(held_out)` and checkpoint (best by `tr.eval_metric`); write the
+  scalars to WORKDIR/logs. SIGINT/SIGTERM checkpoints and stops after the current step.
+  """
+  config = tr.config
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=2, keep_best=1,
+                      best_metric=tr.eval_metric, best_mode="max")
+  restored = ckpt.restore(tr.state)
+  if restored is not None:
+    tr.state, meta = restored
+    tr.restore_meta(meta)
+  writer = MetricWriter(os.path.join(workdir, "logs"))
+  start = int(tr.state["step"]) // config.rl.num_iterations
+  history, t_start = [], time.time()
+  save = lambda m=None: ckpt.save(int(tr.state["step"]), tr.state, tr.checkpoint_meta(), metrics=m)
+  if start == 0 and eval_at_start:
+    m = tr.evaluate(held_out)
+    writer.write_scalars(0, m)
+    history.append({"step": 0, "time_s": time.time() - t_start, **m})
+    print(f"[step 0] {tr.eval_summary(m)}", flush=True)
+  bar = tqdm(total=config.num_steps, initial=start, desc=desc, dynamic_ncols=True)
+  with StopRequested() as stop:
+    for step in range(start + 1, config.num_steps + 1):
+      scalars = step_scalars(step)
+      if step % config.eval_every == 0 or step == config.num_steps:
+        scalars.update(tr.evaluate(held_out))
+        save({tr.eval_metric: scalars[tr.eval_metric]})
+      writer.write_scalars(step, scalars)
+      history.append({"step": step, "time_s": time.time() - t_start, **scalars})
+      bar.set_postfix(reward=f"{scalars['reward_mean']:.3f}", **{tr.eval_metric: scalars.get(tr.eval_metric, "-")})
+      bar.update(1)
+      if stop:
+        save()
+        break
+  bar.close()
+  writer.close()
+  ckpt.close()
+  return history
+
+
 def run(config, workdir: str | None) -> dict:
   workdir = make_workdir(config, workdir)
   rl = config.rl
@@ -229,60 +287,31 @@ def run(config, workdir: str | None) -> dict:
   train = generate_problems(task.num_train, "train", tuple(task.num_steps), config.seed, **sizes)
   held_out = generate_problems(task.num_eval, "test", tuple(task.num_steps), task.eval_seed,
                                **sizes)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=2, keep_best=1,
-                      best_metric="eval_accuracy", best_mode="max")
-  restored = ckpt.restore(tr.state)
-  if restored is not None:
-    tr.state, meta = restored
-    tr.buffer = ExperienceBuffer.from_state_dict(meta["buffer"])
-    tr.solve_rate = meta["solve_rate"]
-  writer = MetricWriter(os.path.join(workdir, "logs"))
   order = np.random.default_rng(config.seed).permutation(len(train))
   np_rng = np.random.default_rng(config.seed + 1)
-  start = int(tr.state["step"]) // rl.num_iterations
-  history, t_start = [], time.time()
-  save = lambda m=None: ckpt.save(int(tr.state["step"]), tr.state, {
-      "buffer": tr.buffer.state_dict(), "solve_rate": tr.solve_rate, "config": config.to_dict()}, metrics=m)
-  if start == 0:
-    m = tr.evaluate(held_out)
-    writer.write_scalars(0, m)
-    history.append({"step": 0, "time_s": 0.0, **m})
-    print(f"[step 0] held-out accuracy {m['eval_accuracy']:.3f}", flush=True)
   rng = jax.random.PRNGKey(config.seed + 7)
-  bar = tqdm(total=config.num_steps, initial=start, desc=rl.objective, dynamic_ncols=True)
-  with StopRequested() as stop:
-    for step in range(start + 1, config.num_steps + 1):
-      t0 = time.time()
-      b = tr.collect(train, order, (step - 1) * rl.prompts_per_step, jax.random.fold_in(rng, step), np_rng)
-      rows, rewards, idx, zero_var, per_fn, errors = (b["rows"], b["rewards"], b["idx"], b["zero_var"],
-                                                      b["per_fn"], b["errors"])
-      t_gen = time.time() - t0
-      tr.solve_rate = tr.update_buffer(idx, rows, rewards, b["correct"])
-      keep = np.ones(len(idx), bool)
-      if rl.dynamic_sampling and (~zero_var).any():
-        keep = ~zero_var & (np.cumsum(~zero_var) <= rl.prompts_per_step)
-      metrics = tr.train_step(rows, rewards, keep)
-      on = ~np.asarray(rows["off_policy"])
-      scalars = {**metrics, "reward_mean": float(rewards[on].mean()), "reward_std": float(rewards[on].std()),
-                 "solve_rate": tr.solve_rate, "zero_variance_groups": float(zero_var.mean()),
-                 "buffer_questions": float(len(tr.buffer)),
-                 "completion_length": float(np.mean([len(c) for c, o in zip(rows["completion"], on) if o])),
-                 "time_rollout_s": t_gen, "time_update_s": time.time() - t0 - t_gen,
-                 **{f"reward_{k}": float(v[on].mean()) for k, v in per_fn.items()},
-                 **{f"reward_errors_{k}": float(v) for k, v in errors.items()}}
-      if step % config.eval_every == 0 or step == config.num_steps:
-        scalars.update(tr.evaluate(held_out))
-        save({"eval_accuracy": scalars["eval_accuracy"]})
-      writer.write_scalars(step, scalars)
-      history.append({"step": step, "time_s": time.time() - t_start, **scalars})
-      bar.set_postfix(reward=f"{scalars['reward_mean']:.3f}", acc=scalars.get("eval_accuracy", "-"))
-      bar.update(1)
-      if stop:
-        save()
-        break
-  bar.close()
-  writer.close()
-  ckpt.close()
+
+  def step_scalars(step: int) -> dict:
+    t0 = time.time()
+    b = tr.collect(train, order, (step - 1) * rl.prompts_per_step, jax.random.fold_in(rng, step), np_rng)
+    rows, rewards, idx, zero_var, per_fn, errors = (b["rows"], b["rewards"], b["idx"], b["zero_var"],
+                                                    b["per_fn"], b["errors"])
+    t_gen = time.time() - t0
+    tr.solve_rate = tr.update_buffer(idx, rows, rewards, b["correct"])
+    keep = np.ones(len(idx), bool)
+    if rl.dynamic_sampling and (~zero_var).any():
+      keep = ~zero_var & (np.cumsum(~zero_var) <= rl.prompts_per_step)
+    metrics = tr.train_step(rows, rewards, keep)
+    on = ~np.asarray(rows["off_policy"])
+    return {**metrics, "reward_mean": float(rewards[on].mean()), "reward_std": float(rewards[on].std()),
+            "solve_rate": tr.solve_rate, "zero_variance_groups": float(zero_var.mean()),
+            "buffer_questions": float(len(tr.buffer)),
+            "completion_length": float(np.mean([len(c) for c, o in zip(rows["completion"], on) if o])),
+            "time_rollout_s": t_gen, "time_update_s": time.time() - t0 - t_gen,
+            **{f"reward_{k}": float(v[on].mean()) for k, v in per_fn.items()},
+            **{f"reward_errors_{k}": float(v) for k, v in errors.items()}}
+
+  history = train_loop(tr, workdir, held_out, step_scalars, desc=rl.objective)
   export_run(tr, config, workdir, history)
   return {"history": history, "workdir": workdir}
 

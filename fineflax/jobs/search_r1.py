@@ -11,21 +11,16 @@ Evaluation: greedy Search-R1 inference on held-out questions (EM overall / singl
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from fineflax.jobs.common import make_workdir
-from fineflax.jobs.grpo import Trainer, export_run
+from fineflax.jobs.grpo import Trainer, export_run, train_loop
 from fineflax.rl import groups as G
 from fineflax.search_r1 import (RolloutConfig, ScriptedPolicy, Tags, make_kb, make_search_fn, prompt_ids,
                                 rollout_batch, run_rollouts, search_r1_reward)
-from fineflax.train.checkpoint import Checkpointer
-from fineflax.train.metric_writer import MetricWriter
-from fineflax.train.signals import StopRequested
 
 
 def rollout_config(config) -> RolloutConfig:
@@ -66,6 +61,17 @@ class SearchR1Trainer(Trainer):
     k = config.kb
     self.kb = make_kb(k.num_people, k.num_cities, k.num_countries, k.test_fraction, k.seed)
     self.search_fn = make_search_tool(config, self.kb.documents)
+
+  eval_metric = "eval_em"
+
+  def checkpoint_meta(self) -> dict:
+    return {"config": self.config.to_dict()}
+
+  def restore_meta(self, meta: dict) -> None:
+    pass  # the state is all a Search-R1 run resumes from
+
+  def eval_summary(self, m: dict) -> str:
+    return f"held-out EM {m['eval_em']:.3f}, searches/question {m['eval_searches']:.2f}"
 
   def prompt(self, question) -> list[int]:
     return prompt_ids(self.tok, question.question, self.rollout_cfg)
@@ -143,54 +149,29 @@ def run(config, workdir: str | None) -> dict:
   rl = config.rl
   tr = SearchR1Trainer(config)
   train, evals = tr.kb.split("train"), held_out(tr.kb, config.num_eval, config.seed + 100)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=2, keep_best=1,
-                      best_metric="eval_em", best_mode="max")
-  restored = ckpt.restore(tr.state)
-  if restored is not None:
-    tr.state = restored[0]
-  writer = MetricWriter(os.path.join(workdir, "logs"))
   order = np.random.default_rng(config.seed).permutation(len(train))
-  start = int(tr.state["step"]) // rl.num_iterations
-  history, t_start = [], time.time()
-  save = lambda m=None: ckpt.save(int(tr.state["step"]), tr.state, {"config": config.to_dict()}, metrics=m)
-  if start == 0 and config.eval_at_start:
-    m = tr.evaluate(evals)
-    writer.write_scalars(0, m)
-    history.append({"step": 0, "time_s": time.time() - t_start, **m})
-    print(f"[step 0] held-out EM {m['eval_em']:.3f}, searches/question {m['eval_searches']:.2f}", flush=True)
   rng = jax.random.PRNGKey(config.seed + 7)
-  bar = tqdm(total=config.num_steps, initial=start, desc=f"search_r1/{rl.objective}", dynamic_ncols=True)
-  with StopRequested() as stop:
-    for step in range(start + 1, config.num_steps + 1):
-      t0 = time.time()
-      cursor = (step - 1) * rl.prompts_per_step
-      questions = [train[int(order[(cursor + i) % len(order)])] for i in range(rl.prompts_per_step)]
-      rows, results = tr.group_rollout(questions, jax.random.fold_in(rng, step))
-      rewards, parts = tr.rewards(questions, results)
-      t_roll = time.time() - t0
-      metrics = tr.train_step(rows, rewards, np.ones(len(questions), bool))
-      on = ~np.asarray(rows["off_policy"])
-      on_results = [r for r, o in zip(results, on) if o]
-      scalars = {**metrics, "reward_mean": float(rewards[on].mean()), "reward_std": float(rewards[on].std()),
-                 **{f"reward_{k}": float(np.mean([p[k] for p, o in zip(parts, on) if o])) for k in parts[0]},
-                 "searches": float(np.mean([len(r.queries) for r in on_results])),
-                 "turns": float(np.mean([r.num_turns for r in on_results])),
-                 "invalid_actions": float(np.mean([r.num_invalid for r in on_results])),
-                 "search_failures": float(np.sum([r.num_search_failures for r in on_results])),
-                 "completion_length": float(np.mean([len(r.tokens) for r in on_results])),
-                 "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll}
-      if step % config.eval_every == 0 or step == config.num_steps:
-        scalars.update(tr.evaluate(evals))
-        save({"eval_em": scalars["eval_em"]})
-      writer.write_scalars(step, scalars)
-      history.append({"step": step, "time_s": time.time() - t_start, **scalars})
-      bar.set_postfix(reward=f"{scalars['reward_mean']:.3f}", em=scalars.get("eval_em", "-"))
-      bar.update(1)
-      if stop:
-        save()
-        break
-  bar.close()
-  writer.close()
-  ckpt.close()
+
+  def step_scalars(step: int) -> dict:
+    t0 = time.time()
+    cursor = (step - 1) * rl.prompts_per_step
+    questions = [train[int(order[(cursor + i) % len(order)])] for i in range(rl.prompts_per_step)]
+    rows, results = tr.group_rollout(questions, jax.random.fold_in(rng, step))
+    rewards, parts = tr.rewards(questions, results)
+    t_roll = time.time() - t0
+    metrics = tr.train_step(rows, rewards, np.ones(len(questions), bool))
+    on = ~np.asarray(rows["off_policy"])
+    on_results = [r for r, o in zip(results, on) if o]
+    return {**metrics, "reward_mean": float(rewards[on].mean()), "reward_std": float(rewards[on].std()),
+            **{f"reward_{k}": float(np.mean([p[k] for p, o in zip(parts, on) if o])) for k in parts[0]},
+            "searches": float(np.mean([len(r.queries) for r in on_results])),
+            "turns": float(np.mean([r.num_turns for r in on_results])),
+            "invalid_actions": float(np.mean([r.num_invalid for r in on_results])),
+            "search_failures": float(np.sum([r.num_search_failures for r in on_results])),
+            "completion_length": float(np.mean([len(r.tokens) for r in on_results])),
+            "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll}
+
+  history = train_loop(tr, workdir, evals, step_scalars, desc=f"search_r1/{rl.objective}",
+                       eval_at_start=config.eval_at_start)
   export_run(tr, config, workdir, history)
   return {"history": history, "workdir": workdir, "trainer": tr, "held_out": evals}
