@@ -31,3 +31,17 @@ def test_load_run_prefers_history_then_falls_back_to_logged_metrics(tmp_path):
   assert run["finished"] is True and run["steps_run"] == 1
   with pytest.raises(FileNotFoundError, match="grpo seed 0"):
     load_run(str(tmp_path), "grpo", 0)
+
+
+def test_sweep_variants_name_their_settings_whatever_the_defaults():
+  from experiments.common import apply_overrides, load_config
+  from experiments.grpo_arith.sweep import VARIANTS
+  got = {}
+  for name, over in VARIANTS.items():
+    c = load_config("configs/grpo_arith.py")
+    apply_overrides(c, over)  # every key exists in the config
+    got[name] = (c.rl.agg_mode, c.rl.mask_truncated, c.rl.dynamic_sampling, c.rl.temperature)
+  assert got["grpo_T1"] == ("seq-mean-token-mean", False, False, 1.0)
+  assert got["grpo"] == ("seq-mean-token-mean", False, False, 0.7)
+  assert got["drgrpo"] == ("sum", True, False, 0.7)
+  assert got["dapo"] == ("token-mean", True, True, 0.7) and got["dapo_T1"][3] == 1.0
