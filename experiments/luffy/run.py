@@ -5,7 +5,8 @@
 
 Every method samples `group_size` rows per question (LUFFY: one of them is the solver's worked trace;
 ExGRPO: one is a replayed own success once replay is on) on problems with 2-3 operations and numbers
-up to 20, where the base model rarely succeeds. Writes accuracy_curves.png, results.json and RESULTS.md into --out.
+up to 20, where the base model rarely succeeds. Writes accuracy_curves.png, results.json and RESULTS.md
+into --out.
 """
 from __future__ import annotations
 
