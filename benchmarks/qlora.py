@@ -107,7 +107,8 @@ def fineflax_worker(spec: dict) -> dict:
   from fineflax.lora import LoraConfig, init_lora, lora_scale
   from fineflax.models import ModelConfig
   from fineflax.quant import bits_per_parameter, is_quantized
-  from fineflax.train.sft_step import init_state, sft_step
+  from fineflax.train.sft_step import sft_step
+  from fineflax.train.state import init_state
 
   config = dict(spec["config"])
   if config.get("rope_scaling"):  # JSON turned the tuple of pairs into lists; ModelConfig must be hashable

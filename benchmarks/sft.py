@@ -74,7 +74,8 @@ def fineflax_worker(spec: dict) -> dict:
 
   from fineflax.models import ModelConfig, init_params
   from fineflax.train.optim import make_optimizer
-  from fineflax.train.sft_step import init_state, make_sft_fns
+  from fineflax.train.sft_step import make_sft_fns
+  from fineflax.train.state import init_state
 
   s, b, t = spec["shape"], spec["batch"], spec["seq"]
   mc = ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],

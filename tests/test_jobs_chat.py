@@ -2,7 +2,7 @@
 import jax
 import numpy as np
 
-from experiments.common import load_config
+from fineflax.jobs.resolve import load_config
 from fineflax import lora as L
 from fineflax.jobs import chat
 from fineflax.models import load

@@ -1,4 +1,6 @@
-"""The GRPO-family job on a tiny model: GRPO runs and resumes; LUFFY rows carry traces; ExGRPO replays."""
+"""The RL job on the arithmetic env with a tiny model: GRPO runs and resumes; stop, NaN and failed-write
+handling of the shared loop; LUFFY rows carry traces; ExGRPO buffers and replays; DAPO shaping/refill."""
+import json
 import os
 import signal
 
@@ -6,117 +8,180 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import apply_overrides, load_config
-from fineflax.jobs import grpo
+from fineflax.envs.arithmetic import prompt_ids
+from fineflax.envs.word_problems import generate_problems
+from fineflax.jobs import rl as rl_job
+from fineflax.jobs.resolve import load_config
+from fineflax.rl.collect import collect, rollout_groups
+from fineflax.rl.update import rl_update, update_batch
+from fineflax.train import checkpoint as ckpt_lib
 
 
-def _config(source, objective="grpo", **over):
-  c = load_config("configs/grpo_arith.py", "smoke")
-  c.model.source = source
-  c.rl.objective = objective
-  c.rl.max_new_tokens = 8
-  c.task.num_eval = 4
-  c.task.num_train = 64
-  apply_overrides(c, over)
-  return c
+def _config(source, preset="", **over):
+  over = {"model.source": source, "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 64,
+          "eval_batch_size": 4, **over}
+  return load_config(f"configs/grpo_arith.py:smoke{',' + preset if preset else ''}",
+                     [f"{k}={v}" for k, v in over.items()])
 
 
-def test_stop_request_right_after_a_checkpointed_evaluation(tiny_smol, tmp_path, monkeypatch):
-  """SIGTERM during step 2 (an evaluation step, so already checkpointed): the run stops after step 2,
-  exports, and a rerun resumes at step 3."""
-  train_step = grpo.Trainer.train_step
+def _steps(history):
+  return [h["step"] for h in history]
 
-  def train_step_then_sigterm(self, *args):
-    out = train_step(self, *args)
-    if int(self.state["step"]) == 2:
+
+def test_stop_request_right_after_a_checkpointed_evaluation(tiny_smol, tmp_path, monkeypatch, capsys):
+  """SIGTERM during step 2 (an evaluation step, so already checkpointed): the run stops after step 2
+  with exit code 143, exports, and a rerun announces and resumes at step 3."""
+  step = rl_job.RLJob.step
+
+  def step_then_sigterm(self, state, i):
+    out = step(self, state, i)
+    if i == 2:
       os.kill(os.getpid(), signal.SIGTERM)
     return out
 
-  monkeypatch.setattr(grpo.Trainer, "train_step", train_step_then_sigterm)
-  c = _config(tiny_smol, "grpo", **{"num_steps": "5", "eval_every": "2"})
-  hist = grpo.run(c, str(tmp_path))["history"]
-  assert [h["step"] for h in hist] == [0, 1, 2] and "eval_accuracy" in hist[-1]
-  assert os.path.exists(tmp_path / "history.json")
-  monkeypatch.setattr(grpo.Trainer, "train_step", train_step)
-  assert [h["step"] for h in grpo.run(c, str(tmp_path))["history"]][0] == 3
+  monkeypatch.setattr(rl_job.RLJob, "step", step_then_sigterm)
+  c = _config(tiny_smol, num_steps=5, eval_every=2)
+  out = rl_job.run(c, str(tmp_path))
+  assert _steps(out["history"]) == [0, 1, 2] and "eval_accuracy" in out["history"][-1]
+  assert out["exit_code"] == 143 and out["summary"]["status"] == "stopped by SIGTERM at step 2"
+  assert os.path.exists(tmp_path / "history.json") and os.path.exists(tmp_path / "summary.json")
+  monkeypatch.setattr(rl_job.RLJob, "step", step)
+  out = rl_job.run(c, str(tmp_path))
+  assert "resuming from step 2 of 5" in capsys.readouterr().out
+  assert _steps(out["history"]) == [0, 1, 2, 3, 4, 5] and out["exit_code"] == 0
+
+
+def test_grpo_job_runs_resumes_and_knows_when_it_is_complete(tiny_smol, tmp_path, capsys):
+  out = rl_job.run(_config(tiny_smol), str(tmp_path))
+  hist = out["history"]
+  assert _steps(hist) == [0, 1, 2]
+  assert "eval_accuracy" in hist[0] and "eval_accuracy" in hist[-1]
+  for key in ("loss", "clip_frac", "entropy", "reward_mean", "zero_variance_groups", "time_rollout_s",
+              "completion_length", "solve_rate"):
+    assert key in hist[-1], key
+  assert os.path.exists(tmp_path / "adapter" / "adapter_config.json")
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["status"] == "completed" and summary["final_metrics"]["eval_accuracy"] == hist[-1]["eval_accuracy"]
+  mtime = os.path.getmtime(tmp_path / "adapter" / "adapter_model.safetensors")
+  out = rl_job.run(_config(tiny_smol), str(tmp_path))  # nothing to do: nothing is regenerated
+  assert "already complete at step 2 of 2" in capsys.readouterr().out
+  assert os.path.getmtime(tmp_path / "adapter" / "adapter_model.safetensors") == mtime
+  out = rl_job.run(_config(tiny_smol, num_steps=3), str(tmp_path))  # one more step after the saved two
+  assert _steps(out["history"])[-1] == 3 and "resuming from step 2 of 3" in capsys.readouterr().out
+
+
+def test_non_finite_loss_stops_at_the_last_good_checkpoint(tiny_smol, tmp_path, monkeypatch, capsys):
+  step = rl_job.RLJob.step
+
+  def nan_at_3(self, state, i):
+    new_state, scalars = step(self, state, i)
+    return new_state, dict(scalars, loss=float("nan")) if i == 3 else scalars
+
+  monkeypatch.setattr(rl_job.RLJob, "step", nan_at_3)
+  out = rl_job.run(_config(tiny_smol, num_steps=4, eval_every=2), str(tmp_path))
+  assert out["summary"]["status"] == "stopped: non-finite loss nan at step 3"
+  assert out["summary"]["step"] == 2 and out["exit_code"] == 1
+  assert "the last good checkpoint is step 2" in capsys.readouterr().out
+  assert int(out["job"].state["step"]) == 2  # the poisoned update was discarded
+
+
+def test_a_failed_checkpoint_write_is_survived(tiny_smol, tmp_path, monkeypatch):
+  """One failed write (disk full) is logged and retried at the next save; the run completes."""
+  real, calls = ckpt_lib.Checkpointer.save, []
+
+  def save_fails_once(self, step, *a, **k):
+    calls.append(step)
+    return False if step == 1 else real(self, step, *a, **k)
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save_fails_once)
+  out = rl_job.run(_config(tiny_smol, num_steps=2, eval_every=1), str(tmp_path))
+  assert calls == [1, 2] and out["summary"]["status"] == "completed"
+  assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [2]
 
 
 @pytest.fixture(scope="module")
-def luffy_trainer(tiny_smol):
-  return grpo.Trainer(_config(tiny_smol, "luffy"))
+def luffy_job(tiny_smol):
+  return rl_job.RLJob(_config(tiny_smol, "luffy"))
 
 
-def test_grpo_job_runs_and_resumes_with_its_buffer(tiny_smol, tmp_path):
-  out = grpo.run(_config(tiny_smol, "grpo"), str(tmp_path))
-  hist = out["history"]
-  assert [h["step"] for h in hist] == [0, 1, 2]
-  assert "eval_accuracy" in hist[0] and "eval_accuracy" in hist[-1]
-  for key in ("loss", "clip_frac", "entropy", "reward_mean", "zero_variance_groups", "time_rollout_s",
-              "completion_length"):
-    assert any(key in h for h in hist), key
-  assert os.path.exists(tmp_path / "adapter" / "adapter_config.json")
-  c = _config(tiny_smol, "grpo")
-  c.num_steps = 3  # resume: one more step after the saved two
-  hist2 = grpo.run(c, str(tmp_path))["history"]
-  assert [h["step"] for h in hist2] == [3]
-
-
-def test_luffy_groups_hold_one_solver_trace(luffy_trainer):
-  tr = luffy_trainer
-  train = grpo.generate_problems(3, "train", (1, 2), 0)
-  rows = tr.rollout(train[:2], [None, None], jax.random.PRNGKey(0))
-  K = tr.rl.group_size
-  assert len(rows["completion"]) == 2 * K
+def test_luffy_groups_hold_one_solver_trace(luffy_job):
+  job = luffy_job
+  train = generate_problems(3, "train", (1, 2), 0)
+  rows, examples = rollout_groups(job.env, job.policy(job.state["lora"]), train[:2], [None, None],
+                                  jax.random.PRNGKey(0), group_size=job.rl.group_size, guidance=job.guidance)
+  K = job.rl.group_size
+  assert len(rows["completion"]) == len(examples) == 2 * K
   for g, p in enumerate(train[:2]):
     group = range(g * K, (g + 1) * K)
     off = [i for i in group if rows["off_policy"][i]]
     assert len(off) == 1
     i = off[0]
-    want = grpo.trace_ids(tr.tok, p.solution, tr.eos)[:tr.rl.max_new_tokens]
-    assert rows["completion"][i] == want and rows["loss_mask"][i] == [1.0] * len(want)
+    want = job.tok(p.solution, add_special_tokens=False)["input_ids"] + [job.policy(None).eos_id]
+    assert rows["completion"][i] == want[:job.rl.max_new_tokens] and rows["loss_mask"][i] == [1.0] * len(
+        rows["completion"][i])
     assert all(not rows["off_policy"][j] for j in group if j != i)
+    assert all(examples[j] == {"answer": str(p.answer)} for j in group)
 
 
 def test_assistant_prefix_is_prefilled_and_stripped_from_traces(tiny_smol):
-  tr = grpo.Trainer(_config(tiny_smol, "luffy", **{"task.assistant_prefix": "<think>\n"}))
-  p = grpo.generate_problems(1, "train", (1, 2), 0)[0]
-  plain = grpo.prompt_ids(tr.tok, tr.config.task.system_prompt, p.question)
-  assert tr.prompt(p)[:len(plain)] == plain and tr.tok.decode(tr.prompt(p)[len(plain):]) == "<think>\n"
-  rows = tr.rollout([p], [None], jax.random.PRNGKey(0))
+  job = rl_job.RLJob(_config(tiny_smol, "luffy", **{"task.assistant_prefix": "<think>\n"}))
+  p = generate_problems(1, "train", (1, 2), 0)[0]
+  plain = prompt_ids(job.tok, job.config.task.system_prompt, p.question)
+  prompt = job.env.prompt(p)
+  assert prompt[:len(plain)] == plain and job.tok.decode(prompt[len(plain):]) == "<think>\n"
+  rows, _ = rollout_groups(job.env, job.policy(None), [p], [None], jax.random.PRNGKey(0),
+                           group_size=job.rl.group_size, guidance=job.guidance)
   trace = rows["completion"][rows["off_policy"].index(True)]
-  stripped = tr.tok(p.solution[len("<think>\n"):], add_special_tokens=False)["input_ids"]
-  assert p.solution.startswith("<think>\n") and trace == stripped[:tr.rl.max_new_tokens]
+  stripped = job.tok(p.solution[len("<think>\n"):], add_special_tokens=False)["input_ids"]
+  assert p.solution.startswith("<think>\n") and trace == stripped[:job.rl.max_new_tokens]
 
 
-def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol, monkeypatch):
-  tr = grpo.Trainer(_config(tiny_smol, "exgrpo", **{"rl.exgrpo_threshold": -1.0}))
-  K = tr.rl.group_size
-  train = grpo.generate_problems(4, "train", (1, 2), 0)
-  rows = tr.rollout(train[:2], [None, None], jax.random.PRNGKey(0))
+def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol):
+  job = rl_job.RLJob(_config(tiny_smol, "exgrpo", **{"rl.exgrpo.threshold": 0.0}))
+  K, lora = job.rl.group_size, job.state["lora"]
+  train = generate_problems(4, "train", (1, 2), 0)
+  rows, _ = rollout_groups(job.env, job.policy(lora), train[:2], [None, None], jax.random.PRNGKey(0),
+                           group_size=K)
   rewards = np.zeros(2 * K, np.float32)
   rewards[[0, 1]] = 1.0  # question 0: 2 of K correct; question 1: none
-  solve = tr.update_buffer([0, 1], rows, rewards)
-  assert solve == pytest.approx(2 / (2 * K))
-  assert len(tr.buffer) == 1 and tr.buffer.buckets() == {2: ["0"]}
-  probs, qids, idx = tr.choose(train, np.arange(4), 0, np.random.default_rng(0))
-  assert qids[0] == "0" and idx[0] == 0 and qids[1:] == [None] * (len(qids) - 1)
-  stored = tr.buffer.questions["0"]["trajectories"]
-  ent = tr.mean_entropy(tr.buffer.questions["0"]["prompt"], stored)
-  best = stored[int(np.argmin(ent))]
-  rows2 = tr.rollout(probs[:1], qids[:1], jax.random.PRNGKey(1))
+  job.replay.record([0, 1], rows, rewards, rewards >= 1, K)
+  job.replay.solve_rate = 2 / (2 * K)
+  assert len(job.replay.buffer) == 1 and job.replay.buffer.buckets() == {2: ["0"]}
+  assert job.replay.questions(job.rl.prompts_per_step) == ["0"]
+  stored = job.replay.buffer.questions["0"]["trajectories"]
+  entropy = lambda p, ts: job.mean_entropy(lora, p, ts)
+  best = stored[int(np.argmin(entropy(job.replay.buffer.questions["0"]["prompt"], stored)))]
+  rows2, _ = rollout_groups(job.env, job.policy(lora), train[:1], ["0"], jax.random.PRNGKey(1),
+                            group_size=K, replay=job.replay, entropy_fn=entropy)
   replayed = [i for i in range(K) if rows2["off_policy"][i]]
-  assert len(replayed) == 1
-  r = replayed[0]
-  assert rows2["completion"][r] == best.tokens.tolist()
-  np.testing.assert_array_equal(np.float32(rows2["behaviour_logp"][r]), best.logp)
-  metrics = tr.train_step(rows2, np.linspace(0, 1, K).astype(np.float32), np.ones(1, bool))
+  assert replayed == [K - 1]
+  assert rows2["completion"][K - 1] == best.tokens.tolist()
+  np.testing.assert_array_equal(np.float32(rows2["behaviour_logp"][K - 1]), best.logp)
+  batch = update_batch(rows2, np.linspace(0, 1, K).astype(np.float32), np.ones(1, bool), group_size=K,
+                       pad_id=job.pad_id, max_new_tokens=job.rl.max_new_tokens, advantage_scale="group",
+                       fields=job.objective.batch_fields)
+  _, metrics = rl_update(job.state, job.base, batch, step_fn=job.step_fn, logp_fn=job.logp_fn, beta=0.0,
+                         num_iterations=1)
   assert np.isfinite(metrics["loss"]) and "off_pg_loss" in metrics
+
+
+def test_exgrpo_job_runs_and_resumes_with_its_buffer(tiny_smol, tmp_path):
+  c = _config(tiny_smol, "exgrpo", **{"rl.exgrpo.threshold": 0.0})
+  out = rl_job.run(c, str(tmp_path))
+  saved = out["job"].replay.state_dict()
+  c2 = _config(tiny_smol, "exgrpo", **{"rl.exgrpo.threshold": 0.0, "num_steps": 3})
+  job = rl_job.RLJob(c2)
+  from fineflax.train.checkpoint import Checkpointer
+  ck = Checkpointer(str(tmp_path / "checkpoints"))
+  _, meta = ck.restore(job.state)
+  ck.close()
+  assert json.dumps(meta["job"]["replay"], sort_keys=True) == json.dumps(saved, sort_keys=True)
 
 
 def test_dapo_overlong_punishment_shapes_the_reward_not_the_solve_rate(tiny_smol, tmp_path):
   # a random tiny model never stops: every sample uses all 8 tokens, deep in the 4-token buffer
-  c = _config(tiny_smol, "grpo", **{"rl.overlong_buffer": 4, "num_steps": 1})
-  hist = grpo.run(c, str(tmp_path))["history"]
+  c = _config(tiny_smol, **{"rl.overlong_buffer": 4, "num_steps": 1})
+  hist = rl_job.run(c, str(tmp_path))["history"]
   assert hist[-1]["reward_mean"] < -0.9 and hist[-1]["solve_rate"] == 0.0
 
 
@@ -125,12 +190,12 @@ def test_dapo_dynamic_sampling_refills_only_while_groups_lack_variance(tiny_smol
   if "upper_share" not in REWARDS:
     register("upper_share")(lambda prompt, completion, **e: sum(ch.isupper() for ch in completion)
                             / max(len(completion), 1))
-  c = _config(tiny_smol, "grpo", **{"rl.dynamic_sampling": True, "rl.max_refill_rounds": 2})
-  tr = grpo.Trainer(c)
-  train, order = grpo.generate_problems(16, "train", (1, 2), 0), np.arange(16)
+  c = _config(tiny_smol, "dapo", **{"rl.max_refill_rounds": 2})
+  job = rl_job.RLJob(c)
+  train, order = generate_problems(16, "train", (1, 2), 0), np.arange(16)
   P, K = c.rl.prompts_per_step, c.rl.group_size
-  flat = tr.collect(train, order, 0, jax.random.PRNGKey(0), np.random.default_rng(0))  # reward 0 everywhere
-  assert len(flat["rows"]["completion"]) == 3 * P * K and flat["zero_var"].all()
-  c.rewards = {"upper_share": 1.0}
-  varied = tr.collect(train, order, 0, jax.random.PRNGKey(0), np.random.default_rng(0))
-  assert len(varied["rows"]["completion"]) == P * K and not varied["zero_var"].any()
+  policy = job.policy(job.state["lora"])
+  flat = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, c.rewards)  # reward 0
+  assert len(flat.rows["completion"]) == 3 * P * K and flat.zero_var.all()
+  varied = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, {"upper_share": 1.0})
+  assert len(varied.rows["completion"]) == P * K and not varied.zero_var.any()

@@ -8,10 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.common import load_config
-from fineflax.jobs import grpo
+from fineflax.envs.word_problems import generate_problems
+from fineflax.jobs import rl as rl_job
+from fineflax.jobs.resolve import load_config
 from fineflax.rl.advantages import group_advantages
-from fineflax.rl.rollout import build_rl_batch, round_up
+from fineflax.rl.batch import build_rl_batch, round_up
+from fineflax.rl.collect import rollout_groups
 
 
 def _upper_share(texts):
@@ -20,7 +22,7 @@ def _upper_share(texts):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
-  c = load_config("configs/grpo_arith.py", "smoke")
+  c = load_config("configs/grpo_arith.py:smoke")
   c.model.source = tiny_smol
   c.rl.temperature = temperature
   c.rl.max_new_tokens = 12
@@ -29,9 +31,10 @@ def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
   c.rl.mask_truncated = False  # 12-token completions are mostly cut; they must enter the loss here
   c.optimizer.learning_rate = 2e-2
   c.optimizer.warmup_steps = 1
-  tr = grpo.Trainer(c)
-  problems = grpo.generate_problems(2, "train", (1, 2), 0)
-  rows = tr.rollout(problems, [None, None], jax.random.PRNGKey(0))
+  tr = rl_job.RLJob(c)
+  problems = generate_problems(2, "train", (1, 2), 0)
+  rows, _ = rollout_groups(tr.env, tr.policy(tr.state["lora"]), problems, [None, None], jax.random.PRNGKey(0),
+                           group_size=c.rl.group_size)
   rewards = _upper_share(rows["text"])
   batch = build_rl_batch(rows["prompt"], rows["completion"], rows["loss_mask"], pad_id=tr.pad_id,
                          completion_width=round_up(c.rl.max_new_tokens, 32))

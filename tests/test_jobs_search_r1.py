@@ -1,19 +1,18 @@
-"""The Search-R1 job end to end on a tiny model: rollouts with real BM25 search, an update, evaluation."""
+"""The RL job on the Search-R1 env, tiny model: rollouts with real BM25 search, LUFFY demonstrations
+(the "combined" mode), an update, evaluation."""
 import os
 
-from experiments.common import load_config
-from fineflax.jobs import search_r1
+from fineflax.jobs import rl as rl_job
+from fineflax.jobs.resolve import load_config
 
 
-def test_search_r1_job_runs_one_step(tiny_smol, tmp_path):
-  c = load_config("configs/search_r1.py", "smoke")
-  c.model.source = tiny_smol
-  c.num_steps = 1
-  c.eval_at_start = True
-  out = search_r1.run(c, str(tmp_path))
+def test_search_r1_job_runs_one_step_with_luffy_demonstrations(tiny_smol, tmp_path):
+  c = load_config("configs/search_r1.py:smoke", [f"model.source={tiny_smol}", "eval_at_start=True"])
+  assert c.rl.objective == "luffy" and "exgrpo" not in c.rl  # no fields it does not use
+  out = rl_job.run(c, str(tmp_path))
   hist = out["history"]
   assert [h["step"] for h in hist] == [0, 1]
   assert {"eval_em", "eval_em_1hop", "eval_em_2hop", "eval_searches"} <= set(hist[-1])
-  assert "loss" in hist[-1] and "searches" in hist[-1]
+  assert {"loss", "searches", "off_policy_prob", "reward_search_r1_em"} <= set(hist[-1])
   assert os.path.exists(tmp_path / "adapter" / "adapter_model.safetensors")
-  assert os.path.exists(tmp_path / "history.json")
+  assert os.path.exists(tmp_path / "history.json") and os.path.exists(tmp_path / "summary.json")

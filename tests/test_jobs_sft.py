@@ -6,7 +6,7 @@ import signal
 import numpy as np
 import pytest
 
-from experiments.common import apply_overrides, load_config
+from fineflax.jobs.resolve import load_config
 from fineflax.train.metric_writer import read_jsonl
 
 
@@ -16,20 +16,11 @@ def tiny_source(tiny_smol):
 
 
 def _config(source, num_steps=8, **over):
-  c = load_config("configs/quickstart.py")
-  c.model.source = source
-  c.optimizer.num_steps = num_steps
-  c.optimizer.warmup_steps = 2
-  c.optimizer.learning_rate = 3e-2
-  c.data.batch_size = 4
-  c.data.max_length = 64
-  c.data.eval_batches = 1
-  c.eval_every = 4
-  c.log_every = 1
-  c.checkpoint.every = 2
-  c.sample_prompt = ""
-  apply_overrides(c, over)
-  return c
+  over = {"model.source": source, "optimizer.num_steps": num_steps, "optimizer.warmup_steps": 2,
+          "optimizer.learning_rate": 3e-2, "data.batch_size": 4, "data.max_length": 64,
+          "data.eval_batches": 1, "eval_every": 4, "log_every": 1, "checkpoint.every": 2,
+          "sample_prompt": "", **over}
+  return load_config("configs/quickstart.py", [f"{k}={v}" for k, v in over.items()])
 
 
 class StopAfter:
@@ -66,9 +57,10 @@ def test_sft_loss_falls_and_exports(tiny_source, tmp_path):
 def test_resume_matches_uninterrupted_run(tiny_source, tmp_path, monkeypatch):
   from fineflax.jobs import sft
   sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "full"))
-  monkeypatch.setattr(sft, "StopRequested", StopAfter(3))
+  from fineflax.train import loop
+  monkeypatch.setattr(loop, "StopRequested", StopAfter(3))
   s = sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "resumed"))
-  assert s["status"] == "stopped by SIGTERM at step 3"
+  assert s["status"] == "stopped by SIGTERM at step 3" and s["exit_code"] == 143
   monkeypatch.undo()
   s = sft.run(_config(tiny_source, num_steps=6), str(tmp_path / "resumed"))
   assert s["status"] == "completed"

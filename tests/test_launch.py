@@ -1,14 +1,22 @@
-"""launch.py: --dry_run report without loading weights; unknown keys and wrong types name the key."""
+"""launch.py and config resolution: --dry_run without weights; one-line errors (exit 2) that name the key,
+value and allowed values, before any work; presets; resume checks against the saved config."""
 import os
 import subprocess
 import sys
+import time
+
+import pytest
+
+from fineflax.config_checks import ConfigError
+from fineflax.jobs.resolve import load_config, validate
+from fineflax.train.run_config import ConfigChanged, check_resumable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _launch(*args):
-  return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=120)
+def _launch(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=120)
 
 
 def test_dry_run_reports_counts_and_memory():
@@ -20,11 +28,57 @@ def test_dry_run_reports_counts_and_memory():
   assert "r: 8" in r.stdout  # the resolved config
 
 
-def test_unknown_key_and_wrong_type_name_the_key():
+def test_bad_rl_value_fails_in_seconds_naming_key_and_choices():
+  t0 = time.time()
+  r = _launch("--config", "configs/grpo_arith.py:smoke", "--config.rl.agg_mode=bogus", "--dry_run")
+  assert r.returncode == 2 and time.time() - t0 < 60
+  assert r.stderr.strip().splitlines() == [
+      "error: config.rl.agg_mode='bogus': choose one of 'token-mean', 'seq-mean-token-mean', "
+      "'seq-mean-token-sum', 'seq-mean-token-sum-norm', 'sum'"]
+
+
+def test_unknown_key_and_wrong_type_are_one_line_errors():
   r = _launch("--config", "configs/quickstart.py", "--dry_run", "--config.lora.rank=8")
-  assert r.returncode != 0 and "rank" in r.stderr
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+  assert "unknown config key config.lora.rank in configs/quickstart.py; closest: lora.r" in r.stderr
   r = _launch("--config", "configs/quickstart.py", "--dry_run", "--config.lora.r=eight")
-  assert r.returncode != 0 and "lora.r" in r.stderr
+  assert r.returncode == 2 and "config.lora.r='eight'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("lora.r=0", "config.lora.r=0: must be a positive integer"),
+    ("lora.r=-4", "config.lora.r=-4: must be a positive integer"),
+    ("lora.dropout=1.5", "config.lora.dropout=1.5: must be in [0.0, 1.0)"),
+    ("model.quant=nf3", "config.model.quant='nf3': choose one of 'none', 'nf4', 'int8'"),
+    ("model.attention=flash", "config.model.attention='flash': choose one of 'auto', 'cudnn', 'xla'"),
+    ("lora.targets=('qkv',)", "config.lora.targets=('qkv',): linear names"),
+    ("rl.group_size=1", "config.rl.group_size=1: group advantages need >= 2"),
+    ("rl.objective=ppo", "config.rl.objective='ppo': choose one of 'grpo', 'luffy', 'exgrpo'"),
+    ("rl.objective=luffy", "config.rl.luffy is missing"),
+    ("rewards.nonexistent=1.0", "unknown config key config.rewards.nonexistent"),
+])
+def test_bounded_fields_are_checked_when_the_config_is_resolved(override, message):
+  with pytest.raises(ConfigError) as e:
+    validate(load_config("configs/grpo_arith.py:smoke", [override]))
+  assert message in str(e.value)
+
+
+def test_presets_compose_in_order():
+  c = load_config("configs/grpo_arith.py:luffy,smoke")
+  assert (c.rl.objective, c.rl.clip, c.rl.agg_mode, c.rl.advantage_scale, c.rl.entropy_coef) == (
+      "luffy", False, "sum", "none", 0.001)
+  assert c.rl.luffy.gamma == 0.1 and c.rl.group_size == 4 and "exgrpo" not in c.rl
+  c = load_config("configs/grpo_arith.py:grpo,dr_grpo")
+  assert (c.rl.agg_mode, c.rl.advantage_scale, c.rl.epsilon_high) == ("seq-mean-token-sum-norm", "none", 0.2)
+  c = load_config("configs/grpo_arith.py:dapo,exgrpo")
+  assert c.rl.dynamic_sampling and c.rl.mask_truncated and c.rl.exgrpo.threshold == 0.35
+  with pytest.raises(ConfigError, match="unknown preset 'bogus'; known: grpo, dapo, dr_grpo, luffy, exgrpo"):
+    load_config("configs/grpo_arith.py:bogus")
+  c = load_config("configs/grpo_arith.py", ["task.num_steps=(1, 3)"])  # ml-collections parses tuples
+  assert tuple(c.task.num_steps) == (1, 3)
+  for spec in ("configs/grpo_arith.py:luffy,smoke", "configs/grpo_arith.py:exgrpo", "configs/search_r1.py",
+               "configs/search_r1.py:grpo_only,smoke", "configs/quickstart.py", "configs/chat.py"):
+    validate(load_config(spec))
 
 
 def test_unknown_job_is_named(tmp_path):
@@ -32,4 +86,27 @@ def test_unknown_job_is_named(tmp_path):
   cfg.write_text("import ml_collections\n\ndef get_config():\n  c = ml_collections.ConfigDict()\n"
                  "  c.job = 'dance'\n  return c\n")
   r = _launch("--config", str(cfg), "--dry_run")
-  assert r.returncode != 0 and "config.job='dance' is not a job" in r.stderr
+  assert r.returncode == 2 and "config.job='dance' is not a job" in r.stderr
+
+
+def test_missing_model_is_one_line_and_leaves_no_workdir(tmp_path):
+  r = _launch("--config", "configs/grpo_arith.py:smoke", "--config.model.source=/nonexistent/model.gguf",
+              "--workdir", str(tmp_path / "run"))
+  assert r.returncode == 2 and "Traceback" not in r.stderr
+  assert r.stderr.strip().splitlines()[-1].startswith("error: '/nonexistent/model.gguf': no such file")
+  assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_a_changed_config_and_resume_false_moves_the_old_run_aside(tmp_path):
+  c = load_config("configs/quickstart.py")
+  check_resumable(c, str(tmp_path))
+  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+  check_resumable(load_config("configs/quickstart.py", ["optimizer.num_steps=60", "eval_every=5"]),
+                  str(tmp_path))  # longer run, other cadence: the same run
+  changed = load_config("configs/quickstart.py", ["lora.r=8"])
+  with pytest.raises(ConfigChanged, match=r"1 field\(s\) differ: lora.r: 16 -> 8.*--config.resume=false"):
+    check_resumable(changed, str(tmp_path))
+  check_resumable(load_config("configs/quickstart.py", ["lora.r=8", "resume=false"]), str(tmp_path))
+  aside = [p for p in tmp_path.iterdir() if p.name.startswith("replaced-")]
+  assert len(aside) == 1 and (aside[0] / "checkpoints" / "4").is_dir()
+  assert not (tmp_path / "checkpoints").exists()

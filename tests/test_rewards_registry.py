@@ -55,7 +55,7 @@ def test_weighted_sum_and_errors(workers, caplog):
     total, per_fn, errors = score_completions(weights, prompts, completions, examples, max_workers=workers)
   assert errors == {"_test_raises_on_b": 1, "exact_match": 0, "_test_nan": 3}
   np.testing.assert_allclose(per_fn["_test_raises_on_b"], [2.0, 0.0, len(completions[2])])
-  np.testing.assert_allclose(per_fn["exact_match"], [1.0, 1.0, 1.0])
+  np.testing.assert_allclose(per_fn["exact_match"], [0.0, 0.0, 1.0])  # no <answer>: 0
   expected = sum(w * per_fn[name] for name, w in weights.items())
   np.testing.assert_allclose(total, expected)
   assert total.shape == (3,) and np.isfinite(total).all()

@@ -40,11 +40,21 @@ def test_normalize_answer_matches_squad_reference():
     ("<think>..</think><answer> The Eiffel Tower. </answer>", "eiffel tower", 1.0),
     ("<answer>Paris</answer> <answer>London</answer>", ["london", "LONDON!"], 1.0),
     ("<answer>Paris</answer>", ["London"], 0.0),
-    ("Barack Obama", "barack obama", 1.0),  # no <answer>: the whole text is compared
-    ("<answer>Obama</answer", "obama", 0.0),  # unclosed tag: whole text, which holds the tag words
+    ("Barack Obama", "barack obama", 0.0),  # no <answer>: 0, as Search-R1's qa_em
+    ("<answer>Obama</answer", "obama", 0.0),  # unclosed tag: no answer
 ])
 def test_exact_match(completion, golden, expected):
   assert get_reward("exact_match")("", completion, golden_answers=golden) == expected
+
+
+@pytest.mark.parametrize("completion,golden,expected", [
+    ("<answer>Paris</answer>", ["London"], 0.0),
+    ("<answer> The Eiffel Tower. </answer>", "eiffel tower", 1.0),
+    ("Barack Obama", "barack obama", 1.0),  # no <answer>: the whole text is compared
+    ("<answer>Obama</answer", "obama", 0.0),  # unclosed tag: whole text, which holds the tag words
+])
+def test_exact_match_lenient(completion, golden, expected):
+  assert get_reward("exact_match_lenient")("", completion, golden_answers=golden) == expected
 
 
 def test_extract_answer():

@@ -50,3 +50,13 @@ def test_dapo_overlong_penalty_piecewise():
   assert float(dapo_overlong_penalty(np.array([100]), max_len, buffer)[0]) == -1.0
   with pytest.raises(ValueError, match="buffer"):
     dapo_overlong_penalty(lengths, 10, 20)
+
+
+@pytest.mark.parametrize("value,size", [(0.1, 8), (2.2, 12), (0.7, 5)])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_equal_non_dyadic_rewards_get_exactly_zero_advantage(value, size, scale):
+  """f32 mean of 0.1 x 8 is not 0.1 bit for bit: without the fix |A| = 0.0074 (2.2 x 12: 0.19)."""
+  rewards = np.concatenate([np.full(size, value, np.float32), np.arange(size, dtype=np.float32)])
+  got = np.asarray(group_advantages(rewards, size, scale=scale))
+  np.testing.assert_array_equal(got[:size], 0.0)
+  assert np.abs(got[size:]).max() > 0

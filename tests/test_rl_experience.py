@@ -70,8 +70,25 @@ def test_retirement_and_bucket_update():
   assert "a" not in buf and buf.retired == {"a"}
   buf.add_group("a", [1], *_group(rng, 2))  # retired questions are never stored again
   assert "a" not in buf
-  with pytest.raises(ValueError, match="expected 8 completions"):
+  with pytest.raises(ValueError, match="k \\(correct answers of the whole group\\) is needed"):
     buf.add_group("c", [1], [[1]], [[0.0]], [1.0])
+
+
+def test_official_rules_for_groups_with_a_replayed_row():
+  """ExGRPO's released code: a group holding a replayed row still re-buckets its question with the whole
+  group's successes, retires it when all K are correct, and skips a k = 0 update (bucket kept)."""
+  rng = np.random.default_rng(5)
+  buf = ExperienceBuffer(K)
+  buf.add_group("q", [1], *_group(rng, 3))
+  comps, logps, rewards = _group(rng, 4)  # K - 1 fresh rows + the replayed (correct) one: k = 5
+  assert buf.add_group("q", [1], comps[:K - 1], logps[:K - 1], rewards[:K - 1], k=5) == 5
+  assert buf.buckets() == {5: ["q"]} and len(buf.questions["q"]["trajectories"]) == 3 + 4
+  stored = [t.tokens.tolist() for t in buf.questions["q"]["trajectories"]]
+  assert buf.add_group("q", [1], comps[:K - 1], logps[:K - 1], [0.0] * (K - 1), k=0) == 0
+  assert buf.buckets() == {5: ["q"]}  # k = 0: the update is skipped
+  assert [t.tokens.tolist() for t in buf.questions["q"]["trajectories"]] == stored
+  buf.add_group("q", [1], comps[:K - 1], logps[:K - 1], [1.0] * (K - 1), k=K)
+  assert "q" not in buf and buf.retired == {"q"}
 
 
 def test_select_lowest_entropy_under_current_policy():

@@ -152,8 +152,9 @@ def test_grpo_loss_matches_numpy(mode):
   pg, pg_grad, _ = np_clipped(logp, old, adv, el, eh, None)
   d = ref.astype(np.float64) - logp
   w = np_agg_weights(mask, mode)
-  per_token = pg + beta * (np.exp(d) - d - 1) - ent_coef * ent
-  np.testing.assert_allclose(loss, (w * per_token).sum(), rtol=1e-5, atol=1e-7)
+  per_token = pg + beta * (np.exp(d) - d - 1)
+  ent_token_mean = (ent * mask).sum() / max(mask.sum(), 1)  # LUFFY: the entropy bonus is a token mean
+  np.testing.assert_allclose(loss, (w * per_token).sum() - ent_coef * ent_token_mean, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(metrics["pg_loss"], (w * pg).sum(), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(_grad(lambda lp: fn(lp)[0], logp), w * (pg_grad + beta * (1 - np.exp(d))),
                              rtol=1e-5, atol=1e-7)
@@ -197,63 +198,3 @@ def test_exgrpo_replay_weight_and_loss():
   wt = np_agg_weights(mask, "token-mean")
   np.testing.assert_allclose(fn(jnp.asarray(logp)), (wt * per_token).sum(), rtol=1e-5)
   np.testing.assert_allclose(_grad(fn, logp), wt * dper, rtol=1e-5, atol=1e-7)
-
-
-def test_entropy_and_token_logp_match_numpy():
-  rng = np.random.default_rng(11)
-  logits = (rng.normal(size=(3, 4, 17)) * 40).astype(np.float32)  # large logits: stability
-  tokens = rng.integers(0, 17, (3, 4))
-  z = logits.astype(np.float64)
-  lsm = z - z.max(-1, keepdims=True)
-  lsm = lsm - np.log(np.exp(lsm).sum(-1, keepdims=True))
-  np.testing.assert_allclose(L.token_logp(jnp.asarray(logits), jnp.asarray(tokens)),
-                             np.take_along_axis(lsm, tokens[..., None], -1)[..., 0], rtol=1e-5, atol=1e-4)
-  ent = np.asarray(L.entropy_from_logits(jnp.asarray(logits, jnp.bfloat16)))
-  assert ent.dtype == np.float32 and np.isfinite(ent).all()
-  np.testing.assert_allclose(L.entropy_from_logits(jnp.asarray(logits)), -(np.exp(lsm) * lsm).sum(-1),
-                             rtol=1e-4, atol=1e-5)
-
-
-def _max_intermediate_size(jaxpr) -> int:
-  """Largest array (in elements) produced anywhere in a jaxpr, sub-jaxprs included."""
-  best = 0
-  for eqn in jaxpr.eqns:
-    for v in eqn.outvars:
-      best = max(best, int(np.prod(getattr(v.aval, "shape", ()) or (1,))))
-    for p in eqn.params.values():
-      for sub in (p if isinstance(p, (list, tuple)) else [p]):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          best = max(best, _max_intermediate_size(inner))
-  return best
-
-
-def test_chunked_logp_and_entropy_equal_dense_values_and_gradients():
-  rng = np.random.default_rng(12)
-  b, t, h, v, chunk = 3, 7, 8, 33, 3  # h < b * chunk: the kernel gradient is smaller than a chunk
-  hidden = jnp.asarray(rng.normal(size=(b, t, h)), jnp.float32)
-  kernel = jnp.asarray(rng.normal(size=(h, v)), jnp.float32)
-  tokens = jnp.asarray(rng.integers(0, v, (b, t)))
-  wl, we = jnp.asarray(rng.normal(size=(b, t)), jnp.float32), jnp.asarray(rng.normal(size=(b, t)), jnp.float32)
-
-  def dense(hd, k):
-    logits = hd @ k
-    return L.token_logp(logits, tokens), L.entropy_from_logits(logits)
-
-  chunked = lambda hd, k: L.chunked_token_logp_and_entropy(hd, k, tokens, chunk=chunk)
-  for got, want in zip(jax.jit(chunked)(hidden, kernel), dense(hidden, kernel)):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  def obj(f):
-    def scalar(hd, k):
-      lp, ent = f(hd, k)
-      return jnp.sum(wl * lp + we * ent)
-    return scalar
-
-  g_chunk = jax.jit(jax.grad(obj(chunked), argnums=(0, 1)))(hidden, kernel)
-  g_dense = jax.jit(jax.grad(obj(dense), argnums=(0, 1)))(hidden, kernel)
-  for got, want in zip(g_chunk, g_dense):
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-  # the backward never holds [B, T, V] logits: every intermediate is at most one chunk of logits
-  jaxpr = jax.make_jaxpr(jax.grad(obj(chunked), argnums=(0, 1)))(hidden, kernel).jaxpr
-  assert _max_intermediate_size(jaxpr) <= b * chunk * v < b * t * v
-  assert _max_intermediate_size(jax.make_jaxpr(jax.grad(obj(dense)))(hidden, kernel).jaxpr) >= b * t * v

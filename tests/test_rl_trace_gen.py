@@ -24,19 +24,18 @@ def test_model_traces_keep_only_rewarded_samples(tiny_smol):
                                 min_reward=1.0) == []  # 4 random tokens never form <think>..<answer>
 
 
-def test_luffy_trainer_reads_traces_from_a_file(tiny_smol, tmp_path):
-  from experiments.common import load_config
-  from fineflax.jobs import grpo
-  problems = generate_problems(2, "train", (1, 2), 0)
+def test_luffy_job_reads_traces_from_a_file(tiny_smol, tmp_path):
+  from fineflax.jobs import rl as rl_job
+  from fineflax.jobs.resolve import load_config
+  from fineflax.rl.collect import rollout_groups
   from fineflax.rl.traces import write_luffy_jsonl
+  problems = generate_problems(2, "train", (1, 2), 0)
   write_luffy_jsonl(tmp_path / "t.jsonl", [(problems[0].question, "The answer is 7.", 7, {})], "test")
-  c = load_config("configs/grpo_arith.py", "smoke")
-  c.model.source = tiny_smol
-  c.rl.objective = "luffy"
-  c.rl.traces_path = str(tmp_path / "t.jsonl")
-  c.rl.max_new_tokens = 8
-  tr = grpo.Trainer(c)
-  rows = tr.rollout(problems, [None, None], jax.random.PRNGKey(0))
+  c = load_config("configs/grpo_arith.py:smoke,luffy", [f"model.source={tiny_smol}", "rl.max_new_tokens=8",
+                                                         f"rl.luffy.traces_path={tmp_path / 't.jsonl'}"])
+  job = rl_job.RLJob(c)
+  rows, _ = rollout_groups(job.env, job.policy(None), problems, [None, None], jax.random.PRNGKey(0),
+                           group_size=c.rl.group_size, guidance=job.guidance)
   K = c.rl.group_size
   assert rows["text"][:K].count("The answer is 7.") == 1 and sum(rows["off_policy"][:K]) == 1
   assert sum(rows["off_policy"][K:]) == 0 and len(rows["text"]) == 2 * K  # no trace: all on-policy

@@ -4,7 +4,8 @@ import string
 
 import pytest
 
-from fineflax.search_r1 import (Passage, RolloutResult, Tags, build_prompt, exact_match, format_passages,
+from fineflax.rewards.qa import exact_match_score
+from fineflax.search_r1 import (Passage, RolloutResult, Tags, build_prompt, format_passages,
                                 information_text, make_kb, parse_action, search_r1_reward,
                                 turn_is_well_formed)
 
@@ -57,7 +58,7 @@ def _squad_normalize(s):  # the SQuAD v1.1 script, written out independently
     ("Paris", "Lyon"), ("the", ""), ("Theater", "ater"), ("New-York", "newyork"), ("a b", "b a"),
 ])
 def test_exact_match_is_squad_normalised(answer, golden):
-  assert exact_match(answer, [golden]) == float(_squad_normalize(answer) == _squad_normalize(golden))
+  assert exact_match_score(answer, [golden]) == float(_squad_normalize(answer) == _squad_normalize(golden))
 
 
 def test_reward_weights_and_format():

@@ -3,7 +3,7 @@
   python experiments/grpo_arith/run.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
   python experiments/grpo_arith/run.py --smoke --out /tmp/grpo_arith                             # CPU
 
-Runs `fineflax.jobs.grpo` with configs/grpo_arith.py (any `--set key=value` overrides), then writes
+Runs `fineflax.jobs.rl` with configs/grpo_arith.py[:--presets] (any `--set key=value` overrides), then writes
 history.json, reward_curve.png and RESULTS.md (command, device, wall time, table) into --out.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import apply_overrides, command_line, device_name, load_config, plot_curves  # noqa: E402
+from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
 
 
 def main():
@@ -25,15 +25,15 @@ def main():
   ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
   ap.add_argument("--out", default="experiments/grpo_arith/out")
   ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
+  ap.add_argument("--presets", default="", help="config presets, e.g. dapo or luffy")
   ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value")
   args = ap.parse_args()
-  from fineflax.jobs import grpo
-  config = load_config("configs/grpo_arith.py", "smoke" if args.smoke else "")
-  config.model.source = args.model
-  apply_overrides(config, dict(item.partition("=")[::2] for item in args.set))
+  from fineflax.jobs import rl
+  presets = ",".join(p for p in (args.presets, "smoke" if args.smoke else "") if p)
+  config = load_config(f"configs/grpo_arith.py:{presets}", [f"model.source={args.model}", *args.set])
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
-  result = grpo.run(config, os.path.join(args.out, "run"))
+  result = rl.run(config, os.path.join(args.out, "run"))
   wall = time.time() - t0
   hist = result["history"]
   json.dump(hist, open(os.path.join(args.out, "history.json"), "w"), indent=1)

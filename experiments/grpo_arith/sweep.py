@@ -23,24 +23,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from experiments.common import command_line, device_name, load_history, plot_curves, run_parallel  # noqa: E402
 
 SMALL = {"task.max_start": "20", "task.max_addend": "10"}
-# every variant names each setting it compares, so it means the same whatever the config's defaults are
-GRPO_LOSS = {"rl.agg_mode": "seq-mean-token-mean", "rl.epsilon_high": "0.2", "rl.mask_truncated": "false",
-             "rl.dynamic_sampling": "false", "rl.advantage_scale": "group"}
-DAPO = {**GRPO_LOSS, "rl.agg_mode": "token-mean", "rl.epsilon_high": "0.28", "rl.mask_truncated": "true",
-        "rl.dynamic_sampling": "true"}
 R1 = {"task.assistant_prefix": "<think>\n", "task.system_prompt":
       "Think step by step inside <think> </think>, then give the final number inside <answer> </answer>."}
 T07 = {"rl.temperature": "0.7", "optimizer.learning_rate": "5e-4"}
-VARIANTS = {  # name -> overrides applied after the common --set ones
-    "grpo_T1": {**SMALL, **GRPO_LOSS, "rl.temperature": "1.0", "optimizer.learning_rate": "2e-4"},
-    "grpo": {**SMALL, **GRPO_LOSS, **T07},
-    "drgrpo": {**SMALL, **GRPO_LOSS, **T07, "rl.agg_mode": "sum", "rl.advantage_scale": "none",
-               "rl.mask_truncated": "true"},
-    "dapo": {**SMALL, **DAPO, **T07},
-    "dapo_lr1e-3": {**SMALL, **DAPO, **T07, "optimizer.learning_rate": "1e-3"},
-    "dapo_T1": {**SMALL, **DAPO, "rl.temperature": "1.0", "optimizer.learning_rate": "5e-4"},
-    "dapo_think": {**SMALL, **DAPO, **R1, **T07},
-    "luffy_think": {**SMALL, **GRPO_LOSS, **R1, **T07, "rl.objective": "luffy"},
+# name -> (presets of configs/grpo_arith.py, overrides applied after the common --set ones); the presets
+# spell out the loss settings (configs/common.py), so a variant means the same whatever the defaults are
+VARIANTS = {
+    "grpo_T1": ("grpo", {**SMALL, "rl.temperature": "1.0", "optimizer.learning_rate": "2e-4"}),
+    "grpo": ("grpo", {**SMALL, **T07}),
+    "drgrpo": ("grpo,dr_grpo", {**SMALL, **T07, "rl.mask_truncated": "true"}),
+    "dapo": ("dapo", {**SMALL, **T07}),
+    "dapo_lr1e-3": ("dapo", {**SMALL, **T07, "optimizer.learning_rate": "1e-3"}),
+    "dapo_T1": ("dapo", {**SMALL, "rl.temperature": "1.0", "optimizer.learning_rate": "5e-4"}),
+    "dapo_think": ("dapo", {**SMALL, **R1, **T07}),
+    "luffy_think": ("grpo,luffy", {**SMALL, **R1, **T07}),
 }
 
 
@@ -57,9 +53,11 @@ def main():
   runner = str(pathlib.Path(__file__).with_name("run.py"))
   commands = {}
   for name in args.variants:
-    over = {**common, **VARIANTS[name]}
+    presets, own = VARIANTS[name]
+    over = {**common, **own}
     commands[name] = [sys.executable, runner, "--model", args.model, "--out", os.path.join(args.out, name),
-                      *(["--smoke"] if args.smoke else []), "--set", *[f"{k}={v}" for k, v in over.items()]]
+                      "--presets", presets, *(["--smoke"] if args.smoke else []),
+                      "--set", *[f"{k}={v}" for k, v in over.items()]]
   t0 = time.time()
   codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
   results, rows = {}, []

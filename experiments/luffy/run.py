@@ -21,37 +21,28 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
-from experiments.common import (apply_overrides, command_line, device_name, load_config,  # noqa: E402
-                                load_history, plot_curves, run_parallel)
+from experiments.common import (command_line, device_name, load_config, load_history,  # noqa: E402
+                                plot_curves, run_parallel)
 
 METHODS = ("grpo", "luffy", "exgrpo")
 
 
 def make_config(args, method, seed):
-  c = load_config("configs/grpo_arith.py", "smoke" if args.smoke else "")
-  c.model.source = args.model
-  c.seed = seed
-  c.rl.objective = method
-  c.rl.n_off = 1
-  c.task.num_steps = (2, 3)
-  c.task.max_start, c.task.max_addend = 20, 10
-  # R1-style: the assistant turn opens with "<think>\n" (prefilled), as the solver traces do
-  c.task.system_prompt = ("Think step by step inside <think> </think>, then give the final number inside "
-                          "<answer> </answer>.")
-  c.task.assistant_prefix = "<think>\n"
-  c.rl.temperature = 0.7
-  c.optimizer.learning_rate = 5e-4
+  # R1-style: the assistant turn opens with "<think>\n" (prefilled), as the solver traces do;
   # the GRPO-paper loss for every method (the 2026-11-26 runs), not the config's DAPO defaults
-  c.rl.agg_mode, c.rl.epsilon_high, c.rl.mask_truncated = "seq-mean-token-mean", 0.2, False
-  c.rl.exgrpo_threshold = 0.0  # the paper's 0.35 is never reached by a 135M model on this task
+  over = [f"model.source={args.model}", f"seed={seed}", "task.num_steps=(2, 3)", "task.max_start=20",
+          "task.max_addend=10", "task.assistant_prefix=<think>\n", "rl.temperature=0.7",
+          "optimizer.learning_rate=5e-4",
+          "task.system_prompt=Think step by step inside <think> </think>, then give the final number inside "
+          "<answer> </answer>."]
+  over += {"grpo": [], "luffy": ["rl.clip=true", "rl.agg_mode=seq-mean-token-mean",
+                                 "rl.advantage_scale=group", "rl.entropy_coef=0.0"],
+           "exgrpo": ["rl.exgrpo.threshold=0.0"]}[method]  # 0.35 is never reached here
   if not args.smoke:
-    c.num_steps = args.steps
-    c.eval_every = max(args.steps // 4, 1)
-    c.rl.prompts_per_step = 16
-    c.task.num_eval = 128
-    c.rl.max_new_tokens = 192
-  apply_overrides(c, dict(item.partition("=")[::2] for item in args.set))
-  return c
+    over += [f"num_steps={args.steps}", f"eval_every={max(args.steps // 4, 1)}", "rl.prompts_per_step=16",
+             "task.num_eval=128", "rl.max_new_tokens=192"]
+  presets = ",".join(["grpo", method if method != "grpo" else "", "smoke" if args.smoke else ""])
+  return load_config(f"configs/grpo_arith.py:{presets}", [*over, *args.set])
 
 
 def child_args(args) -> list[str]:
@@ -76,9 +67,9 @@ def main():
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   if args.only:
-    from fineflax.jobs import grpo
+    from fineflax.jobs import rl
     method, seed = args.only[0], int(args.only[1])
-    grpo.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
+    rl.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
     return
   if not args.collect:
     commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),

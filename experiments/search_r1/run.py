@@ -6,7 +6,7 @@
 Held-out questions (half two-hop) about fictional entities: answers cannot be known without the corpus.
 - direct: the base model answers inside <answer></answer> from the question alone;
 - RAG: the top-3 BM25 passages of the question are put in the prompt (one retrieval);
-- Search-R1: base + QLoRA trained by `fineflax.jobs.search_r1` (LUFFY demos by default), greedy,
+- Search-R1: base + QLoRA trained by `fineflax.jobs.rl` on the search_r1 env (LUFFY demos by default), greedy,
   searching up to 4 times. Its step-0 evaluation (the untrained model in the Search-R1 loop) is listed too.
 Writes results.json, training_curve.png and RESULTS.md (command, device, wall time) into --out.
 """
@@ -25,11 +25,12 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs import search_r1 as search_r1_config  # noqa: E402
-from fineflax.jobs import search_r1 as job  # noqa: E402
+from fineflax.jobs import rl as job  # noqa: E402
+from fineflax.jobs.resolve import load_config  # noqa: E402
 from fineflax.rewards.qa import extract_answer, normalize_answer  # noqa: E402
 from fineflax.sampling import format_chat, generate  # noqa: E402
-from fineflax.search_r1 import exact_match, format_passages  # noqa: E402
+from fineflax.rewards.qa import exact_match_score  # noqa: E402
+from fineflax.search_r1 import format_passages  # noqa: E402
 
 DIRECT = ("Answer the given question. Give only the short answer inside <answer> and </answer>, for "
           "example <answer> Beijing </answer>. Question: {question}\n")
@@ -55,7 +56,7 @@ def answer_once(tr, questions, template, docs=None, max_new_tokens=32) -> list[s
 
 def em_row(name, questions, answers, searches) -> dict:
   """EM per hop count, plus the lenient share of replies that contain the normalised gold answer."""
-  em = np.array([exact_match(a, [q.answer]) for q, a in zip(questions, answers)])
+  em = np.array([exact_match_score(a, [q.answer]) for q, a in zip(questions, answers)])
   contains = np.array([normalize_answer(q.answer) in normalize_answer(a or "") for q, a in zip(questions, answers)])
   hops = np.array([q.hops for q in questions])
   return {"method": name, "em_1hop": float(em[hops == 1].mean()), "em_2hop": float(em[hops == 2].mean()),
@@ -68,8 +69,9 @@ def plot_curve(history, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 3.5))
-  train = [h for h in history if "reward_em" in h]
-  ax.plot([h["step"] for h in train], [h["reward_em"] for h in train], label="train EM (on-policy rollouts)")
+  train = [h for h in history if "reward_search_r1_em" in h]
+  ax.plot([h["step"] for h in train], [h["reward_search_r1_em"] for h in train],
+          label="train EM (on-policy rollouts)")
   ev = [h for h in history if "eval_em" in h]
   ax.plot([h["step"] for h in ev], [h["eval_em"] for h in ev], "o-", label="held-out EM (greedy)")
   ax.set_xlabel("RL step")
@@ -88,22 +90,21 @@ def main(argv=None):
   p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny KB, one step")
   p.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's)")
   p.add_argument("--model", default=None, help="model source (default: the config's)")
+  p.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value")
   args = p.parse_args(argv)
   t0 = time.time()
-  config = search_r1_config.get_config("smoke" if args.smoke else "")
-  if args.steps is not None:
-    config.num_steps = args.steps
-  if args.model:
-    config.model.source = args.model
-  config.eval_at_start = True
+  over = [*([f"num_steps={args.steps}"] if args.steps is not None else []),
+          *([f"model.source={args.model}"] if args.model else []), "eval_at_start=True", *args.set]
+  config = load_config(f"configs/search_r1.py:{'smoke' if args.smoke else ''}", over)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   print(f"[search_r1] device {jax.devices()[0].device_kind}; training {config.num_steps} steps", flush=True)
   result = job.run(config, str(out / "run"))
-  tr, questions, history = result["trainer"], result["held_out"], result["history"]
+  tr, history = result["job"], result["history"]
+  questions = tr.env.eval_items
   t_train = time.time() - t0
   print(f"[search_r1] trained in {t_train:.0f} s; baselines ...", flush=True)
-  hits = tr.search_fn([q.question for q in questions])
+  hits = tr.env.search_fn([q.question for q in questions])
   rows = [em_row("direct (no retrieval)", questions, answer_once(tr, questions, DIRECT), 0),
           em_row("RAG (top-3 of the question)", questions,
                  answer_once(tr, questions, RAG, [format_passages(h) for h in hits]), 1)]
@@ -116,7 +117,7 @@ def main(argv=None):
   device = jax.devices()[0].device_kind
   command = "python experiments/search_r1/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
   plot_curve(history, out / "training_curve.png")
-  samples = tr.search_rollouts(questions[:2], tr.state["lora"], None, greedy=True)
+  samples = tr.env.results(tr.policy(tr.state["lora"]), questions[:2], None, greedy=True)
   (out / "results.json").write_text(json.dumps({"rows": rows, "history": history, "wall_s": wall,
                                                 "device": device, "command": command,
                                                 "sample_traces": [s.trace for s in samples]}, indent=1))
@@ -128,7 +129,8 @@ def main(argv=None):
   md = [f"# Search-R1 on a generated knowledge base{' (SMOKE RUN, not a result)' if args.smoke else ''}", "",
         f"Command: `{command}`  ", f"Device: {device}  ", f"Wall time: {wall:.0f} s (training {t_train:.0f} s)  ",
         f"Model: {config.model.source} ({config.model.dtype}, base {config.model.quant}, LoRA r={config.lora.r}); "
-        f"objective {config.rl.objective} (n_off={config.rl.n_off}), {config.num_steps} steps x "
+        f"objective {config.rl.objective} (n_off={config.rl.luffy.n_off if 'luffy' in config.rl else 0}), "
+        f"{config.num_steps} steps x "
         f"{config.rl.prompts_per_step} questions x {config.rl.group_size} rows; "
         f"{len(questions)} held-out questions ({sum(q.hops == 2 for q in questions)} two-hop); "
         f"engine {config.search.engine}, top-{config.search.topk}.", "", *table, "",

@@ -1,6 +1,7 @@
 """Pieces every training job shares: model + adapters setup, sampling a prompt, workdir handling."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -11,8 +12,10 @@ import numpy as np
 
 from fineflax import lora as lora_lib
 from fineflax import quant
+from fineflax.io import read_json
 from fineflax.models import load
 from fineflax.sampling import format_chat, generate
+from fineflax.train.loop import LoopResult, write_summary
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -30,17 +33,40 @@ def make_workdir(config, workdir: str | None) -> str:
 
 
 def setup_model(config):
-  """(frozen base params (quantised per config.model.quant), model config, tokenizer, lora cfg, lora init)."""
+  """(frozen base params, model config, tokenizer, lora cfg, lora init).
+
+  The base is quantised per `config.model.quant` on the linears `config.model.quant_targets` (default
+  every linear; the grammar of LoRA targets: short names, HF names, "all-linear"); the attention
+  kernel is `config.model.attention` (auto, cudnn or xla).
+  """
   dtype = compute_dtype(config)
   t0 = time.time()
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
+  model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"))
   if config.model.quant != "none":
-    params = quant.quantize_params(params, targets=tuple(config.lora.targets), kind=config.model.quant)
+    targets = tuple(config.model.get("quant_targets", ("all-linear",)))
+    params = quant.quantize_params(params, targets=targets, kind=config.model.quant)
   lora_cfg = lora_lib.LoraConfig.from_mapping(config.lora)
   lora = lora_lib.init_lora(params, model_config, lora_cfg, jax.random.PRNGKey(config.seed + 1))
   logging.info("loaded %s (%s, quant=%s) in %.1fs", config.model.source, model_config.model_type,
                config.model.quant, time.time() - t0)
   return params, model_config, tokenizer, lora_cfg, lora
+
+
+def export_adapter(lora, lora_cfg, model_config, config, workdir: str) -> str:
+  """The LoRA as a PEFT adapter in WORKDIR/adapter (loadable by `peft` onto the transformers model)."""
+  path = os.path.join(workdir, "adapter")
+  lora_lib.export_peft(lora, lora_cfg, model_config, path, base_model_name_or_path=str(config.model.source))
+  return path
+
+
+def finish_run(workdir: str, result: LoopResult, export, **extra) -> dict:
+  """The run's summary: an already-complete run returns its saved summary and writes nothing; otherwise
+  `export()` (the adapter path) and `write_summary`."""
+  path = os.path.join(workdir, "summary.json")
+  if result.status == "already complete":
+    return read_json(path) if os.path.exists(path) else {"status": result.status, "step": result.step}
+  return write_summary(workdir, result, adapter=export(), **extra)
 
 
 def answer(params, model_config, tokenizer, prompt: str, *, lora=None, lora_scale=1.0,

@@ -1,28 +1,24 @@
 """SFT job: LoRA/QLoRA fine-tuning on chat data, with eval, checkpoints, TensorBoard and a PEFT export."""
 from __future__ import annotations
 
-import json
-import logging
 import math
 import os
 import time
 
 import jax
-import numpy as np
 from clu import metrics as clu_metrics
-from tqdm import tqdm
 
 from fineflax import lora as lora_lib
+from fineflax.config_checks import one_of, positive_int
 from fineflax.data import build_mixture, load_source, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
-from fineflax.io import atomic_write_text
-from fineflax.jobs.common import answer, compute_dtype, make_workdir, setup_model, stack_micro_batches
-from fineflax.train.checkpoint import Checkpointer
+from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, setup_model,
+                                  stack_micro_batches)
+from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
-from fineflax.train.metric_writer import MetricWriter
 from fineflax.train.optim import make_optimizer, make_schedule
-from fineflax.train.sft_step import init_state, make_sft_fns
-from fineflax.train.signals import StopRequested
+from fineflax.train.sft_step import make_sft_fns
+from fineflax.train.state import init_state
 
 
 def load_sources(spec: str, data_cfg) -> list[dict]:
@@ -71,8 +67,18 @@ def evaluate(eval_fn, lora, base, config, tokenizer, mesh, eval_entries) -> dict
   return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}
 
 
+def validate(config) -> None:
+  """Data fields with a bounded domain."""
+  from fineflax.data.schemas import SCHEMAS
+  for key in ("data.batch_size", "data.max_length", "data.grad_accum", "data.eval_batches"):
+    positive_int(config, key)
+  one_of(config, "data.truncation", ("right", "left", "drop"))
+  one_of(config, "data.on_bad_row", ("error", "skip"))
+  one_of(config, "data.schema", ("auto", *SCHEMAS))
+
+
 def run(config, workdir: str | None) -> dict:
-  workdir = make_workdir(config, workdir)
+  validate(config)
   dtype = compute_dtype(config)
   base, model_config, tokenizer, lora_cfg, lora = setup_model(config)
   scale = lora_lib.lora_scale(lora_cfg)
@@ -87,74 +93,39 @@ def run(config, workdir: str | None) -> dict:
   batches = _batches(build_mixture(load_sources(config.data.sources, config.data), seed=config.seed),
                      tokenizer, config.data)
   eval_entries = load_sources(config.data.eval_sources, config.data) if config.data.eval_sources else []
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=config.checkpoint.keep_last,
-                      keep_best=config.checkpoint.keep_best, best_metric="eval_loss", best_mode="min")
-  restored = ckpt.restore(state)
-  if restored is not None:
-    state, meta = restored
-    batches.restore(meta["data"])
-    logging.info("resumed from step %d in %s", int(state["step"]), ckpt.directory)
-  elif config.sample_prompt:
-    before = answer(base, model_config, tokenizer, config.sample_prompt, dtype=dtype,
-                    max_new_tokens=config.sample_max_new_tokens)
-    print(f"\n[before] {config.sample_prompt}\n{before}\n", flush=True)
-  writer = MetricWriter(os.path.join(workdir, "logs"))
   pad_id = pad_id_of(tokenizer)
-  start = int(state["step"])
-  status, last_good = "completed", start
-  meta_of = lambda: {"data": batches.state(), "config": config.to_dict()}
-  bar = tqdm(total=opt_cfg.num_steps, initial=start, desc="sft", dynamic_ncols=True)
-  t_last, tokens_since = time.time(), 0.0
-  with StopRequested() as stop:
-    for step in range(start + 1, opt_cfg.num_steps + 1):
-      batch = stack_micro_batches([next(batches) for _ in range(config.data.grad_accum)], pad_id)
-      batch = shard_batch(batch, mesh, batch_axis=1)
-      new_state, metrics = train_fn(state, base, batch)
-      metrics = jax.device_get(metrics)
-      if not np.isfinite(metrics["loss"]):
-        status = f"stopped: non-finite loss {metrics['loss']} at step {step}"
-        break
-      state, tokens_since = new_state, tokens_since + float(metrics["tokens"])
-      do_eval = step % config.eval_every == 0 or step == opt_cfg.num_steps
-      scalars = {"train_loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
-      if step % config.log_every == 0 or do_eval:
-        now = time.time()
-        scalars["tokens_per_s"] = tokens_since / max(now - t_last, 1e-9)
-        t_last, tokens_since = now, 0.0
-        scalars["learning_rate"] = float(schedule(step - 1))
-      if do_eval:
-        scalars.update(evaluate(eval_fn, state["lora"], base, config, tokenizer, mesh, eval_entries))
-      writer.write_scalars(step, scalars)
-      bar.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k != "learning_rate"})
-      bar.update(1)
-      stopping = bool(stop)  # polled once a step
-      if step % config.checkpoint.every == 0 or step == opt_cfg.num_steps or stopping:
-        if not ckpt.save(step, state, meta_of(), metrics=_ckpt_metrics(scalars)):
-          status = f"stopped: checkpoint at step {step} could not be written (disk full?)"
-          break
-        last_good = step
-      if stopping:
-        status = f"stopped by {stop.signal_name} at step {step}"
-        break
-  bar.close()
-  writer.close()
-  ckpt.close()
-  if status != "completed":
-    print(f"\n{status}; the last good checkpoint is step {ckpt.latest_step() or last_good} in "
-          f"{ckpt.directory}", flush=True)
-  adapter_dir = os.path.join(workdir, "adapter")
-  lora_lib.export_peft(state["lora"], lora_cfg, model_config, adapter_dir,
-                       base_model_name_or_path=str(config.model.source))
-  summary = {"status": status, "step": int(state["step"]), "workdir": workdir, "adapter": adapter_dir}
-  if config.sample_prompt and status == "completed":
-    after = answer(base, model_config, tokenizer, config.sample_prompt, lora=state["lora"],
-                   lora_scale=scale, dtype=dtype, max_new_tokens=config.sample_max_new_tokens)
-    print(f"\n[after] {config.sample_prompt}\n{after}\n", flush=True)
-    summary["sample_after"] = after
-  atomic_write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
-  print(f"adapter: {adapter_dir}\nlogs: {os.path.join(workdir, 'logs')} (tensorboard --logdir ...)")
-  return summary
+  workdir = make_workdir(config, workdir)  # after every input was read: a failed start leaves no folder
+  sample = lambda lora_=None: answer(base, model_config, tokenizer, config.sample_prompt, lora=lora_,
+                                     lora_scale=scale, dtype=dtype,
+                                     max_new_tokens=config.sample_max_new_tokens)
+  if config.sample_prompt and not os.path.exists(os.path.join(workdir, "checkpoints")):
+    print(f"\n[before] {config.sample_prompt}\n{sample()}\n", flush=True)
+  throughput = {"t": time.time(), "tokens": 0.0}
 
+  def step(state, step: int):
+    batch = stack_micro_batches([next(batches) for _ in range(config.data.grad_accum)], pad_id)
+    state, metrics = train_fn(state, base, shard_batch(batch, mesh, batch_axis=1))
+    metrics = jax.device_get(metrics)
+    throughput["tokens"] += float(metrics["tokens"])
+    scalars = {"train_loss": float(metrics["loss"]),
+               "grad_norm": float(metrics["grad_norm"])}
+    if step % config.log_every == 0 or step % config.eval_every == 0 or step == opt_cfg.num_steps:
+      now = time.time()
+      scalars["tokens_per_s"] = throughput["tokens"] / max(now - throughput["t"], 1e-9)
+      throughput.update(t=now, tokens=0.0)
+      scalars["learning_rate"] = float(schedule(step - 1))
+    return state, scalars
 
-def _ckpt_metrics(scalars: dict) -> dict | None:
-  return {"eval_loss": scalars["eval_loss"]} if "eval_loss" in scalars else None
+  hooks = Hooks(step=step, eval_metric="eval_loss" if eval_entries else "", eval_mode="min",
+                evaluate=lambda st: evaluate(eval_fn, st["lora"], base, config, tokenizer, mesh, eval_entries),
+                meta=lambda: {"data": batches.state()}, restore_meta=lambda m: batches.restore(m["data"]),
+                postfix=("train_loss", "grad_norm"), loss_key="train_loss")
+  result = train_loop(hooks, state, config, workdir, num_steps=opt_cfg.num_steps, desc="sft",
+                      eval_every=config.eval_every)
+  state = result.state
+  extra = {}
+  if config.sample_prompt and result.status == "completed":
+    extra["sample_after"] = sample(state["lora"])
+    print(f"\n[after] {config.sample_prompt}\n{extra['sample_after']}\n", flush=True)
+  return finish_run(workdir, result, lambda: export_adapter(state["lora"], lora_cfg, model_config, config,
+                                                            workdir), **extra)

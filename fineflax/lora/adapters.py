@@ -11,7 +11,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fineflax.lora.config import LoraConfig, lora_scale, resolve_targets
+from fineflax.lora.config import LoraConfig, lora_scale
+from fineflax.models.targets import resolve_targets
 from fineflax.models.config import ModelConfig
 from fineflax.models.decoder import LINEAR_NAMES
 from fineflax.quant import NF4Tensor, full_shape, is_quantized, quantize_tensor

@@ -5,15 +5,10 @@ y = x @ W + dropout(x) @ A @ B * scale,  scale = alpha / r  (rsLoRA, Kalajdzievs
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from fineflax.models.decoder import LINEAR_NAMES
-from fineflax.models.hf_import import HF_LINEARS
-
-# HF module name (q_proj ...) -> fineflax linear name (q ...)
-HF_TO_NAME = {path.split(".")[-1]: name for name, path in HF_LINEARS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,23 +46,3 @@ class LoraConfig:
 def lora_scale(cfg: LoraConfig) -> float:
   """alpha / r, or alpha / sqrt(r) with rsLoRA."""
   return cfg.alpha / (math.sqrt(cfg.r) if cfg.use_rslora else cfg.r)
-
-
-def resolve_targets(patterns: Sequence[str], available: Sequence[str] = LINEAR_NAMES) -> tuple[str, ...]:
-  """The linear names (in `available` order) matched by `patterns`; each pattern must match one.
-
-  A pattern is a fineflax name or fnmatch pattern ("q", "*"), an HF module name ("q_proj"), or
-  "all-linear". Unknown patterns raise a ValueError listing the available names.
-  """
-  chosen: set[str] = set()
-  for p in patterns:
-    if p == "all-linear":
-      chosen.update(available)
-      continue
-    p = HF_TO_NAME.get(p, p)
-    hits = [n for n in available if fnmatch.fnmatchcase(n, p)]
-    if not hits:
-      raise ValueError(f"LoRA target module {p!r} matches no linear layer; available: {list(available)} "
-                       f"(or HF names {[k for k, v in HF_TO_NAME.items() if v in available]}, 'all-linear')")
-    chosen.update(hits)
-  return tuple(n for n in available if n in chosen)

@@ -20,7 +20,8 @@ import numpy as np
 
 from fineflax.io import atomic_write_text, read_json
 from fineflax.lora.adapters import check_lora, linear_shapes, merge_lora
-from fineflax.lora.config import HF_TO_NAME, LoraConfig, resolve_targets
+from fineflax.lora.config import LoraConfig
+from fineflax.models.targets import HF_TO_NAME, resolve_targets
 from fineflax.models.config import ModelConfig
 from fineflax.models.hf_import import HF_LINEARS, state_dict_from_params
 from fineflax.models.safetensors_io import read_safetensors, write_safetensors

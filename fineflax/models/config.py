@@ -32,6 +32,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
+  attention: str = "auto"  # attention kernel: auto (cuDNN for bf16/f16 on GPU, else XLA), cudnn or xla
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any] | None:

@@ -91,11 +91,18 @@ def _linear(x, p, lora_p, scale, dtype, dropout_rate, key):
   return y
 
 
-def attention_impl(dtype) -> str:
-  """"cudnn" (fused flash attention) on GPUs for bf16/f16 compute, else "xla" (einsum + softmax).
+ATTENTION_IMPLS = ("auto", "cudnn", "xla")
 
-  FINEFLAX_ATTENTION=xla|cudnn overrides the choice.
+
+def attention_impl(dtype, preference: str = "auto") -> str:
+  """The attention kernel: `preference` (ModelConfig.attention, from `config.model.attention`) when it
+  is "cudnn" or "xla"; for "auto" the environment variable FINEFLAX_ATTENTION=xla|cudnn if set, else
+  "cudnn" (fused flash attention) on GPUs for bf16/f16 compute and "xla" (einsum + softmax) otherwise.
   """
+  if preference not in ATTENTION_IMPLS:
+    raise ValueError(f"attention={preference!r}; choose one of {ATTENTION_IMPLS}")
+  if preference != "auto":
+    return preference
   forced = os.environ.get("FINEFLAX_ATTENTION")
   if forced:
     return forced
@@ -120,7 +127,7 @@ def _attention(q, k, v, mask, impl: str = "xla"):
   return out.reshape(b, t, hq, d)
 
 
-_REMAT = {
+REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -155,7 +162,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
     mask = mask | jnp.eye(t, dtype=jnp.bool_)[None]  # padding queries see themselves: no empty rows
     index = None
-    impl = attention_impl(dtype)
+    impl = attention_impl(dtype, config.attention)
   else:
     if segment_ids is not None:
       raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
@@ -201,9 +208,9 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     x = x + lin("down", jax.nn.silu(lin("gate", h)) * lin("up", h))
     return (x, ck, cv), None
 
-  policy = _REMAT.get(remat, "unknown")
+  policy = REMAT_POLICIES.get(remat, "unknown")
   if policy == "unknown":
-    raise ValueError(f"remat={remat!r}; choose one of {sorted(_REMAT)}")
+    raise ValueError(f"remat={remat!r}; choose one of {sorted(REMAT_POLICIES)}")
   if remat != "none":
     layer = jax.checkpoint(layer, policy=policy)
   ck = cv = None if cache is None else cache["k"]

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from fineflax.models.decoder import LINEAR_NAMES
+from fineflax.models.targets import resolve_targets
 from fineflax.quant.int8 import Int8Tensor, quantize_int8
 from fineflax.quant.nf4 import NF4Tensor, quantize_nf4
 
@@ -44,14 +45,12 @@ def quantize_params(params: dict, targets: Sequence[str] = LINEAR_NAMES, kind: s
                     double_quant: bool = True, blocksize: int = 64) -> dict:
   """A copy of `params` whose `layers/{t}/kernel` (t in `targets`) are quantised; nothing else changes.
 
-  Already-quantised kernels are left as they are. Unknown target names raise a ValueError that lists
-  the linear names present.
+  `targets` uses the grammar of `fineflax.models.targets` (short names, HF names, fnmatch patterns,
+  "all-linear"), as LoRA targets do. Already-quantised kernels are left as they are. Unknown target
+  names raise a ValueError that lists the linear names present.
   """
   layers = params["layers"]
-  available = [n for n in LINEAR_NAMES if n in layers]
-  unknown = [t for t in targets if t not in available]
-  if unknown:
-    raise ValueError(f"quantize_params: unknown targets {unknown}; available linear names: {available}")
+  targets = resolve_targets(tuple(targets), [n for n in LINEAR_NAMES if n in layers])
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantisation kind={kind!r}; choose one of {QUANT_KINDS}")
   new_layers = dict(layers)

@@ -1,6 +1,7 @@
 """Reward functions for RL: `fn(prompt, completion, **example) -> float`, a registry and batch scoring.
 
-Registered names: math, math_last_number, format, code, function_call, chat, combined, exact_match.
+Registered names: math, math_last_number, format, code, function_call, chat, combined, exact_match,
+exact_match_lenient; Search-R1's search_r1_em / search_r1_format / search_r1_searched (fineflax.search_r1.rewards).
 """
 from fineflax.rewards.registry import REWARDS, get_reward, register, score_completions
 from fineflax.rewards import chat, code_reward, combined, format_reward, function_call, math_reward, qa  # noqa: F401

@@ -38,10 +38,26 @@ def golden_answers(example: dict[str, Any]) -> list[str]:
   raise KeyError(f"exact_match needs `golden_answers` or `answer` in the example; got keys {sorted(example)}")
 
 
+def exact_match_score(answer: str | None, golden) -> float:
+  """1.0 iff `answer` equals a golden answer (str or list) after SQuAD normalisation; 0 for no answer."""
+  if answer is None:
+    return 0.0
+  golden = [golden] if isinstance(golden, str) else golden
+  guess = normalize_answer(answer)
+  return float(any(guess == normalize_answer(g) for g in golden))
+
+
 @register("exact_match")
 def exact_match_reward(prompt: str, completion: str, **example) -> float:
-  """1.0 iff normalize_answer(final <answer> or whole text) equals that of any golden answer."""
+  """EM of the final <answer>...</answer> of the completion; a completion with no <answer> scores 0
+  (Search-R1's `qa_em`)."""
+  del prompt
+  return exact_match_score(extract_answer(completion), golden_answers(example))
+
+
+@register("exact_match_lenient")
+def exact_match_lenient_reward(prompt: str, completion: str, **example) -> float:
+  """EM of the final <answer> when there is one, else of the whole completion text."""
   del prompt
   answer = extract_answer(completion)
-  guess = normalize_answer(completion if answer is None else answer)
-  return float(any(guess == normalize_answer(g) for g in golden_answers(example)))
+  return exact_match_score(completion if answer is None else answer, golden_answers(example))

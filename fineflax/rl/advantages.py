@@ -26,7 +26,8 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
   LUFFY's released code).
   std is the sample standard deviation (ddof=1), as `torch.std` in both TRL and verl
   (`compute_grpo_outcome_advantage`); eps = 1e-6 as verl (TRL uses 1e-4). A group of all-equal rewards
-  gets A = 0. Needs group_size >= 2 (a std of one sample is undefined).
+  gets exactly A = 0 (its f32 mean need not equal the rewards bit for bit, so the centred values are
+  zeroed where max == min). Needs group_size >= 2 (a std of one sample is undefined).
   """
   if scale not in SCALES:
     raise ValueError(f"unknown advantage scale {scale!r}; expected one of {SCALES}")
@@ -34,6 +35,8 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
     raise ValueError(f"group-relative advantages need group_size >= 2, got {group_size}")
   g = _grouped(rewards, group_size)
   centred = g - jnp.mean(g, axis=1, keepdims=True)
+  equal = jnp.max(g, axis=1, keepdims=True) == jnp.min(g, axis=1, keepdims=True)
+  centred = jnp.where(equal, 0.0, centred)
   if scale == "group":
     centred = centred / (jnp.std(g, axis=1, ddof=1, keepdims=True) + eps)
   elif scale == "batch":

@@ -1,10 +1,12 @@
 """ExGRPO experience buffer (Zhan et al. 2025): correct trajectories per question, bucketed by difficulty.
 
 Rules (paper Sec. 3.1, as fineflax implements them):
-- After each rollout of K completions for question q, k = #correct. k == K retires q (its stored
-  trajectories are dropped and it is never stored again); otherwise q's correct completions are
-  appended (prompt tokens, completion tokens, the per-token log-probs recorded at rollout, reward;
-  newest `max_per_question` kept) and q moves to bucket k (its latest correctness).
+- After each rollout group of K rows for question q (a replayed row included), k = #correct over the
+  whole group (official ExGRPO code). k == K retires q (its stored trajectories are dropped and it is
+  never stored again); k == 0 leaves q's entry as it was (the official code skips the update);
+  otherwise q's correct fresh (on-policy) completions are appended (prompt tokens, completion tokens,
+  the per-token log-probs recorded at rollout, reward; newest `max_per_question` kept) and q moves to
+  bucket k (its latest correctness).
 - Replay sampling: a bucket k is drawn with probability
       p(k) = N(k; mu, sigma) / sum_{k' non-empty} N(k'; mu, sigma),   mu = K/2, sigma = 1,
   then a question uniformly inside the bucket. (The paper writes the Gaussian over Acc = k/K with
@@ -65,24 +67,34 @@ class ExperienceBuffer:
     return str(question_id) in self.questions
 
   def add_group(self, question_id, prompt_tokens, completions: Sequence, logps: Sequence,
-                rewards: Sequence[float], correct: Optional[Sequence[bool]] = None) -> int:
-    """Record one rollout group of K completions of a question; returns k = #correct.
+                rewards: Sequence[float], correct: Optional[Sequence[bool]] = None,
+                k: Optional[int] = None) -> int:
+    """Record one rollout group of question `question_id`; returns k.
 
-    completions[i] int tokens [L_i], logps[i] recorded per-token logp [L_i], rewards[i] a float;
-    correct defaults to reward > 0.
+    completions[i] int tokens [L_i], logps[i] recorded per-token logp [L_i], rewards[i] a float: the
+    group's fresh on-policy rows (all K, or fewer when the group also held a replayed row); correct
+    defaults to reward > 0. k = #correct over the whole group of K (default: sum(correct), which then
+    needs all K rows).
     """
     qid = str(question_id)
-    n = self.group_size
-    if not len(completions) == len(logps) == len(rewards) == n:
-      raise ValueError(f"question {qid}: expected {n} completions/logps/rewards, got "
-                       f"{len(completions)}/{len(logps)}/{len(rewards)}")
+    n = len(completions)
+    if not len(logps) == len(rewards) == n or n > self.group_size:
+      raise ValueError(f"question {qid}: expected <= {self.group_size} completions with as many logps and "
+                       f"rewards, got {n}/{len(logps)}/{len(rewards)}")
     correct = [r > 0 for r in rewards] if correct is None else [bool(c) for c in correct]
     if len(correct) != n:
       raise ValueError(f"question {qid}: expected {n} correctness flags, got {len(correct)}")
-    k = int(sum(correct))
-    if qid in self.retired:
+    if k is None:
+      if n != self.group_size:
+        raise ValueError(f"question {qid}: k (correct answers of the whole group) is needed when only "
+                         f"{n} of {self.group_size} rows are given")
+      k = int(sum(correct))
+    k = int(k)
+    if not 0 <= k <= self.group_size:
+      raise ValueError(f"question {qid}: k={k} outside [0, {self.group_size}]")
+    if qid in self.retired or k == 0:
       return k
-    if k == n:
+    if k == self.group_size:
       self.retired.add(qid)
       self.questions.pop(qid, None)
       return k

@@ -13,7 +13,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fineflax.models.decoder import project_logits
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "sum")
 _LOG_RATIO_CLAMP = 20.0  # verl clamps logp - old_logp to [-20, 20] before exp
@@ -114,46 +113,6 @@ def exgrpo_replay_weight(logp, recorded_logp, beta: float = 0.1):
   return w / (w + beta)
 
 
-# ----------------------------------------------------------------------------- log-probs, entropy
-
-def token_logp(logits, tokens):
-  """log pi(token) = log_softmax(logits)[token], in f32. logits [..., V], tokens [...] -> [...]."""
-  lsm = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  return jnp.take_along_axis(lsm, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-
-
-def entropy_from_logits(logits):
-  """H = -sum_v p_v log p_v with log p = log_softmax(logits) (f32, stable). [..., V] -> [...]."""
-  lsm = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  return -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-
-
-def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128):
-  """(token_logp [B, T], entropy [B, T]) of logits = hidden @ out_kernel, one T-chunk at a time.
-
-  hidden [B, T, H], out_kernel [H, V], tokens [B, T]. Equals `token_logp` / `entropy_from_logits` of
-  the dense f32 logits, but at most [B, chunk, V] logits live at once: the chunks run under
-  `lax.map` with a `jax.checkpoint`ed body, so the backward pass recomputes each chunk's logits
-  instead of storing them. T is padded up to a multiple of `chunk` (padding is dropped).
-  """
-  b, t, h = hidden.shape
-  chunk = max(1, min(int(chunk), t))
-  n = -(-t // chunk)
-  pad = n * chunk - t
-  hs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, h).swapaxes(0, 1)
-  ts = jnp.pad(tokens, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-
-  @jax.checkpoint
-  def one_chunk(args):
-    hc, tc = args
-    logits = project_logits(hc, out_kernel.astype(hc.dtype))
-    return token_logp(logits, tc), entropy_from_logits(logits)
-
-  logp, ent = jax.lax.map(one_chunk, (hs, ts))
-  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-  return unchunk(logp), unchunk(ent)
-
-
 # ----------------------------------------------------------------------------- aggregation
 
 def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None):
@@ -187,7 +146,11 @@ def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None):
 # ----------------------------------------------------------------------------- full objectives
 
 def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len):
-  """loss = aggregate(pg + beta·kl_k3 - entropy_coef·H); metrics are masked token means."""
+  """loss = aggregate(pg + beta·kl_k3, agg_mode) - entropy_coef · token-mean(H).
+
+  The entropy bonus is always a masked token mean, whatever `agg_mode` (LUFFY's released code:
+  `entropy_loss = masked_mean(entropy, response_mask)`); metrics are masked token means.
+  """
   per_token = pg_per_token
   metrics = dict(pg_stats)
   metrics["pg_loss"] = aggregate(pg_per_token, mask, agg_mode, max_len)
@@ -197,13 +160,13 @@ def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, en
     kl = kl_k3(logp, ref_logp)
     per_token = per_token + beta * kl
     metrics["kl"] = masked_mean(kl, mask)
+  loss = aggregate(per_token, mask, agg_mode, max_len)
   if entropy_coef:
     if entropy is None:
       raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy")
-    per_token = per_token - entropy_coef * entropy
+    loss = loss - entropy_coef * masked_mean(entropy, mask)
   if entropy is not None:
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
-  loss = aggregate(per_token, mask, agg_mode, max_len)
   metrics["loss"] = loss
   return loss, metrics
 
@@ -215,8 +178,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float 
   """GRPO / DAPO / Dr. GRPO objective -> (scalar loss, metrics).
 
   per token: l = -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) [dual clip]   (or -r·A when clip=False)
-             + beta · kl_k3(logp, ref_logp) - entropy_coef · H
-  loss = aggregate(l, mask, agg_mode, max_len). The KL enters per token before aggregation (GRPO
+             + beta · kl_k3(logp, ref_logp)
+  loss = aggregate(l, mask, agg_mode, max_len) - entropy_coef · masked_mean(H, mask). The KL enters per token before aggregation (GRPO
   paper, TRL); `entropy` [B, T] is the current policy's entropy (e.g. `entropy_from_logits`).
   """
   if clip:

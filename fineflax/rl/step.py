@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import optax
 
 from fineflax.models import forward_hidden, output_kernel
-from fineflax.rl.losses import chunked_token_logp_and_entropy, exgrpo_loss, grpo_loss, luffy_loss
-
-OBJECTIVES = ("grpo", "luffy", "exgrpo")
+from fineflax.models.logprobs import chunked_token_logp_and_entropy
+from fineflax.rl.objectives import get_objective
 
 
 def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
@@ -45,20 +44,9 @@ def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="n
 
 
 def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
-  """(scalar loss, metrics) of `objective` on the batch (formulas in fineflax.rl.losses)."""
+  """(scalar loss, metrics) of `objective` (an entry of `fineflax.rl.objectives.OBJECTIVES`)."""
   logp, entropy = completion_logp(lora, base, batch, **fwd_kwargs)
-  common = dict(loss_kwargs, entropy=entropy)
-  if objective == "grpo":
-    return grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"], batch["mask"],
-                     **common)
-  if objective == "luffy":
-    return luffy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"], batch["is_off_policy"],
-                      off_policy_behaviour_logp=batch.get("behaviour_logp"),
-                      ref_logp=batch.get("ref_logp"), **common)
-  if objective == "exgrpo":
-    return exgrpo_loss(logp, batch["old_logp"], batch["behaviour_logp"], batch["advantages"],
-                       batch["mask"], batch["is_off_policy"], ref_logp=batch.get("ref_logp"), **common)
-  raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}")
+  return get_objective(objective).loss(logp, entropy, batch, **loss_kwargs)
 
 
 def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs):
@@ -73,10 +61,13 @@ def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs
 
 
 def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
-  """(jitted rl_step with the state donated, jitted completion_logp -> (logp, entropy) [B, N])."""
-  if objective not in OBJECTIVES:
-    raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}")
+  """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]).
+
+  The state is not donated: it is small (LoRA + optimizer moments), and the loop keeps the previous
+  state when a step produces a non-finite loss.
+  """
+  get_objective(objective)
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
-                                   loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs), donate_argnums=(0,))
+                                   loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs))
   logp = jax.jit(functools.partial(completion_logp, **fwd_kwargs))
   return step, logp

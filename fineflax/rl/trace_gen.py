@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from fineflax.rl.tasks import Problem, generate_problems, write_traces
+from fineflax.envs.word_problems import Problem, generate_problems, write_traces
 from fineflax.rl.traces import write_luffy_jsonl
 
 DEFAULT_SYSTEM_PROMPT = ("Solve the word problem step by step. End with the final number, like: "

@@ -7,16 +7,14 @@ the token-weighted mean over all A micro-batches, exactly as one batch of A*B ro
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
-from fineflax.rl.losses import chunked_token_logp_and_entropy
-
-State = dict[str, Any]  # {"step": int32, "lora": pytree, "opt_state": pytree, "rng": key}
+from fineflax.models.logprobs import chunked_token_logp_and_entropy
+from fineflax.train.state import State
 
 
 def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
@@ -75,8 +73,3 @@ def make_sft_fns(optimizer, **loss_kwargs):
   train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs))
   evaluate = jax.jit(functools.partial(eval_step, **loss_kwargs))
   return train, evaluate
-
-
-def init_state(lora, optimizer, seed: int) -> State:
-  return {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": optimizer.init(lora),
-          "rng": jax.random.PRNGKey(seed)}

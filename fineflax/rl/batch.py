@@ -1,4 +1,4 @@
-"""From prompts and sampled completions to the RL batch of `fineflax.rl.step` (NumPy)."""
+"""From rollout rows to the padded NumPy batch of `fineflax.rl.step`."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -40,17 +40,9 @@ def build_rl_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
           "completion": tokens[:, p:].copy(), "mask": mask}
 
 
-def sample_rows(out, mask_truncated: bool = False) -> tuple[list[list[int]], list[list[float]]]:
-  """Per-row completion tokens and loss masks from a `SampleOutput` (mask = model tokens only).
-
-  mask_truncated: rows that hit the length limit get an all-zero mask (DAPO overlong filtering).
-  """
-  comps, masks = [], []
-  for i in range(out.tokens.shape[0]):
-    n = int(out.lengths[i])
-    comps.append(out.tokens[i, :n].tolist())
-    m = out.mask[i, :n].astype(np.float32)
-    if mask_truncated and out.finish_reason[i] == "length":
-      m = np.zeros_like(m)
-    masks.append(m.tolist())
-  return comps, masks
+def pad_ragged(lists: Sequence[Sequence[float]], width: int) -> np.ndarray:
+  """[B, width] float32 from ragged lists (right-padded with zeros)."""
+  out = np.zeros((len(lists), width), np.float32)
+  for i, x in enumerate(lists):
+    out[i, :len(x)] = x
+  return out

@@ -1,0 +1,140 @@
+"""Config sections shared by the recipes (big_vision style) and the presets picked by `--config FILE:a,b`.
+
+Each helper adds one commented section to a ConfigDict; a recipe's `get_config(arg)` builds its config
+from them and then applies the presets named in `arg` (comma-separated, in order) with `apply_presets`.
+"""
+import ml_collections
+
+LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def model(config, source="smollm2-135m-instruct", dtype="bfloat16", quant="nf4", remat="none",
+          logits_chunk=128):
+  config.model = ml_collections.ConfigDict()
+  config.model.source = source  # HF folder, .gguf file, hub name or alias
+  config.model.dtype = dtype  # compute dtype: float32 (CPU) or bfloat16 (GPU)
+  config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
+  config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
+  config.model.remat = remat  # per-layer gradient checkpointing: none, full or dots
+  config.model.logits_chunk = logits_chunk  # tokens per chunk of the vocabulary projection in the loss
+  config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla
+  return config
+
+
+def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
+  config.lora = ml_collections.ConfigDict()
+  config.lora.r = r  # adapter rank
+  config.lora.alpha = alpha  # scale = alpha / r (alpha / sqrt(r) with rslora)
+  config.lora.dropout = dropout  # dropout on the adapter input (0 in RL: log-probs must match the sampler's)
+  config.lora.rslora = False  # rank-stabilised scaling
+  config.lora.targets = targets  # adapted linears: short names (q ... down), HF names (q_proj) or all-linear
+  return config
+
+
+def optimizer(config, num_steps, learning_rate, warmup_steps, end_lr_ratio=1.0, b2=0.99):
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.num_steps = num_steps  # optimizer updates
+  config.optimizer.learning_rate = learning_rate  # peak learning rate (LoRA)
+  config.optimizer.warmup_steps = warmup_steps  # linear warmup
+  config.optimizer.end_lr_ratio = end_lr_ratio  # cosine decays to this fraction of the peak (1 = constant)
+  config.optimizer.weight_decay = 0.0  # AdamW decoupled weight decay
+  config.optimizer.b1 = 0.9  # Adam beta1
+  config.optimizer.b2 = b2  # Adam beta2
+  config.optimizer.grad_clip = 1.0  # global-norm clip; 0 = off
+  return config
+
+
+def checkpoint(config, every, keep_last=2, keep_best=1):
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every = every  # steps between checkpoints (evaluations and the last step always save)
+  config.checkpoint.keep_last = keep_last  # most recent checkpoints kept
+  config.checkpoint.keep_best = keep_best  # best-by-evaluation checkpoints kept
+  config.resume = True  # False: move an earlier run in the workdir aside and start afresh
+  return config
+
+
+def mesh(config, data=-1, fsdp=1):
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = data  # data-parallel devices (-1: all that fsdp leaves)
+  config.mesh.fsdp = fsdp  # devices the frozen base weights are split over
+  return config
+
+
+def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, objective="grpo"):
+  """The settings every RL objective shares; objective-specific ones come with their preset."""
+  config.rl = r = ml_collections.ConfigDict()
+  r.objective = objective  # an entry of fineflax.rl.objectives.OBJECTIVES: grpo, luffy or exgrpo
+  r.prompts_per_step = prompts_per_step  # questions per rollout batch
+  r.group_size = group_size  # rows per question (G), off-policy rows included
+  r.max_new_tokens = max_new_tokens  # completion budget per row
+  r.temperature = temperature  # rollout temperature; the loss uses the same softmax(logits / T)
+  r.top_p = 1.0  # nucleus sampling mass for rollouts
+  r.num_iterations = ml_collections.FieldReference(1)  # updates per rollout batch (mu)
+  r.clip = True  # clipped surrogate (False: -r*A, LUFFY's released code)
+  r.epsilon_low = 0.2  # clip range below 1
+  r.epsilon_high = 0.28  # clip range above 1 (DAPO clip-higher; GRPO: 0.2)
+  r.dual_clip = 0.0  # dual-clip constant c > 1 for A < 0 (0 = off)
+  r.beta = 0.0  # k3 KL coefficient to the LoRA-off reference (GRPO paper: 0.04)
+  r.entropy_coef = 0.0  # entropy bonus coefficient (token mean of the entropy, as LUFFY)
+  r.agg_mode = "token-mean"  # token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO), sum
+  r.advantage_scale = "group"  # group, batch or none (Dr. GRPO, LUFFY)
+  r.mask_truncated = False  # zero the loss of completions cut at max_new_tokens (DAPO)
+  r.overlong_buffer = 0  # DAPO soft overlong punishment over the last N tokens (0 = off)
+  r.dynamic_sampling = False  # DAPO: drop zero-variance groups and refill
+  r.max_refill_rounds = 2  # extra rollout rounds allowed for refilling
+  return config
+
+
+def luffy_section(rl, n_off=1, gamma=0.1, shaping=True, traces_path=""):
+  rl.luffy = ml_collections.ConfigDict()
+  rl.luffy.n_off = n_off  # off-policy demonstration rows per group
+  rl.luffy.gamma = gamma  # policy shaping f(p) = p / (p + gamma)
+  rl.luffy.shaping = shaping  # False: the paper's no-shaping ablation (-A * p)
+  rl.luffy.traces_path = traces_path  # traces file (JSON/JSONL/Parquet); "" = the environment's demonstrations
+  return rl
+
+
+def exgrpo_section(rl, beta=0.1, sigma=1.0, threshold=0.35, share=0.5, max_per_question=8):
+  rl.exgrpo = ml_collections.ConfigDict()
+  rl.exgrpo.beta = beta  # replay importance-weight shaping w / (w + beta)
+  rl.exgrpo.sigma = sigma  # Gaussian bucket weights N(k; K/2, sigma)
+  rl.exgrpo.threshold = threshold  # replay once the batch solve rate passes this
+  rl.exgrpo.share = share  # share of each batch's questions taken from the buffer
+  rl.exgrpo.max_per_question = max_per_question  # stored correct trajectories per question
+  return rl
+
+
+def _grpo(c):  # the GRPO paper's loss
+  c.rl.update(agg_mode="seq-mean-token-mean", epsilon_high=0.2, mask_truncated=False,
+              dynamic_sampling=False, advantage_scale="group")
+
+
+def _dapo(c):  # DAPO: token-mean, clip-higher, truncation masking, dynamic sampling
+  c.rl.update(agg_mode="token-mean", epsilon_high=0.28, mask_truncated=True, dynamic_sampling=True,
+              advantage_scale="group")
+
+
+def _dr_grpo(c):  # Dr. GRPO: 1/B sum_b sum_t L / MAX (TRL's dr_grpo), no std scaling
+  c.rl.update(agg_mode="seq-mean-token-sum-norm", advantage_scale="none")
+
+
+def _luffy(c):  # LUFFY, official train.sh: no on-policy clip, sum / max_len, no std, entropy 0.001
+  c.rl.update(objective="luffy", clip=False, agg_mode="sum", advantage_scale="none", entropy_coef=0.001)
+  luffy_section(c.rl)
+
+
+def _exgrpo(c):  # ExGRPO: replay of past successes once the solve rate passes 0.35
+  c.rl.objective = "exgrpo"
+  exgrpo_section(c.rl)
+
+
+RL_PRESETS = {"grpo": _grpo, "dapo": _dapo, "dr_grpo": _dr_grpo, "luffy": _luffy, "exgrpo": _exgrpo}
+
+
+def apply_presets(config, arg: str, presets: dict):
+  """Apply the presets named in `arg` ("luffy,smoke"), in order; an unknown name lists the known ones."""
+  for name in [a.strip() for a in (arg or "").split(",") if a.strip()]:
+    if name not in presets:
+      raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+    presets[name](config)
+  return config

@@ -1,0 +1,129 @@
+"""Search-R1 as an RL environment: multi-turn rollouts with a search engine over a generated knowledge base.
+
+Config: `config.kb` (the fictional knowledge base), `config.search` (engine or /retrieve URL, top-k,
+turn and observation budgets, info tag), `config.num_eval` held-out questions (half two-hop). Inserted
+passages are masked out of the loss. Rewards come from `config.rewards` (registry names, e.g.
+search_r1_em / search_r1_format / search_r1_searched) with the example {"answer": [golden], "rollout"}.
+Demonstrations (LUFFY guidance) are each question's scripted correct searches and answer, run through
+the same loop with the real engine, so their inserted text is real and masked.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fineflax.rewards.qa import exact_match_score
+from fineflax.rl import rows as R
+from fineflax.search_r1 import (RolloutConfig, ScriptedPolicy, Tags, make_kb, make_search_fn, prompt_ids,
+                                rollout_batch, run_rollouts)
+
+
+def rollout_config(config) -> RolloutConfig:
+  s = config.search
+  return RolloutConfig(max_turns=s.max_turns, max_turn_tokens=s.max_turn_tokens,
+                       max_response_tokens=config.rl.max_new_tokens, max_obs_tokens=s.max_obs_tokens,
+                       tags=Tags(info=s.info_tag))
+
+
+def make_search_tool(config, documents):
+  """The configured search function: an HTTP /retrieve server (search.url) or an in-process engine."""
+  s = config.search
+  if s.url:
+    tool = s.url
+  else:
+    from retrieval import create_search_engine
+    tool = create_search_engine(s.engine, documents)
+  return make_search_fn(tool, topk=s.topk, timeout_s=s.timeout_s or None)
+
+
+def held_out(kb, num: int, seed: int):
+  """`num` held-out questions, half single-hop and half two-hop where possible (deterministic)."""
+  test = kb.split("test")
+  rng = np.random.default_rng(seed)
+  one = [test[i] for i in rng.permutation(len(test)) if test[i].hops == 1]
+  two = [test[i] for i in rng.permutation(len(test)) if test[i].hops == 2]
+  k = min(num // 2, len(two))
+  return two[:k] + one[:num - k]
+
+
+def result_rows(prompts, results, off_policy: bool, mask_truncated: bool = False) -> dict:
+  """Rows from rollout results (loss mask 0 on inserted text; all 0 for a truncated row when
+  `mask_truncated`); traces carry no rollout log-probs."""
+  masks = [[0.0] * len(r.tokens) if mask_truncated and r.finish == "length" else r.loss_mask
+           for r in results]
+  return R.make_rows(prompts, [r.tokens for r in results], masks, [r.trace for r in results],
+                     off_policy=off_policy, rollout_logp=None if off_policy else [r.logprobs for r in results])
+
+
+def search_metrics(questions, results, prefix: str) -> dict:
+  """EM overall / by hops, mean searches, turns, completion length and answered share of rollouts."""
+  em = np.array([exact_match_score(r.answer, [q.answer]) for q, r in zip(questions, results)])
+  hops = np.array([q.hops for q in questions])
+  out = {f"{prefix}em": float(em.mean()),
+         f"{prefix}searches": float(np.mean([len(r.queries) for r in results])),
+         f"{prefix}turns": float(np.mean([r.num_turns for r in results])),
+         f"{prefix}answered": float(np.mean([r.finish == "answer" for r in results])),
+         f"{prefix}completion_length": float(np.mean([len(r.tokens) for r in results]))}
+  for h in (1, 2):
+    if (hops == h).any():
+      out[f"{prefix}em_{h}hop"] = float(em[hops == h].mean())
+  return out
+
+
+class SearchR1Env:
+  """Knowledge base, search tool and rollout settings of one Search-R1 run."""
+
+  eval_metric = "eval_em"
+  supports_replay = False  # a replayed row has no rollout result for the Search-R1 rewards
+
+  def __init__(self, config, tokenizer):
+    self.config, self.tok = config, tokenizer
+    self.rollout_cfg = rollout_config(config)
+    k = config.kb
+    self.kb = make_kb(k.num_people, k.num_cities, k.num_countries, k.test_fraction, k.seed)
+    self.search_fn = make_search_tool(config, self.kb.documents)
+    self.train_items = self.kb.split("train")
+    self.eval_items = held_out(self.kb, config.num_eval, config.seed + 100)
+
+  def prompt(self, item) -> list[int]:
+    return prompt_ids(self.tok, item.question, self.rollout_cfg)
+
+  def results(self, policy, items, rng, greedy: bool = False):
+    """One `RolloutResult` per item from the policy's multi-turn rollouts."""
+    return rollout_batch(policy.base, policy.model_config, self.tok, self.search_fn,
+                         [q.question for q in items], self.rollout_cfg, lora=policy.lora,
+                         lora_scale=policy.lora_scale, temperature=0.0 if greedy else policy.temperature,
+                         top_p=policy.top_p, rng=rng, dtype=policy.dtype)
+
+  def rollout(self, policy, items, rng, mask_truncated: bool = False):
+    """(rows, examples): one multi-turn rollout per item."""
+    results = self.results(policy, items, rng)
+    rows = result_rows([self.prompt(q) for q in items], results, False, mask_truncated)
+    return rows, [{"answer": [q.answer], "rollout": r} for q, r in zip(items, results)]
+
+  def demonstrations(self, policy, items, texts=None):
+    """One demonstration rollout per item: its scripted correct turns with real search results."""
+    if texts is not None and any(t is not None for t in texts):
+      raise ValueError("search_r1 demonstrations are scripted from the knowledge base; a traces file "
+                       "(rl.luffy.traces_path) is not supported")
+    script = ScriptedPolicy(self.tok, [list(q.demo) for q in items], eos_id=policy.eos_id)
+    cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=self.rollout_cfg.max_response_tokens)
+    results = run_rollouts(script, [self.prompt(q) for q in items], self.search_fn, self.tok, cfg)
+    return [(result_rows([self.prompt(q)], [r], True), {"answer": [q.answer], "rollout": r})
+            for q, r in zip(items, results)]
+
+  def evaluate(self, policy, items) -> dict:
+    """Greedy held-out EM (all, single-hop, two-hop), searches per question, format, finish shares."""
+    results, bs = [], self.config.eval_batch_size
+    for i in range(0, len(items), bs):
+      results += self.results(policy, items[i:i + bs], None, greedy=True)
+    return search_metrics(items, results, "eval_")
+
+  def rollout_metrics(self, examples) -> dict:
+    """Searches, turns, invalid actions and failed searches of the step's on-policy rollouts."""
+    rs = [e["rollout"] for e in examples]
+    return {"searches": float(np.mean([len(r.queries) for r in rs])),
+            "turns": float(np.mean([r.num_turns for r in rs])),
+            "invalid_actions": float(np.mean([r.num_invalid for r in rs])),
+            "search_failures": float(np.sum([r.num_search_failures for r in rs]))}

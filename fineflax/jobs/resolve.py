@@ -1,0 +1,110 @@
+"""Resolving a run's config: the file and presets (`configs/X.py:a,b`), `--config.a.b=v` overrides parsed by
+ml_collections exactly as launch.py does, and validation of every bounded field before any work.
+
+A user mistake raises `ConfigError` with one line naming the key, the value and what is allowed (or
+the closest valid keys).
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Sequence
+
+from absl import flags
+from ml_collections import config_flags
+
+from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
+from fineflax.train.run_config import flatten
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()):
+  """The locked ConfigDict of `spec` ("configs/x.py[:presets]") with overrides "a.b=v" (or "--config.a.b=v")."""
+  argv = ["resolve", f"--config={spec}", *[o if o.startswith("--") else f"--config.{o}" for o in overrides]]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "config file", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  parse_config_flags(fv, argv)
+  return fv.config
+
+
+def parse_config_flags(fv, argv: Sequence[str]) -> list[str]:
+  """fv(argv) with ml_collections' config flag; its errors become one-line `ConfigError`s."""
+  spec = config_spec(argv)
+  try:
+    return fv(list(argv))
+  except (flags.UnrecognizedFlagError, AttributeError, KeyError):
+    raise ConfigError(unknown_key_message(argv, spec)) from None
+  except (flags.Error, OSError) as e:
+    message = _last_line(str(e))
+    bad = re.match(r"flag --config\.([\w.]+)=(.*?): (.*)", str(e))
+    if bad:
+      message = f"config.{bad.group(1)}={bad.group(2)!r}: {_last_line(bad.group(3))}"
+    elif "--config" in str(e).split(":")[0] or not spec:
+      message = f"--config={spec}: {message}"
+    raise ConfigError(message) from None
+
+
+def config_spec(argv: Sequence[str]) -> str:
+  """The value of --config in argv ("--config=X" or "--config X"); "" when absent."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
+def unknown_key_message(argv: Sequence[str], spec: str) -> str:
+  """Names the first override key the config does not have, with the closest valid keys."""
+  base = load_config(spec)
+  known = sorted(flatten(base.to_dict()))
+  keys = [a.split("=", 1)[0].removeprefix("--config.") for a in argv if a.startswith("--config.")]
+  key = next((k for k in keys if k not in known and not any(x.startswith(k + ".") for x in known)),
+             keys[0] if keys else "?")
+  close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+  hint = f"; closest: {', '.join(close)}" if close else ""
+  return f"unknown config key config.{key} in {spec.split(':')[0]}{hint}"
+
+
+def _last_line(message: str) -> str:
+  lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+  tail = lines[-1] if lines else message
+  return re.sub(r"^[A-Za-z_.]+(Error|Exception): ", "", tail)
+
+
+def validate_common(config) -> None:
+  """Bounded fields every job shares (model, LoRA, optimizer, checkpoints, cadence)."""
+  from fineflax.jobs.common import DTYPES
+  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_POLICIES
+  from fineflax.models.targets import resolve_targets
+  one_of(config, "model.dtype", DTYPES)
+  one_of(config, "model.quant", ("none", "nf4", "int8"))
+  one_of(config, "model.remat", REMAT_POLICIES)
+  one_of(config, "model.attention", ATTENTION_IMPLS)
+  positive_int(config, "model.logits_chunk")
+  for key in ("lora.targets", "model.quant_targets"):
+    require(config, key, lambda v: bool(resolve_targets(tuple(v))),
+            f"linear names ({', '.join(LINEAR_NAMES)}), HF names (q_proj ...) or all-linear")
+  positive_int(config, "lora.r")
+  in_range(config, "lora.alpha", 0.0, float("inf"), lo_open=True)
+  in_range(config, "lora.dropout", 0.0, 1.0, hi_open=True)
+  for key in ("optimizer.num_steps", "eval_every", "log_every", "eval_batch_size", "checkpoint.every",
+              "checkpoint.keep_last"):
+    positive_int(config, key)
+  in_range(config, "optimizer.learning_rate", 0.0, float("inf"), lo_open=True)
+  require(config, "optimizer.warmup_steps", lambda v: int(v) == v and v >= 0, "must be an integer >= 0")
+  in_range(config, "optimizer.end_lr_ratio", 0.0, 1.0)
+  in_range(config, "optimizer.weight_decay", 0.0, float("inf"))
+  in_range(config, "optimizer.b1", 0.0, 1.0, hi_open=True)
+  in_range(config, "optimizer.b2", 0.0, 1.0, hi_open=True)
+  in_range(config, "optimizer.grad_clip", 0.0, float("inf"))
+  require(config, "checkpoint.keep_best", lambda v: int(v) == v and v >= 0, "must be an integer >= 0")
+
+
+def validate(config) -> None:
+  """All checks of `config` for its job; raises ConfigError (one line) on the first bad field."""
+  from fineflax.jobs import get_job
+  job = get_job(config.job)
+  validate_common(config)
+  if hasattr(job, "validate"):
+    job.validate(config)

@@ -1,0 +1,133 @@
+"""Many runs of one experiment: processes side by side on the visible GPUs, their histories, a table with
+95% confidence intervals and curves with bands.
+
+  codes = run_parallel({"luffy-0": argv, ...}, log_dir, gpus=[0, 1, 2, 3], per_gpu=1)
+  histories = {"luffy": [load_history(workdir)[0] for workdir in ...], ...}
+  table = summary_table(histories, "eval_accuracy")        # Markdown, mean ± 95% CI per evaluation step
+
+A run that crashes is reported by its exit code and log; the others go on.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+
+def run_parallel(commands: dict[str, list[str]], log_dir: str, max_parallel: int = 4,
+                 gpus: Sequence[int] | None = None, per_gpu: int = 1, cwd: str | None = None) -> dict[str, int]:
+  """Runs each named command (argv) as a subprocess; stdout+stderr go to LOG_DIR/<name>.log.
+
+  gpus: device ids to place runs on, `per_gpu` runs per device at once (CUDA_VISIBLE_DEVICES, and a
+  memory fraction of 1/per_gpu each); without gpus at most `max_parallel` run at once.
+  Returns {name: exit code}; a crashed run does not stop the others.
+  """
+  os.makedirs(log_dir, exist_ok=True)
+  slots = [str(g) for g in gpus for _ in range(per_gpu)] if gpus else [None] * max_parallel
+  pending, running, codes = list(commands.items()), {}, {}
+  free = list(range(len(slots)))
+  while pending or running:
+    while pending and free:
+      slot = free.pop(0)
+      name, argv = pending.pop(0)
+      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+      if slots[slot] is not None:
+        env.update(CUDA_VISIBLE_DEVICES=slots[slot], XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / per_gpu:.2f}")
+      log = open(os.path.join(log_dir, f"{name}.log"), "w")
+      proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+      running[name] = (proc, log, slot)
+      print(f"started {name}" + (f" on GPU {slots[slot]}" if slots[slot] else "") + f": {' '.join(argv)}",
+            flush=True)
+    for name, (proc, log, slot) in list(running.items()):
+      if proc.poll() is not None:
+        log.close()
+        codes[name] = proc.returncode
+        free.append(slot)
+        del running[name]
+        print(f"finished {name} (exit {proc.returncode})", flush=True)
+    time.sleep(0.2)
+  return codes
+
+
+def launch_argv(config: str, workdir: str, overrides: Sequence[str] = ()) -> list[str]:
+  """argv of `python launch.py --config CONFIG --workdir WORKDIR --config.k=v ...`."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return [sys.executable, os.path.join(root, "launch.py"), "--config", config, "--workdir", workdir,
+          *[o if o.startswith("--") else f"--config.{o}" for o in overrides]]
+
+
+def load_history(workdir: str) -> tuple[list[dict], bool]:
+  """(history, finished) of one run: WORKDIR/history.json, or for a run stopped before writing it, the
+  per-step metrics it logged (WORKDIR/logs/metrics.jsonl) with finished=False."""
+  path = os.path.join(workdir, "history.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f), True
+  log = os.path.join(workdir, "logs", "metrics.jsonl")
+  if not os.path.exists(log):
+    raise FileNotFoundError(f"{workdir}: the run left neither history.json nor logs/metrics.jsonl")
+  with open(log) as f:
+    return [json.loads(line) for line in f if line.strip()], False
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
+  """(mean, half-width of the 95% confidence interval of the mean: t_{0.975, n-1} · s / sqrt(n));
+  the half-width is nan for one value."""
+  from scipy import stats
+  x = np.asarray(values, float)
+  if len(x) < 2:
+    return float(x.mean()), float("nan")
+  return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def metric_by_step(history: list[dict], metric: str) -> dict[int, float]:
+  return {int(h["step"]): float(h[metric]) for h in history if metric in h}
+
+
+def summary_table(histories: dict[str, list[list[dict]]], metric: str) -> str:
+  """Markdown table: one row per method, one column per evaluation step: mean ± 95% CI (n runs)."""
+  per = {m: [metric_by_step(h, metric) for h in hs] for m, hs in histories.items()}
+  steps = sorted({s for runs in per.values() for r in runs for s in r})
+  lines = [f"| method | {' | '.join(f'step {s}' for s in steps)} |", "|---|" + "---|" * len(steps)]
+  for m, runs in per.items():
+    cells = []
+    for s in steps:
+      vals = [r[s] for r in runs if s in r]
+      if not vals:
+        cells.append("-")
+        continue
+      mean, ci = mean_ci95(vals)
+      cells.append(f"{mean:.3f} ± {ci:.3f} (n={len(vals)})" if len(vals) > 1 else f"{mean:.3f} (n=1)")
+    lines.append(f"| {m} | {' | '.join(cells)} |")
+  return "\n".join(lines)
+
+
+def plot_curves(series: dict[str, list[tuple[list, list]]], ylabel: str, path: str, title: str = "",
+                xlabel: str = "RL step") -> None:
+  """One line per name: the mean over its runs (x, y), with a 95% CI band when there are several."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 3.8))
+  for name, runs in series.items():
+    x = np.asarray(runs[0][0], float)
+    ys = np.asarray([np.interp(x, np.asarray(r[0], float), np.asarray(r[1], float)) for r in runs])
+    ax.plot(x, ys.mean(0), label=f"{name} (n={len(runs)})", marker="o" if len(x) <= 12 else None)
+    if len(runs) > 1:
+      half = np.array([mean_ci95(ys[:, j])[1] for j in range(ys.shape[1])])
+      ax.fill_between(x, ys.mean(0) - half, ys.mean(0) + half, alpha=0.2)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if title:
+    ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

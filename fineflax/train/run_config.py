@@ -1,0 +1,71 @@
+"""The run's config saved beside its checkpoints, and the check that a resumed run is the same run.
+
+WORKDIR/config.json holds the config of the run that wrote the checkpoints. Resuming with a config that
+differs in a field that changes the run (anything but its length, logging and checkpoint cadence) is
+refused with the differing fields named, before anything is restored. `resume=False` moves the old
+run's outputs to WORKDIR/replaced-<time>/ (nothing is deleted) and starts afresh.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import time
+
+from fineflax.io import atomic_write_text
+
+# fields a resumed run may change: its length, evaluation/logging cadence and where it runs
+RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_batch_size", "log_every",
+                     "checkpoint.*", "resume", "verbose", "sample_prompt", "sample_max_new_tokens",
+                     "mesh.*", "distributed.*")
+RUN_OUTPUTS = ("checkpoints", "logs", "history.json", "summary.json", "adapter", "config.json")
+
+
+class ConfigChanged(ValueError):
+  """A workdir's checkpoints belong to a run with another config."""
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{"a": {"b": 1}} -> {"a.b": 1}; tuples become lists (as JSON stores them)."""
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+def config_diff(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+  """(key, saved value, current value) of every flattened key that differs and may not change."""
+  a, b = flatten(saved), flatten(json.loads(json.dumps(current, default=str)))
+  keys = sorted(set(a) | set(b))
+  allowed = lambda k: any(fnmatch.fnmatchcase(k, p) for p in RESUMABLE_CHANGES)
+  return [(k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys
+          if not allowed(k) and a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def check_resumable(config, workdir: str) -> None:
+  """Raise `ConfigChanged` when WORKDIR holds checkpoints of a run with a different config; with
+  `config.resume=False` move that run's outputs aside instead. Then save the current config."""
+  path = os.path.join(workdir, "config.json")
+  current = config.to_dict()
+  has_ckpt = os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
+      os.path.join(workdir, "checkpoints"))
+  if has_ckpt and not config.get("resume", True):
+    aside = os.path.join(workdir, time.strftime("replaced-%Y%m%d-%H%M%S"))
+    os.makedirs(aside)
+    for name in RUN_OUTPUTS:
+      if os.path.exists(os.path.join(workdir, name)):
+        os.rename(os.path.join(workdir, name), os.path.join(aside, name))
+    print(f"resume=false: the previous run's outputs moved to {aside}", flush=True)
+  elif has_ckpt and os.path.exists(path):
+    with open(path) as f:
+      diff = config_diff(json.load(f), current)
+    if diff:
+      shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:8])
+      raise ConfigChanged(
+          f"{workdir} holds checkpoints of a run with another config ({len(diff)} field(s) differ: {shown}). "
+          f"Use a new --workdir, or --config.resume=false to move that run aside and start afresh.")
+  atomic_write_text(path, json.dumps(current, indent=1, default=str))
