@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from fineflax.rl.tasks import ITEMS, NAMES, generate_problems, write_traces
+from fineflax.envs.word_problems import ITEMS, NAMES, generate_problems, write_traces
 from fineflax.rl.traces import load_traces
 
 _OPS = {"gets (\\d+) more": "+", "gives away (\\d+)": "-", "ends up with (\\d+) times as many": "*",

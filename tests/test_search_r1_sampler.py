@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fineflax.models import ModelConfig, init_params
-from fineflax.rl.rollout import build_rl_batch
+from fineflax.rl.batch import build_rl_batch
 from fineflax.rl.step import completion_logp
 from fineflax.search_r1 import (INVALID_ACTION_TEXT, ReasoningWithSearch, RolloutConfig, SamplerPolicy,
                                 make_kb, make_search_fn, prompt_ids, run_rollouts, session_length)

@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from fineflax.models import ModelConfig, init_params
-from fineflax.rl.rollout import build_rl_batch
+from fineflax.rl.batch import build_rl_batch
 from fineflax.rl.step import completion_logp, make_rl_fns, rl_loss
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
@@ -113,3 +113,32 @@ def test_masked_tokens_get_no_gradient(base):
   old[0, :2] += 5.0  # masked positions of row 0
   loss_b = rl_loss(lora, base, dict(batch, old_logp=jnp.asarray(old)), **kw)[0]
   assert float(loss_a) == float(loss_b)
+
+
+def test_a_new_objective_is_one_table_entry_and_one_loss(base, monkeypatch):
+  """Adding an objective: register an `Objective` (loss + batch fields + config -> kwargs); the jitted
+  step, the config validation and the loss dispatch need nothing else."""
+  import ml_collections
+
+  from fineflax.rl import objectives as O
+  from fineflax.rl.losses import aggregate
+
+  def reinforce(logp, entropy, batch, scale):  # -A·logp, token-mean
+    loss = aggregate(-batch["advantages"][:, None] * logp * scale, batch["mask"], "token-mean")
+    return loss, {"loss": loss}
+
+  monkeypatch.setitem(O.OBJECTIVES, "reinforce", O.Objective(reinforce, (), lambda rl: {"scale": rl.scale}))
+  rl = ml_collections.ConfigDict({"objective": "reinforce", "scale": 2.0})
+  obj = O.validate_rl(rl)
+  batch = _batch(4)
+  lora = _lora(base, b_scale=0.1)
+  loss, _ = rl_loss(lora, base, batch, objective="reinforce", loss_kwargs=obj.kwargs(rl), fwd_kwargs=FWD)
+  logp, _ = completion_logp(lora, base, batch, **FWD)
+  m = np.asarray(batch["mask"])
+  want = (-np.asarray(batch["advantages"])[:, None] * np.asarray(logp) * 2.0 * m).sum() / m.sum()
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  step, _ = make_rl_fns(optax.sgd(1e-2), objective="reinforce", loss_kwargs=obj.kwargs(rl), fwd_kwargs=FWD)
+  state = {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": optax.sgd(1e-2).init(lora),
+           "rng": jax.random.PRNGKey(0)}
+  new, metrics = step(state, base, batch)
+  assert int(new["step"]) == 1 and np.isfinite(float(metrics["loss"]))
