@@ -24,6 +24,12 @@ def cases(outside_dir: str, port: int, token: str) -> dict:
     "memory_bomb": ("chunks = []\ntry:\n  while True:\n    chunks.append(bytearray(16 << 20))\n"
                     "except MemoryError:\n  print('capped', len(chunks) * 16, flush=True)\n",
                     {"timeout_s": 5.0, "memory_mb": 128}),
+    "memory_bomb_forked": ("import os\nfor i in range(4):\n  if os.fork() == 0:\n    try:\n"
+                           "      b = bytearray(90 << 20)\n      for j in range(0, len(b), 4096):\n        b[j] = 1\n"
+                           "      print('allocated', i, flush=True)\n      __import__('time').sleep(1)\n"
+                           "    except MemoryError:\n      pass\n    os._exit(0)\n"
+                           "while True:\n  try:\n    os.wait()\n  except ChildProcessError:\n    break\n",
+                           {"timeout_s": 5.0, "memory_mb": 128}),
     "write_outside": (f"open('inside.txt', 'w').write('ok')\nopen({outside_dir + '/escaped.txt'!r}, 'w').write('x')\n",
                       {"timeout_s": 5.0}),
     "network": (f"import socket\ntry:\n  socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"

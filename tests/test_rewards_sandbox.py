@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from fineflax.rewards import get_reward, sandbox, score_completions
+from fineflax.rewards import cgroups, get_reward, sandbox, score_completions
 from fineflax.rewards.code_reward import split_tests
 from fineflax.rewards.sandbox import SandboxUnavailableError, run_python
 
@@ -67,6 +67,14 @@ def _uid_pids(predicate):
       except (OSError, IndexError):
         pass
   return out
+
+
+def _cgroup_memory_writable():
+  cg = cgroups.create(16, 1 << 27)
+  if cg is None:
+    return False
+  cg.kill_and_remove()
+  return cg.memory_limited
 
 
 class _NobodyRunner:
@@ -155,6 +163,9 @@ def test_hostile_programs_are_contained(user, mode, request):
       assert timed_out and rc == -9 and seconds < 3.0
       words = res["memory_bomb"][1].split()
       assert words[0] == "capped" and int(words[1]) <= 128, res["memory_bomb"]
+      allocated = res["memory_bomb_forked"][1].count("allocated")
+      if user == "root" and _cgroup_memory_writable():  # 4 x 90 MB > the run's 128 MB cgroup
+        assert allocated < 4, res["memory_bomb_forked"]
       assert "refused" in res["network"][1] and "CONNECTED" not in res["network"][1], res["network"]
       assert "parent done" in res["setsid_escape"][1]
       if not (weak and user != "root"):  # documented: rlimits without root cannot find setsid escapees
@@ -198,7 +209,8 @@ def test_fork_bomb_keeps_host_process_count_and_load_bounded(user, mode, request
   assert rc is not None, res["fork_bomb"]
   assert timed_out and seconds < 2.0 + 3.0
   # the runner, its supervisor and <= MAX_PROCESSES sandboxed processes, plus other activity on the host
-  assert peak[0] - baseline <= sandbox_hostile.MAX_PROCESSES + 40, (baseline, peak[0])
+  print(f"fork bomb {user}/{mode}: host processes {baseline} -> peak {peak[0]}, load {load_before}")
+  assert peak[0] - baseline <= sandbox_hostile.MAX_PROCESSES + 100, (baseline, peak[0])  # escaped: thousands
   with open("/proc/loadavg") as f:
     assert float(f.read().split()[0]) <= load_before + 4.0
   time.sleep(0.05)
