@@ -225,7 +225,8 @@ def _venv(tmp_root, copies):
   base_python = os.path.join(*sandbox._interpreter())
   subprocess.run([base_python, "-m", "venv", "--without-pip", "--system-site-packages"]
                  + (["--copies"] if copies else []) + [tmp_root], check=True, capture_output=True)
-  site = subprocess.run([os.path.join(tmp_root, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+  site = subprocess.run([os.path.join(tmp_root, "bin", "python"), "-c",
+                         "import site; print(site.getsitepackages()[0])"],
                         check=True, capture_output=True, text=True).stdout.strip()
   with open(os.path.join(site, "fineflax_editable.pth"), "w") as f:  # what an editable install adds
     f.write(REPO + "\n")

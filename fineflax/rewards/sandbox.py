@@ -98,9 +98,9 @@ def _check(rc: int, what: str) -> None:
     raise OSError(err, f"sandbox {what}: {os.strerror(err)}")
 
 
-def _supervise(pid: int) -> None:
+def _supervise(pid: int, max_fd: int) -> None:
   """The intermediate process (outside the PID namespace): wait for its init, exit with its status."""
-  os.closerange(0, 1 << 16)  # holds no pipe (Popen waits for the exec-error pipe to close)
+  os.closerange(0, max_fd)  # holds no pipe (Popen waits for the exec-error pipe to close)
   while True:
     try:
       _, status = os.waitpid(pid, 0)
@@ -122,6 +122,8 @@ def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: 
   libc, ro, rw, byref, sizeof = _LIBC, _RO, _RW, ctypes.byref, ctypes.sizeof
   sigkill = int(signal.SIGKILL)
   caller_uid, caller_gid = os.getuid(), os.getgid()
+  max_fd = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+  max_fd = 1 << 20 if max_fd == resource.RLIM_INFINITY or max_fd > 1 << 20 else max_fd
 
   def setup() -> None:
     for fd in join_fds:  # join the run's cgroups (inherited by everything forked below)
@@ -139,7 +141,7 @@ def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: 
       if pid < 0:
         _check(-1, "fork")
       if pid > 0:
-        _supervise(pid)
+        _supervise(pid, max_fd)
       _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
       _check(libc.mount(workdir, workdir, None, _MS_BIND | _MS_REC, None), "bind workdir")
       if py_dst:
@@ -298,8 +300,8 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
                          stdout=_read_capped(out_path, max_output_bytes),
                          stderr=_read_capped(err_path, max_output_bytes), timed_out=timed_out)
   except subprocess.SubprocessError as e:  # the child's setup failed before exec
-    raise SandboxUnavailableError(f"sandbox mode {mode!r} cannot start: {e} "
-                                  f"{_read_capped(os.path.join(root_dir, 'stderr'), 2000).strip()}. {_FIX}") from None
+    detail = _read_capped(os.path.join(root_dir, "stderr"), 2000).strip()
+    raise SandboxUnavailableError(f"sandbox mode {mode!r} cannot start: {e} {detail}. {_FIX}") from None
   finally:
     for fd in join_fds:
       os.close(fd)
