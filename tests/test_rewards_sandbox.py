@@ -324,3 +324,18 @@ def test_split_tests_bad_source_names_the_field():
     split_tests("assert (", None)
   with pytest.raises(ValueError, match="tests"):
     split_tests(42, None)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="cgroups are only used as root")
+def test_root_without_writable_cgroups(monkeypatch):
+  """No writable cgroup (e.g. read-only /sys/fs/cgroup): 'root' still bounds processes (fresh uid +
+  RLIMIT_NPROC, PID namespace); 'rlimits' as root refuses to run, since nothing would bound a fork bomb."""
+  monkeypatch.setattr(sandbox.cgroups, "create", lambda *a, **k: None)
+  monkeypatch.setattr(sandbox, "_probed", {})
+  if not _mode_works("root"):
+    pytest.skip("'root' mode unavailable here")
+  r = run_python(sandbox_hostile.BOUNDED_FORK, timeout_s=5.0, max_processes=sandbox_hostile.MAX_PROCESSES)
+  assert sandbox_hostile.bounded_contained(r.stdout), r
+  assert not _uid_pids(lambda uid: uid >= sandbox._UID_BASE)
+  with pytest.raises(SandboxUnavailableError, match="no writable pids cgroup"):
+    run_python("print(1)", mode="rlimits")
