@@ -77,19 +77,23 @@ def _cgroup_memory_writable():
   return cg.memory_limited
 
 
+def _standalone_sandbox(root):
+  """A copy of fineflax.rewards.sandbox and the modules it imports (stdlib only) under `root`."""
+  pkg = os.path.join(root, "fineflax", "rewards")
+  os.makedirs(pkg)
+  open(os.path.join(root, "fineflax", "__init__.py"), "w").close()
+  open(os.path.join(pkg, "__init__.py"), "w").close()
+  for name in ("sandbox.py", "cgroups.py", "errors.py"):
+    shutil.copy(os.path.join(REPO, "fineflax", "rewards", name), pkg)
+
+
 class _NobodyRunner:
   """Runs tests/sandbox_hostile.py as uid 65534: a mount namespace binds the interpreter's installation and
   a copy of the sandbox modules at world-readable paths, then setpriv drops to nobody."""
 
   def __init__(self):
     self.base = tempfile.mkdtemp(prefix="fineflax_nobody_")
-    pkg = os.path.join(self.base, "pkg", "fineflax", "rewards")
-    os.makedirs(pkg)
-    for name in ("__init__.py",):
-      open(os.path.join(self.base, "pkg", "fineflax", name), "w").close()
-      open(os.path.join(pkg, name), "w").close()
-    for name in ("sandbox.py", "cgroups.py", "errors.py"):
-      shutil.copy(os.path.join(REPO, "fineflax", "rewards", name), pkg)
+    _standalone_sandbox(os.path.join(self.base, "pkg"))
     shutil.copy(os.path.join(REPO, "tests", "sandbox_hostile.py"), self.base)
     for root, dirs, files in os.walk(self.base):
       os.chmod(root, 0o755)
@@ -127,8 +131,8 @@ def nobody():
   runner.close()
 
 
-COMBOS = ([("root", "root"), ("root", "rlimits"), ("nobody", "userns"), ("nobody", "rlimits")] if IS_ROOT
-          else [("self", "userns"), ("self", "rlimits")])
+COMBOS = ([("root", "root"), ("root", "rlimits"), ("nobody", "userns"), ("nobody", "bwrap"), ("nobody", "rlimits")]
+          if IS_ROOT else [("self", "userns"), ("self", "bwrap"), ("self", "rlimits")])
 
 
 def _run_combo(user, mode, specs, request):
@@ -220,16 +224,18 @@ def test_fork_bomb_keeps_host_process_count_and_load_bounded(user, mode, request
     assert not _uid_pids(lambda uid: uid == NOBODY)
 
 
-def _venv(tmp_root, copies):
-  """A venv of this interpreter seeing its packages (fineflax's dependencies), with an editable-style .pth."""
+def _venv(tmp_root, copies, src):
+  """A venv of this interpreter whose fineflax (the sandbox modules, copied to the private dir `src`) comes
+  from an editable-style .pth."""
   base_python = os.path.join(*sandbox._interpreter())
-  subprocess.run([base_python, "-m", "venv", "--without-pip", "--system-site-packages"]
-                 + (["--copies"] if copies else []) + [tmp_root], check=True, capture_output=True)
+  subprocess.run([base_python, "-m", "venv", "--without-pip"] + (["--copies"] if copies else []) + [tmp_root],
+                 check=True, capture_output=True)
   site = subprocess.run([os.path.join(tmp_root, "bin", "python"), "-c",
                          "import site; print(site.getsitepackages()[0])"],
                         check=True, capture_output=True, text=True).stdout.strip()
-  with open(os.path.join(site, "fineflax_editable.pth"), "w") as f:  # what an editable install adds
-    f.write(REPO + "\n")
+  _standalone_sandbox(src)
+  with open(os.path.join(site, "__editable__.fineflax.pth"), "w") as f:  # what an editable install adds
+    f.write(src + "\n")
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the 'root' mode needs root")
@@ -241,12 +247,12 @@ def test_root_mode_runs_from_venvs_in_private_dirs(copies):
   link_dir = tempfile.mkdtemp(prefix="fineflax_link_")
   try:
     venv = os.path.join(private, "venv")
-    _venv(venv, copies)
+    _venv(venv, copies, os.path.join(private, "src"))
     os.symlink(venv, os.path.join(link_dir, "venv"))
     code = ("from fineflax.rewards.sandbox import run_python\n"
             "r = run_python('import os; print(os.getuid(), 6 * 7)', mode='auto')\nprint(r.stdout, r.stderr)\n")
     out = subprocess.run([os.path.join(link_dir, "venv", "bin", "python"), "-c", code], capture_output=True,
-                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": REPO})
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd=link_dir)
     assert out.returncode == 0, out.stderr[-2000:]
     uid, answer = out.stdout.split()[:2]
     assert answer == "42" and int(uid) >= sandbox._UID_BASE  # ran in 'root' mode, as a sandbox uid
@@ -259,6 +265,7 @@ def test_unavailable_mode_is_an_error_not_a_fallback(monkeypatch):
   """If the strong mode cannot start, a run (and a code reward in scoring) raises, naming the fix."""
   monkeypatch.setattr(sandbox, "_probed", {})
   monkeypatch.setattr(sandbox, "_SYS_MOUNT_SETATTR", 10 ** 6)  # ENOSYS: namespace setup fails
+  monkeypatch.setattr(sandbox.shutil, "which", lambda name, *a, **k: None)  # and no bubblewrap
   monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
   if not (IS_ROOT or _mode_works("userns")):
     pytest.skip("no strong mode on this machine")

@@ -7,7 +7,7 @@ timed_out)`. Nothing is exec'd or eval'd in the calling process. The child runs 
 Mode: the `mode` argument, else the environment variable FINEFLAX_SANDBOX, else "auto". The sandbox never
 degrades silently: if the chosen mode cannot start, every run raises `SandboxUnavailableError` saying why
 and how to fix it (a `RewardSetupError`, which reward scoring does not turn into a 0 score).
-- "auto": "root" when the caller is root, else "userns".
+- "auto": "root" when the caller is root; else "bwrap" when bubblewrap is installed and starts, else "userns".
 - "root" (caller is root): the child joins a per-run cgroup (`cgroups.py`: pids.max = max_processes + 1,
   memory cap = memory_mb, kill-all; where writable), enters new mount, network and PID namespaces (no
   interface but a downed loopback: every connection fails), mounts a fresh /proc, remounts the whole tree
@@ -17,6 +17,10 @@ and how to fix it (a `RewardSetupError`, which reward scoring does not turn into
   no groups: RLIMIT_NPROC binds it (root is exempt) and root-only files are unreadable.
 - "userns" (caller is not root; unprivileged user namespaces allowed): the same namespaces inside a new
   user namespace (the caller's uid mapped to itself); RLIMIT_NPROC = the caller's process count + budget.
+- "bwrap" (caller is not root; bubblewrap on PATH, optional): `bwrap --unshare-all --die-with-parent
+  --ro-bind / / --bind <temp dir> --proc /proc --dev /dev --cap-drop ALL`: the same isolation from a
+  well-kept tool; RLIMIT_NPROC as in "userns". Refused for root: bwrap keeps the host uid 0 (RLIMIT_NPROC
+  does not bind it and root's files stay readable).
 - "rlimits" (opt-in by name only: weak): no namespaces. Writes outside the temp dir and reads of the
   caller's files are NOT prevented; sockets are blocked by a monkeypatch of `socket` (best effort); as root it
   requires a writable pids cgroup (RLIMIT_NPROC does not bind root); not as root, processes that escape
@@ -47,7 +51,7 @@ import time
 from fineflax.rewards import cgroups
 from fineflax.rewards.errors import RewardSetupError
 
-MODES = ("auto", "root", "userns", "rlimits")
+MODES = ("auto", "root", "userns", "bwrap", "rlimits")
 ENV_VAR = "FINEFLAX_SANDBOX"
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
@@ -63,7 +67,7 @@ _SOCKET_GUARD = (
 )
 _FIX = (f"Fix: run as root where namespaces may be created (Docker: --privileged, or --cap-add SYS_ADMIN "
         f"--security-opt seccomp=unconfined --security-opt apparmor=unconfined), or as a non-root user with "
-        f"unprivileged user namespaces enabled (sysctl user.max_user_namespaces>0, "
+        f"unprivileged user namespaces enabled (modes 'bwrap', 'userns'; sysctl user.max_user_namespaces>0, "
         f"kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0); or accept weaker "
         f"isolation (no file-system or network isolation) by name: {ENV_VAR}=rlimits.")
 
@@ -268,7 +272,8 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
       for name in os.listdir(workdir):
         os.chown(os.path.join(workdir, name), uid, uid)
     elif os.geteuid() != 0:
-      nproc = sum(1 for _ in _uids_processes(os.getuid())) + max_processes + (mode == "userns")  # + supervisor
+      supervisors = {"userns": 1, "bwrap": 2}.get(mode, 0)  # processes of ours next to the program
+      nproc = sum(1 for _ in _uids_processes(os.getuid())) + max_processes + supervisors
     if os.geteuid() == 0:
       cg = cgroups.create(max_processes + (mode != "rlimits"), int(memory_mb) << 20)
       if mode == "rlimits" and not (cg and cg.pids_limited):
@@ -281,6 +286,10 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
               resource.RLIMIT_CPU: int(math.ceil(timeout_s)) + 1}
     argv = ([python, "-I", "-c", _SOCKET_GUARD] if mode == "rlimits" else
             [python, "-I", "-X", "frozen_modules=off", "main.py"])
+    if mode == "bwrap":
+      argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
+              "--ro-bind", "/", "/", "--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
+              "--chdir", workdir, "--"] + argv
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out_path, err_path = os.path.join(root_dir, "stdout"), os.path.join(root_dir, "stderr")
@@ -316,23 +325,25 @@ def resolve_mode(mode: str | None = None) -> str:
   name = mode or os.environ.get(ENV_VAR) or "auto"
   if name not in MODES:
     raise ValueError(f"sandbox mode {name!r} (argument or ${ENV_VAR}): expected one of {MODES}")
-  if name == "auto":
-    name = "root" if os.geteuid() == 0 else "userns"
+  candidates = [name] if name != "auto" else ["root"] if os.geteuid() == 0 else ["bwrap", "userns"]
   with _probe_lock:
-    if name not in _probed:
-      _probed[name] = _probe(name)
-  if _probed[name] is not None:
-    raise SandboxUnavailableError(_probed[name])
-  return name
+    for c in candidates:
+      if c not in _probed:
+        _probed[c] = _probe(c)
+      if _probed[c] is None:
+        return c
+  raise SandboxUnavailableError(" / ".join(_probed[c] for c in candidates))
 
 
 def _probe(mode: str) -> str | None:
   """None if `mode` runs print('ok') here, else a message saying why not and how to fix it."""
   if mode == "root" and os.geteuid() != 0:
     return f"sandbox mode 'root' needs root (euid is {os.geteuid()}); use 'userns' or 'auto'."
-  if mode == "userns" and os.geteuid() == 0:
-    return ("sandbox mode 'userns' as root: RLIMIT_NPROC does not bind root, so a fork bomb would flood the "
+  if mode in ("userns", "bwrap") and os.geteuid() == 0:
+    return (f"sandbox mode {mode!r} as root: RLIMIT_NPROC does not bind root, so a fork bomb would flood the "
             "host; use 'root' (or 'auto').")
+  if mode == "bwrap" and shutil.which("bwrap") is None:
+    return "sandbox mode 'bwrap': bubblewrap is not installed (e.g. apt-get install bubblewrap)."
   try:
     result = _run("print('ok')", 20.0, 512, mode, "", 16, 1, 1 << 12, None)
   except SandboxUnavailableError as e:
