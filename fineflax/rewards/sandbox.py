@@ -17,6 +17,7 @@ and how to fix it (a `RewardSetupError`, which reward scoring does not turn into
   no groups: RLIMIT_NPROC binds it (root is exempt) and root-only files are unreadable.
 - "userns" (caller is not root; unprivileged user namespaces allowed): the same namespaces inside a new
   user namespace (the caller's uid mapped to itself); RLIMIT_NPROC = the caller's process count + budget.
+  The program can read what the caller can (read-only, and with no network to send it anywhere).
 - "bwrap" (caller is not root; bubblewrap on PATH, optional): `bwrap --unshare-all --die-with-parent
   --ro-bind / / --bind <temp dir> --proc /proc --dev /dev --cap-drop ALL`: the same isolation from a
   well-kept tool; RLIMIT_NPROC as in "userns". Refused for root: bwrap keeps the host uid 0 (RLIMIT_NPROC
@@ -28,9 +29,9 @@ and how to fix it (a `RewardSetupError`, which reward scoring does not turn into
 
 In every mode: RLIMIT_AS = memory_mb (allocations beyond it raise MemoryError), RLIMIT_NPROC,
 RLIMIT_FSIZE = max_file_mb, RLIMIT_CPU = timeout + 1 s, RLIMIT_CORE = 0, a new session, a wall-clock
-timeout (`timed_out=True`, returncode -9). On return every process of the run is killed: its PID namespace
-dies with its init (the program, which also dies with its supervisor), then the cgroup and (root) the uid are
-swept.
+timeout (`timed_out=True`, returncode -9). On return every process of the run is killed: in the namespace
+modes its PID namespace dies with its init (the program, which also dies with its supervisor); then the
+process group, the cgroup (root) and the sandbox uid ("root") are swept.
 """
 from __future__ import annotations
 
