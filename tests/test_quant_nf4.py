@@ -196,3 +196,54 @@ def test_bad_input_errors():
     quantize_params(params, kind="int4")
   with pytest.raises(ValueError, match="per output column"):
     quantize_int8(jnp.ones((2, 4, 4)), lead_dims=0)
+
+
+def _with_zero_blocks(shape, seed):
+  """Normal data with all-zero 64-blocks: the first, one in the middle, and the (possibly short) last."""
+  x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32).reshape(-1)
+  n = x.size
+  x[:64] = 0.0
+  x[(n // 128) * 64:(n // 128) * 64 + 64] = 0.0
+  x[(n - 1) // 64 * 64:] = 0.0
+  return x.reshape(shape)
+
+
+@pytest.mark.parametrize("shape", [(8, 64), (7, 37), (3, 100)])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_all_zero_blocks_equal_bitsandbytes_and_dequantise_to_zero(shape, double_quant, bnb_reference):
+  """Regression: absmax was floored with the subnormal 1e-38, which XLA flushes to 0 -> NaN -> code 0
+  (-1.0); with double quantisation such a block dequantised to -absmax."""
+  x = _with_zero_blocks(shape, sum(shape))
+  packed, state = _bnb_nf4(x, compress=double_quant)
+  t = quantize_nf4(jnp.asarray(x), blocksize=64, double_quant=double_quant)
+  codes = np.asarray(t.codes)
+  np.testing.assert_array_equal(codes[:packed.numel()], packed.numpy().reshape(-1))
+  zero_blocks = np.all(np.pad(x.reshape(-1), (0, t.num_blocks * 64 - x.size)).reshape(-1, 64) == 0, axis=1)
+  assert zero_blocks.sum() >= 2 and np.all(codes.reshape(t.num_blocks, 32)[zero_blocks] == 0x77)
+  absmax = np.asarray(quantize_nf4(jnp.asarray(x), 64, double_quant=False).absmax)
+  ref_absmax = (state.absmax if not double_quant else
+                bnb_reference["bitsandbytes::quantize_4bit"](torch.from_numpy(x), 64, "nf4", torch.uint8)[1])
+  np.testing.assert_array_equal(absmax.view(np.uint32), ref_absmax.numpy().view(np.uint32))  # bit for bit
+  if double_quant:  # the nested 8-bit codes, as bnb's reference quantiser computes them from our offset
+    q8, absmax2 = bnb_reference["bitsandbytes::quantize_blockwise"](
+        torch.from_numpy(absmax.copy()) - float(t.absmax_offset), F.create_dynamic_map(signed=True), 256)
+    np.testing.assert_array_equal(np.asarray(t.absmax), q8.numpy())
+    np.testing.assert_array_equal(np.asarray(t.absmax_scale), absmax2.numpy())
+  dense = np.asarray(t.dequantize(jnp.float32))
+  assert np.all(np.isfinite(dense))
+  assert np.all(dense.reshape(-1)[x.reshape(-1) == 0] == 0.0)  # exact zeros (every zero maps to code 7)
+  if shape[-1] % 64 == 0:  # bnb's own CPU dequantiser (wrong for other shapes, see bnb_reference)
+    assert np.all(F.dequantize_4bit(packed, state).numpy().reshape(-1)[x.reshape(-1) == 0] == 0.0)
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (3, 37)])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_all_zero_tensor_quantises_to_zero_code(shape, double_quant):
+  """4-bit codes equal bnb's (all 0x77). Not compared: with a short last block bnb's stored absmax is the
+  subnormal 1e-38, so its offset and nested statistics are subnormal, which XLA flushes to 0."""
+  x = np.zeros(shape, np.float32)
+  packed, _ = _bnb_nf4(x, compress=double_quant)
+  t = quantize_nf4(jnp.asarray(x), 64, double_quant=double_quant)
+  np.testing.assert_array_equal(np.asarray(t.codes)[:packed.numel()], packed.numpy().reshape(-1))
+  assert np.all(np.asarray(t.codes) == 0x77)
+  assert np.all(np.asarray(t.dequantize(jnp.float32)) == 0.0)

@@ -65,3 +65,16 @@ def test_weighted_sum_and_errors(workers, caplog):
 def test_length_mismatch_is_an_error():
   with pytest.raises(ValueError, match="2 prompts"):
     score_completions({"format": 1.0}, ["a", "b"], ["x"], [{}])
+
+
+@register("_test_setup_error")
+def _setup_error(prompt, completion, **example):
+  from fineflax.rewards import RewardSetupError
+  raise RewardSetupError("sandbox cannot start here")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_setup_error_stops_scoring_instead_of_scoring_zero(workers):
+  from fineflax.rewards import RewardSetupError
+  with pytest.raises(RewardSetupError, match="sandbox cannot start"):
+    score_completions({"_test_setup_error": 1.0}, ["p", "q"], ["a", "b"], max_workers=workers)

@@ -16,6 +16,9 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
+_F32_TINY = np.float32(np.finfo(np.float32).tiny)  # smallest normal f32, 2^-126
+_BNB_ABSMAX_FLOOR = np.float32(1e-38)  # bnb's clamp(min=1e-38), a subnormal
+
 
 def _linspace_f32(n: int) -> np.ndarray:
   """torch.linspace(0.1, 1, n, dtype=float32) bit for bit (f32 step, one fused multiply-add per element)."""
@@ -43,15 +46,23 @@ def dynamic_code() -> np.ndarray:
 
 
 def scale_blocks(x: jnp.ndarray, blocksize: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """x [n] -> (s f32 [nblocks, blocksize] in [-1, 1], absmax f32 [nblocks]); the tail is zero-padded."""
+  """x [n] -> (s f32 [nblocks, blocksize] in [-1, 1], absmax f32 [nblocks]); the tail is zero-padded.
+
+  bnb divides by max(absmax, 1e-38) and stores absmax unclamped, except for a short last block, whose
+  stored absmax is clamped to 1e-38. 1e-38 is subnormal: XLA flushes it to 0 (0 * (1 / 0) = NaN, code 0),
+  so a block whose absmax is 0 (or subnormal) is scaled by 1 here instead: its s is exactly 0 (the zero
+  code) as in bnb, and the clamp for the short block is a select of the constant's bits.
+  """
   n = x.shape[0]
   nblocks = -(-n // blocksize)
   x = jnp.pad(x.astype(jnp.float32), (0, nblocks * blocksize - n)).reshape(nblocks, blocksize)
   absmax = jnp.max(jnp.abs(x), axis=-1)
-  am = jnp.maximum(absmax, 1e-38)[:, None]
+  normal = absmax >= _F32_TINY  # False for 0 and for subnormals (flushed to 0 by XLA anyway)
+  am = jnp.where(normal, absmax, 1.0)[:, None]
   s = x * (1.0 / am)
   if n % blocksize:  # bnb divides (rather than multiplies by the reciprocal) in a short last block
     s = s.at[-1].set(x[-1] / am[-1])
+    absmax = absmax.at[-1].set(jnp.where(normal[-1], absmax[-1], _BNB_ABSMAX_FLOOR))
   return jnp.clip(s, -1.0, 1.0), absmax
 
 

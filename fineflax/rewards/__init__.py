@@ -8,7 +8,9 @@ from fineflax.rewards import chat, code_reward, combined, format_reward, functio
 from fineflax.rewards.qa import extract_answer, normalize_answer
 from fineflax.rewards.math_equiv import math_equal
 from fineflax.rewards.math_reward import extract_math_answer
-from fineflax.rewards.sandbox import SandboxResult, run_python
+from fineflax.rewards.errors import RewardSetupError
+from fineflax.rewards.sandbox import SandboxResult, SandboxUnavailableError, run_python
 
 __all__ = ["REWARDS", "get_reward", "register", "score_completions", "extract_answer", "normalize_answer",
-           "math_equal", "extract_math_answer", "SandboxResult", "run_python"]
+           "math_equal", "extract_math_answer", "SandboxResult", "run_python", "RewardSetupError",
+           "SandboxUnavailableError"]

@@ -7,6 +7,7 @@ statements are the tests (its other statements run first as setup; with no top-l
 test). A harness child runs the solution (as module `solution`, so `if __name__ == "__main__"` blocks do not
 run), then each test, printing `<nonce> <i> <0|1>`; the nonce comes over stdin so printed text cannot be
 mistaken for a result (a program that inspects the harness's frames could still forge it).
+If the sandbox cannot start, the reward raises `SandboxUnavailableError` (scoring stops; see sandbox.py).
 
 Score:
 - with tests: fraction of tests that passed (0 on syntax error, crash at import, timeout before any result);

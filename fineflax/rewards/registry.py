@@ -5,7 +5,8 @@ fields (`answer`, `ground_truth`, `golden_answers`, `tests`, `tools`/`functions`
 
 score_completions: total_i = sum_f w_f * r_f(prompt_i, completion_i, **example_i). A reward that raises (or
 returns a non-finite / non-numeric value) scores 0 for that item, is logged with its traceback and counted
-in `errors[f]`; nothing raises out.
+in `errors[f]`; nothing raises out, except a `RewardSetupError` (the reward cannot run at all here, e.g.
+the code sandbox cannot start): that is a configuration error and stops scoring with its message.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from fineflax.rewards.errors import RewardSetupError
 
 RewardFn = Callable[..., float]
 REWARDS: dict[str, RewardFn] = {}
@@ -44,6 +47,8 @@ def _score_one(name: str, fn: RewardFn, prompt: str, completion: str, example: M
     if not math.isfinite(value):
       raise ValueError(f"reward {name!r} returned non-finite value {value}")
     return value, False
+  except RewardSetupError:
+    raise
   except Exception:  # a reward must never stop training: log, count, score 0
     _log.exception("reward %r failed on completion %.80r", name, completion)
     return 0.0, True

@@ -1,26 +1,37 @@
-"""Run untrusted Python source in a separate, resource-limited process.
+"""Run untrusted Python source in a separate, isolated, resource-limited process.
 
-Contract: `run_python(source, timeout_s, memory_mb) -> SandboxResult(returncode, stdout, stderr, timed_out)`.
-Nothing is exec'd or eval'd in the calling process. The child is `python -I main.py` in a fresh temp dir
+Contract: `run_python(source, timeout_s, memory_mb, mode=None) -> SandboxResult(returncode, stdout, stderr,
+timed_out)`. Nothing is exec'd or eval'd in the calling process. The child runs main.py in a fresh temp dir
 (its cwd); stdout/stderr go to files (capped by RLIMIT_FSIZE, read back truncated to `max_output_bytes`).
 
-Isolation, strongest mode that works here (probed once, see `isolation_mode()`):
+Mode: the `mode` argument, else the environment variable FINEFLAX_SANDBOX, else "auto". The sandbox never
+degrades silently: if the chosen mode cannot start, every run raises `SandboxUnavailableError` saying why
+and how to fix it (a `RewardSetupError`, which reward scoring does not turn into a 0 score).
+- "auto": "root" when the caller is root; else "bwrap" when bubblewrap is installed and starts, else "userns".
+- "root" (caller is root): the child joins a per-run cgroup (`cgroups.py`: pids.max = max_processes + 1,
+  memory cap = memory_mb, kill-all; where writable), enters new mount, network and PID namespaces (no
+  interface but a downed loopback: every connection fails), mounts a fresh /proc, remounts the whole tree
+  read-only except its temp dir, bind-mounts the base interpreter's installation at a world-readable path
+  and runs that interpreter (so venvs anywhere work: under /tmp, in a 0700 home, editable installs; the
+  program sees the base installation's packages, not the venv's), then drops to a fresh unused uid/gid with
+  no groups: RLIMIT_NPROC binds it (root is exempt) and root-only files are unreadable.
+- "userns" (caller is not root; unprivileged user namespaces allowed): the same namespaces inside a new
+  user namespace (the caller's uid mapped to itself); RLIMIT_NPROC = the caller's process count + budget.
+  The program can read what the caller can (read-only, and with no network to send it anywhere).
+- "bwrap" (caller is not root; bubblewrap on PATH, optional): `bwrap --unshare-all --die-with-parent
+  --ro-bind / / --bind <temp dir> --proc /proc --dev /dev --cap-drop ALL`: the same isolation from a
+  well-kept tool; RLIMIT_NPROC as in "userns". Refused for root: bwrap keeps the host uid 0 (RLIMIT_NPROC
+  does not bind it and root's files stay readable).
+- "rlimits" (opt-in by name only: weak): no namespaces. Writes outside the temp dir and reads of the
+  caller's files are NOT prevented; sockets are blocked by a monkeypatch of `socket` (best effort); as root it
+  requires a writable pids cgroup (RLIMIT_NPROC does not bind root); not as root, processes that escape
+  the session (setsid) survive.
 
-- "root" (caller is root): in `preexec_fn` the child enters new mount + network namespaces
-  (`unshare(CLONE_NEWNS | CLONE_NEWNET)`: no interface but a downed loopback, so every connection fails),
-  remounts the whole tree read-only (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`) except its temp dir,
-  bind-mounts the interpreter prefix at a world-readable path (so it works from a 0700 /root), then drops to
-  a per-run unused uid/gid (no supplementary groups), so RLIMIT_NPROC applies (root is exempt from it) and
-  root-only files stay unreadable. After the run every process of that uid is SIGKILLed (found in /proc).
-- "userns" (not root, unprivileged user namespaces allowed): same, with `CLONE_NEWUSER` instead of the uid
-  switch; RLIMIT_NPROC counts all the caller's processes, so it is set to their current count + the budget.
-- "rlimits" (neither works): rlimits only; sockets are blocked by a monkeypatch of `socket.socket` and
-  `socket.create_connection` applied before the program runs (best effort: `_socket` stays reachable); writes
-  outside the temp dir are NOT prevented; escaped processes (setsid) may survive the process-group kill.
-
-In every mode: RLIMIT_AS = memory_mb (allocations beyond it raise MemoryError), RLIMIT_NPROC = max_processes
-(fork bombs get EAGAIN), RLIMIT_FSIZE = max_file_mb, RLIMIT_CPU = timeout + 1 s, RLIMIT_CORE = 0, a new
-session (process group) killed on return, a wall-clock timeout (`timed_out=True`, returncode -9).
+In every mode: RLIMIT_AS = memory_mb (allocations beyond it raise MemoryError), RLIMIT_NPROC,
+RLIMIT_FSIZE = max_file_mb, RLIMIT_CPU = timeout + 1 s, RLIMIT_CORE = 0, a new session, a wall-clock
+timeout (`timed_out=True`, returncode -9). On return every process of the run is killed: in the namespace
+modes its PID namespace dies with its init (the program, which also dies with its supervisor); then the
+process group, the cgroup (root) and the sandbox uid ("root") are swept.
 """
 from __future__ import annotations
 
@@ -38,17 +49,32 @@ import tempfile
 import threading
 import time
 
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+from fineflax.rewards import cgroups
+from fineflax.rewards.errors import RewardSetupError
+
+MODES = ("auto", "root", "userns", "bwrap", "rlimits")
+ENV_VAR = "FINEFLAX_SANDBOX"
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 _SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (new syscall table)
+_PR_SET_PDEATHSIG = 1
 _UID_BASE, _UID_SPAN = 1_900_000_000, 1 << 20
 _SOCKET_GUARD = (
-    "import socket as _s\n"
-    "def _deny(*a, **k):\n    raise OSError(101, 'network disabled in sandbox')\n"
-    "_s.socket = _deny; _s.create_connection = _deny; _s.socketpair = _deny\n"
-    "import runpy; runpy.run_path('main.py', run_name='__main__')\n"
+  "import socket as _s\n"
+  "def _deny(*a, **k):\n    raise OSError(101, 'network disabled in sandbox')\n"
+  "_s.socket = _deny; _s.create_connection = _deny; _s.socketpair = _deny\n"
+  "import runpy; runpy.run_path('main.py', run_name='__main__')\n"
 )
+_FIX = (f"Fix: run as root where namespaces may be created (Docker: --privileged, or --cap-add SYS_ADMIN "
+        f"--security-opt seccomp=unconfined --security-opt apparmor=unconfined), or as a non-root user with "
+        f"unprivileged user namespaces enabled (modes 'bwrap', 'userns'; sysctl user.max_user_namespaces>0, "
+        f"kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0); or accept weaker "
+        f"isolation (no file-system or network isolation) by name: {ENV_VAR}=rlimits.")
+
+
+class SandboxUnavailableError(RewardSetupError):
+  """The requested isolation mode cannot run here; the message says why and how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +93,8 @@ class _MountAttr(ctypes.Structure):
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _RO, _RW = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0), _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
 _uid_counter = itertools.count((os.getpid() * 7919) % _UID_SPAN)
-_mode_lock = threading.Lock()
-_mode: str | None = None
+_probe_lock = threading.Lock()
+_probed: dict[str, str | None] = {}  # mode -> None (works) or why not
 
 
 def _check(rc: int, what: str) -> None:
@@ -77,19 +103,55 @@ def _check(rc: int, what: str) -> None:
     raise OSError(err, f"sandbox {what}: {os.strerror(err)}")
 
 
-def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: int,
-                  limits: dict[int, int]):
+def _supervise(pid: int, max_fd: int) -> None:
+  """The intermediate process (outside the PID namespace): wait for its init, exit with its status."""
+  os.closerange(0, max_fd)  # holds no pipe (Popen waits for the exec-error pipe to close)
+  while True:
+    try:
+      _, status = os.waitpid(pid, 0)
+      break
+    except InterruptedError:
+      continue
+    except OSError:
+      os._exit(255)
+  if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(128 + os.WTERMSIG(status))
+  os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: int, limits: dict[int, int],
+                  join_fds: list[int]):
   """Returns the child-side setup; every name it touches is bound here (no imports after fork)."""
   libc, ro, rw, byref, sizeof = _LIBC, _RO, _RW, ctypes.byref, ctypes.sizeof
+  sigkill = int(signal.SIGKILL)
+  caller_uid, caller_gid = os.getuid(), os.getgid()
+  max_fd = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+  max_fd = 1 << 20 if max_fd == resource.RLIM_INFINITY or max_fd > 1 << 20 else max_fd
 
-  def preexec() -> None:
+  def setup() -> None:
+    for fd in join_fds:  # join the run's cgroups (inherited by everything forked below)
+      os.write(fd, b"0")
     if mode in ("root", "userns"):
-      flags = _CLONE_NEWNS | _CLONE_NEWNET | (_CLONE_NEWUSER if mode == "userns" else 0)
+      flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | (_CLONE_NEWUSER if mode == "userns" else 0)
       _check(libc.unshare(flags), "unshare")
+      if mode == "userns":
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{caller_uid} {caller_uid} 1"),
+                           ("gid_map", f"{caller_gid} {caller_gid} 1")):
+          fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+          os.write(fd, text.encode())
+          os.close(fd)
+      pid = libc.fork()  # the child is PID 1 of the new namespace; its exit kills the namespace
+      if pid < 0:
+        _check(-1, "fork")
+      if pid > 0:
+        _supervise(pid, max_fd)
       _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
       _check(libc.mount(workdir, workdir, None, _MS_BIND | _MS_REC, None), "bind workdir")
       if py_dst:
         _check(libc.mount(py_src, py_dst, None, _MS_BIND | _MS_REC, None), "bind python")
+      libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)  # best effort
       _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, byref(ro), sizeof(ro)),
              "read-only /")
       _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, workdir, _AT_RECURSIVE, byref(rw), sizeof(rw)),
@@ -101,19 +163,31 @@ def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: 
       os.setgroups([])
       os.setresgid(uid, uid, uid)
       os.setresuid(uid, uid, uid)
+    if mode in ("root", "userns"):  # after the uid change, which clears it
+      _check(libc.prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0), "parent-death signal")
+
+  def preexec() -> None:
+    try:
+      setup()
+    except BaseException as e:
+      os.write(2, f"sandbox setup failed ({mode}): {e}\n".encode())
+      raise
 
   return preexec
 
 
-def _python_bind(root_dir: str) -> tuple[str, str, str]:
-  """(source prefix, mount point, interpreter path under the mount point) for the 'root' mode."""
+def _interpreter() -> tuple[str, str]:
+  """(real base installation prefix, interpreter path relative to it): what the 'root' mode bind-mounts."""
   prefix = os.path.realpath(sys.base_prefix)
-  exe = os.path.realpath(sys.executable)
-  if os.path.commonpath([prefix, exe]) != prefix or sys.prefix != sys.base_prefix:
-    return "", "", sys.executable  # venvs or odd layouts: run the interpreter where it is
-  dst = os.path.join(root_dir, "py")
-  os.mkdir(dst, 0o755)
-  return prefix, dst, os.path.join(dst, os.path.relpath(exe, prefix))
+  for candidate in (sys.executable, getattr(sys, "_base_executable", "")):
+    exe = os.path.realpath(candidate) if candidate else ""
+    if exe and os.path.commonpath([prefix, exe]) == prefix:
+      return prefix, os.path.relpath(exe, prefix)
+  for rel in (f"bin/python{sys.version_info[0]}.{sys.version_info[1]}", "bin/python3"):
+    if os.access(os.path.join(prefix, rel), os.X_OK):
+      return prefix, rel
+  raise SandboxUnavailableError(f"sandbox mode 'root': no interpreter of this Python found under its base "
+                                f"prefix {prefix} (sys.executable={sys.executable})")
 
 
 def _uids_processes(uid: int) -> list[int]:
@@ -133,11 +207,31 @@ def _uids_processes(uid: int) -> list[int]:
   return pids
 
 
-def _kill_all(proc: subprocess.Popen, mode: str, uid: int) -> None:
+def _children(pid: int) -> list[int]:
   try:
-    os.killpg(proc.pid, signal.SIGKILL)
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      return [int(c) for c in f.read().split()]
+  except OSError:
+    return []
+
+
+def _kill_all(proc: subprocess.Popen, mode: str, uid: int, cg: cgroups.RunCgroup | None) -> None:
+  if mode != "rlimits" and proc.poll() is None:  # kill the namespace's init first (the kernel then kills
+    for pid in _children(proc.pid):              # the rest) so the supervisor reaps it: no orphan zombie
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    try:
+      proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+      pass
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor (PDEATHSIG then kills the init) or the program
   except OSError:
     pass
+  if cg is not None:
+    cg.kill_and_remove()
   if mode == "root":
     for _ in range(100):  # a fork bomb may refill between scans; RLIMIT_NPROC bounds each round
       pids = _uids_processes(uid)
@@ -156,13 +250,10 @@ def _read_capped(path: str, limit: int) -> str:
     return f.read(limit).decode("utf-8", errors="replace")
 
 
-def _own_process_count() -> int:
-  return sum(1 for _ in _uids_processes(os.getuid()))
-
-
 def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, max_processes: int,
          max_file_mb: int, max_output_bytes: int, files: dict[str, str] | None) -> SandboxResult:
   root_dir = tempfile.mkdtemp(prefix="fineflax_sandbox_")
+  cg, join_fds = None, []
   try:
     os.chmod(root_dir, 0o755)
     workdir = os.path.join(root_dir, "work")
@@ -174,20 +265,36 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
     py_src, py_dst, python = "", "", sys.executable
     nproc = max_processes
     if mode == "root":
-      py_src, py_dst, python = _python_bind(root_dir)
+      py_src, rel = _interpreter()
+      py_dst = os.path.join(root_dir, "py")
+      os.mkdir(py_dst, 0o755)
+      python = os.path.join(py_dst, rel)
       os.chown(workdir, uid, uid)
       for name in os.listdir(workdir):
         os.chown(os.path.join(workdir, name), uid, uid)
-    elif mode == "userns":
-      nproc = _own_process_count() + max_processes
+    elif os.geteuid() != 0:
+      supervisors = {"userns": 1, "bwrap": 2}.get(mode, 0)  # processes of ours next to the program
+      nproc = sum(1 for _ in _uids_processes(os.getuid())) + max_processes + supervisors
+    if os.geteuid() == 0:
+      cg = cgroups.create(max_processes + (mode != "rlimits"), int(memory_mb) << 20)
+      if mode == "rlimits" and not (cg and cg.pids_limited):
+        raise SandboxUnavailableError("sandbox mode 'rlimits' as root: no writable pids cgroup, and "
+                                      "RLIMIT_NPROC does not bind root (a fork bomb would flood the host). "
+                                      "Use mode 'root' (the default for root). " + _FIX)
+      join_fds = cgroups.open_join_fds(cg)
     limits = {resource.RLIMIT_AS: int(memory_mb) << 20, resource.RLIMIT_NPROC: nproc,
               resource.RLIMIT_FSIZE: int(max_file_mb) << 20, resource.RLIMIT_CORE: 0,
               resource.RLIMIT_CPU: int(math.ceil(timeout_s)) + 1}
-    argv = [python, "-I", "-c", _SOCKET_GUARD] if mode == "rlimits" else [python, "-I", "-X", "frozen_modules=off", "main.py"]
+    argv = ([python, "-I", "-c", _SOCKET_GUARD] if mode == "rlimits" else
+            [python, "-I", "-X", "frozen_modules=off", "main.py"])
+    if mode == "bwrap":
+      argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
+              "--ro-bind", "/", "/", "--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
+              "--chdir", workdir, "--"] + argv
     env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out_path, err_path = os.path.join(root_dir, "stdout"), os.path.join(root_dir, "stderr")
-    preexec = _make_preexec(mode, workdir.encode(), py_src.encode(), py_dst.encode(), uid, limits)
+    preexec = _make_preexec(mode, workdir.encode(), py_src.encode(), py_dst.encode(), uid, limits, join_fds)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
       proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
                               preexec_fn=preexec, start_new_session=True, close_fds=True)
@@ -197,41 +304,73 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
       except subprocess.TimeoutExpired:
         timed_out = True
       finally:
-        _kill_all(proc, mode, uid)
+        _kill_all(proc, mode, uid, cg)
         proc.wait()
     return SandboxResult(returncode=-9 if timed_out else proc.returncode,
                          stdout=_read_capped(out_path, max_output_bytes),
                          stderr=_read_capped(err_path, max_output_bytes), timed_out=timed_out)
+  except subprocess.SubprocessError as e:  # the child's setup failed before exec
+    detail = _read_capped(os.path.join(root_dir, "stderr"), 2000).strip()
+    raise SandboxUnavailableError(f"sandbox mode {mode!r} cannot start: {e} {detail}. {_FIX}") from None
   finally:
+    for fd in join_fds:
+      os.close(fd)
+    if cg is not None:
+      cg.kill_and_remove()
     shutil.rmtree(root_dir, ignore_errors=True)
 
 
+def resolve_mode(mode: str | None = None) -> str:
+  """The mode to use (argument, else $FINEFLAX_SANDBOX, else 'auto'); raises SandboxUnavailableError if it
+  cannot run here (probed once per process with a trivial program)."""
+  name = mode or os.environ.get(ENV_VAR) or "auto"
+  if name not in MODES:
+    raise ValueError(f"sandbox mode {name!r} (argument or ${ENV_VAR}): expected one of {MODES}")
+  candidates = [name] if name != "auto" else ["root"] if os.geteuid() == 0 else ["bwrap", "userns"]
+  with _probe_lock:
+    for c in candidates:
+      if c not in _probed:
+        _probed[c] = _probe(c)
+      if _probed[c] is None:
+        return c
+  raise SandboxUnavailableError(" / ".join(_probed[c] for c in candidates))
+
+
+def _probe(mode: str) -> str | None:
+  """None if `mode` runs print('ok') here, else a message saying why not and how to fix it."""
+  if mode == "root" and os.geteuid() != 0:
+    return f"sandbox mode 'root' needs root (euid is {os.geteuid()}); use 'userns' or 'auto'."
+  if mode in ("userns", "bwrap") and os.geteuid() == 0:
+    return (f"sandbox mode {mode!r} as root: RLIMIT_NPROC does not bind root, so a fork bomb would flood the "
+            "host; use 'root' (or 'auto').")
+  if mode == "bwrap" and shutil.which("bwrap") is None:
+    return "sandbox mode 'bwrap': bubblewrap is not installed (e.g. apt-get install bubblewrap)."
+  try:
+    result = _run("print('ok')", 20.0, 512, mode, "", 16, 1, 1 << 12, None)
+  except SandboxUnavailableError as e:
+    return str(e)
+  except OSError as e:
+    return f"sandbox mode {mode!r} cannot start: {e}. {_FIX}"
+  if result.returncode != 0 or result.stdout.strip() != "ok":
+    return (f"sandbox mode {mode!r} cannot start: a trivial program exited with {result.returncode}, "
+            f"stderr: {result.stderr.strip()[-800:]!r}. {_FIX}")
+  return None
+
+
 def isolation_mode() -> str:
-  """The strongest mode ('root' > 'userns' > 'rlimits') that runs a trivial program here; cached."""
-  global _mode
-  with _mode_lock:
-    if _mode is None:
-      candidates = (["root"] if os.geteuid() == 0 else []) + ["userns"]
-      _mode = "rlimits"
-      for mode in candidates:
-        try:
-          result = _run("print('ok')", 10.0, 512, mode, "", 16, 1, 1 << 10, None)
-        except (OSError, subprocess.SubprocessError):
-          continue
-        if result.returncode == 0 and result.stdout.strip() == "ok":
-          _mode = mode
-          break
-    return _mode
+  """The mode runs use here (see `resolve_mode`)."""
+  return resolve_mode()
 
 
 def run_python(source: str, timeout_s: float = 5.0, memory_mb: int = 512, *, stdin: str = "",
                max_processes: int = 16, max_file_mb: int = 16, max_output_bytes: int = 1 << 20,
-               files: dict[str, str] | None = None) -> SandboxResult:
+               files: dict[str, str] | None = None, mode: str | None = None) -> SandboxResult:
   """Runs `source` as main.py in a sandboxed child (see module docstring); never raises for program errors.
 
-  `files` are extra text files written next to main.py; `stdin` is fed to the child.
+  `files` are extra text files written next to main.py; `stdin` is fed to the child. Raises
+  SandboxUnavailableError if the isolation mode cannot run here.
   """
   if timeout_s <= 0 or memory_mb <= 0:
     raise ValueError(f"run_python: timeout_s={timeout_s} and memory_mb={memory_mb} must be > 0")
-  return _run(source, float(timeout_s), int(memory_mb), isolation_mode(), stdin, max_processes,
+  return _run(source, float(timeout_s), int(memory_mb), resolve_mode(mode), stdin, max_processes,
               max_file_mb, max_output_bytes, files)
