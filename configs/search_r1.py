@@ -69,6 +69,7 @@ def get_config(arg: str = ""):
   config.search.max_turn_tokens = 96  # new tokens per model turn
   config.search.max_obs_tokens = 192  # inserted information block cut to this many tokens
   config.search.info_tag = "information"  # tag of inserted passages (classic variant: context)
+  config.search.mask_info = True  # inserted passages out of the loss (False: the paper's ablation)
 
   config.rewards = ml_collections.ConfigDict()
   config.rewards.search_r1_em = 1.0  # exact match of the final answer (the Search-R1 reward)

@@ -16,3 +16,16 @@ def test_search_r1_job_runs_one_step_with_luffy_demonstrations(tiny_smol, tmp_pa
   assert {"loss", "searches", "off_policy_prob", "reward_search_r1_em"} <= set(hist[-1])
   assert os.path.exists(tmp_path / "adapter" / "adapter_model.safetensors")
   assert os.path.exists(tmp_path / "history.json") and os.path.exists(tmp_path / "summary.json")
+
+
+def test_info_masking_ablation_trains_on_inserted_tokens():
+  from fineflax.envs.search_r1 import result_rows
+  from fineflax.search_r1 import RolloutResult
+  r = RolloutResult()
+  r._add([5, 6], 1.0, [-0.1, -0.2], "<search>q</search>")
+  r._add([7, 8, 9], 0.0, [0.0] * 3, "<information>doc</information>")
+  r._add([10], 1.0, [-0.3], "<answer>a</answer>")
+  r.finish = "answer"
+  assert result_rows([[1, 2]], [r], False)["loss_mask"] == [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]]
+  assert result_rows([[1, 2]], [r], False, mask_info=False)["loss_mask"] == [[1.0] * 6]
+  assert result_rows([[1, 2]], [r], False)["rollout_logp"] == [[-0.1, -0.2, 0.0, 0.0, 0.0, -0.3]]

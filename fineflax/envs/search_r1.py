@@ -1,11 +1,12 @@
 """Search-R1 as an RL environment: multi-turn rollouts with a search engine over a generated knowledge base.
 
-Config: `config.kb` (the fictional knowledge base), `config.search` (engine or /retrieve URL, top-k,
-turn and observation budgets, info tag), `config.num_eval` held-out questions (half two-hop). Inserted
-passages are masked out of the loss. Rewards come from `config.rewards` (registry names, e.g.
-search_r1_em / search_r1_format / search_r1_searched) with the example {"answer": [golden], "rollout"}.
-Demonstrations (LUFFY guidance) are each question's scripted correct searches and answer, run through
-the same loop with the real engine, so their inserted text is real and masked.
+Config: `config.kb` (the fictional knowledge base), `config.search` (engine or /retrieve URL, top-k, turn
+and observation budgets, info tag, mask_info), `config.num_eval` held-out questions (half two-hop).
+Inserted passages are masked out of the loss (`search.mask_info`; False is the paper's ablation).
+Rewards come from `config.rewards` (registry names, e.g. search_r1_em / search_r1_format /
+search_r1_searched) with the example {"answer": [golden], "rollout"}. Demonstrations (LUFFY guidance)
+are each question's scripted correct searches and answer, run through the same loop with the real
+engine, so their inserted text is real and masked.
 """
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ def held_out(kb, num: int, seed: int):
   return two[:k] + one[:num - k]
 
 
-def result_rows(prompts, results, off_policy: bool, mask_truncated: bool = False) -> dict:
-  """Rows from rollout results (loss mask 0 on inserted text; all 0 for a truncated row when
-  `mask_truncated`); traces carry no rollout log-probs."""
-  masks = [[0.0] * len(r.tokens) if mask_truncated and r.finish == "length" else r.loss_mask
-           for r in results]
+def result_rows(prompts, results, off_policy: bool, mask_truncated: bool = False,
+                mask_info: bool = True) -> dict:
+  """Rows from rollout results: loss mask 0 on inserted text (1 everywhere with mask_info=False, the
+  paper's no-masking ablation); all 0 for a truncated row when `mask_truncated`. Traces carry no
+  rollout log-probs."""
+  masks = [[0.0] * len(r.tokens) if mask_truncated and r.finish == "length"
+           else (r.loss_mask if mask_info else [1.0] * len(r.tokens)) for r in results]
   return R.make_rows(prompts, [r.tokens for r in results], masks, [r.trace for r in results],
                      off_policy=off_policy, rollout_logp=None if off_policy else [r.logprobs for r in results])
 
@@ -99,7 +102,8 @@ class SearchR1Env:
   def rollout(self, policy, items, rng, mask_truncated: bool = False):
     """(rows, examples): one multi-turn rollout per item."""
     results = self.results(policy, items, rng)
-    rows = result_rows([self.prompt(q) for q in items], results, False, mask_truncated)
+    rows = result_rows([self.prompt(q) for q in items], results, False, mask_truncated,
+                       self.config.search.get("mask_info", True))
     return rows, [{"answer": [q.answer], "rollout": r} for q, r in zip(items, results)]
 
   def demonstrations(self, policy, items, texts=None):
@@ -110,8 +114,9 @@ class SearchR1Env:
     script = ScriptedPolicy(self.tok, [list(q.demo) for q in items], eos_id=policy.eos_id)
     cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=self.rollout_cfg.max_response_tokens)
     results = run_rollouts(script, [self.prompt(q) for q in items], self.search_fn, self.tok, cfg)
-    return [(result_rows([self.prompt(q)], [r], True), {"answer": [q.answer], "rollout": r})
-            for q, r in zip(items, results)]
+    mask_info = self.config.search.get("mask_info", True)
+    return [(result_rows([self.prompt(q)], [r], True, mask_info=mask_info),
+             {"answer": [q.answer], "rollout": r}) for q, r in zip(items, results)]
 
   def evaluate(self, policy, items) -> dict:
     """Greedy held-out EM (all, single-hop, two-hop), searches per question, format, finish shares."""

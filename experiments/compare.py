@@ -1,0 +1,116 @@
+"""M methods x S seeds of one config, placed on all visible GPUs: one table (mean ± 95% CI per evaluation
+step), one plot, every run's history.
+
+  python experiments/compare.py --config configs/grpo_arith.py --out experiments/exgrpo \\
+      --method grpo=grpo --method exgrpo=grpo,exgrpo --seeds 0 1 2 3 --set num_steps=60 --per-gpu 2
+
+A method is NAME=PRESETS[;key=value;...]: the config's presets and its own overrides (after the common
+--set ones). Each run is `python launch.py --config CONFIG:PRESETS --workdir OUT/runs/NAME-SEED ...` in its
+own process (`fineflax.runs.run_parallel`: --per-gpu runs per GPU, or --parallel on a CPU); a run that
+crashes is reported and the others go on. Writes RESULTS.md, results.json (per method, per seed, per
+evaluation step) and curves.png into --out. `--collect` only tabulates the runs already there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from experiments.common import command_line, device_name  # noqa: E402
+from fineflax.runs import launch_argv, load_history, plot_curves, run_parallel, summary_table  # noqa: E402
+
+
+def parse_method(spec: str) -> tuple[str, str, list[str]]:
+  """"name=presets;k=v;k=v" -> (name, presets, ["k=v", ...])."""
+  name, _, rest = spec.partition("=")
+  presets, *overrides = rest.split(";") if rest else [""]
+  if not name:
+    raise SystemExit(f"--method {spec!r}: expected NAME=PRESETS[;key=value...]")
+  return name, presets, [o for o in overrides if o]
+
+
+def visible_gpus() -> list[int]:
+  if shutil.which("nvidia-smi") is None:
+    return []
+  out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+  ids = [i for i, line in enumerate(out.splitlines()) if line.startswith("GPU")]
+  env = os.environ.get("CUDA_VISIBLE_DEVICES")
+  return [int(x) for x in env.split(",") if x.strip()] if env else ids
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--config", required=True, help="config file (its presets go in --method)")
+  ap.add_argument("--method", action="append", required=True, help="NAME=PRESETS[;key=value...]")
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+  ap.add_argument("--set", nargs="*", default=[], help="overrides for every run, key=value")
+  ap.add_argument("--metric", default="eval_accuracy", help="evaluation metric of the table and plot")
+  ap.add_argument("--extra-metrics", nargs="*", default=[], help="more metrics tabulated per step")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU")
+  ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
+  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--title", default="")
+  args = ap.parse_args(argv)
+  methods = [parse_method(m) for m in args.method]
+  out = pathlib.Path(args.out)
+  (out / "runs").mkdir(parents=True, exist_ok=True)
+  t0, codes = time.time(), {}
+  gpus = visible_gpus()
+  if not args.collect:
+    commands = {f"{name}-{seed}": launch_argv(f"{args.config}:{presets}", str(out / "runs" / f"{name}-{seed}"),
+                                              [f"seed={seed}", *args.set, *over])
+                for name, presets, over in methods for seed in args.seeds}
+    codes = run_parallel(commands, str(out / "logs"), max_parallel=args.parallel, gpus=gpus or None,
+                         per_gpu=args.per_gpu)
+  histories, runs = {}, {}
+  for name, _, _ in methods:
+    for seed in args.seeds:
+      try:
+        hist, finished = load_history(str(out / "runs" / f"{name}-{seed}"))
+      except FileNotFoundError:
+        print(f"{name}-{seed}: no history (exit {codes.get(f'{name}-{seed}')}, see logs/{name}-{seed}.log)")
+        continue
+      histories.setdefault(name, []).append(hist)
+      runs.setdefault(name, {})[seed] = {"finished": finished, "exit": codes.get(f"{name}-{seed}"),
+                                         "evals": [h for h in hist if args.metric in h]}
+  wall = time.time() - t0
+  device = device_name()
+  (out / "results.json").write_text(json.dumps({"command": command_line(), "device": device, "wall_s": wall,
+                                                "methods": {n: {"presets": p, "overrides": o} for n, p, o in methods},
+                                                "common": args.set, "runs": runs}, indent=1))
+  series = {n: [([h["step"] for h in hist if args.metric in h], [h[args.metric] for h in hist if args.metric in h])
+                for hist in hs] for n, hs in histories.items()}
+  series = {n: [r for r in rs if r[0]] for n, rs in series.items() if any(r[0] for r in rs)}
+  if series:
+    plot_curves(series, args.metric, str(out / "curves.png"), title=args.title or f"{args.config} ({device})")
+  tables = [f"### {m}\n\n{summary_table(histories, m)}" for m in [args.metric, *args.extra_metrics]]
+  failed = [n for n, c in codes.items() if c != 0]
+  md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})
+
+- command: `{command_line()}`
+- device: {device}; {len(gpus) or 'no'} GPUs, {args.per_gpu if gpus else args.parallel} runs at once per
+  {'GPU' if gpus else 'machine'}; wall time {wall:.0f} s
+- methods: {'; '.join(f'{n} = `{args.config}:{p}` {" ".join(o)}' for n, p, o in methods)}; common overrides:
+  `{' '.join(args.set)}`; seeds {args.seeds}
+- cells: mean ± 95% confidence interval (Student t) over seeds, n = runs that reached the step
+{f'- runs that did not finish: {failed}' if failed else ''}
+
+{chr(10).join(tables)}
+
+![curves](curves.png)
+"""
+  (out / "RESULTS.md").write_text(md)
+  print(md)
+  return 0 if histories else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
