@@ -122,7 +122,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
       shown = [k for k in (*hooks.postfix, hooks.eval_metric) if k in scalars]
       bar.set_postfix({k: f"{scalars[k]:.4g}" for k in shown})
       bar.update(1)
-      stopping = bool(stop)  # polled once a step
+      stopping = bool(stop) and step < num_steps  # polled once a step; the last step completes the run
       if step % ck.every == 0 or evaluating or stopping:
         best = {hooks.eval_metric: scalars[hooks.eval_metric]} if hooks.eval_metric in scalars else None
         failed_writes = 0 if save(step, best) else failed_writes + 1
