@@ -24,7 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, missing_columns, to_messages
+from fineflax.data.schemas import (SCHEMAS, RowError, detect_schema, json_error, missing_columns,
+                                   to_messages)
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 SAMPLES_DIR = pathlib.Path(__file__).parent / "samples"
@@ -112,7 +113,7 @@ def _scan_jsonl(path: pathlib.Path, schema: str, bad: _BadRows):
       try:
         row = json.loads(text)
       except json.JSONDecodeError as e:
-        bad(f"{path}:line {n}", f"invalid JSON ({e.msg} at column {e.colno})")
+        bad(f"{path}:line {n}", f"invalid JSON ({json_error(e)})")
         rejected = True
         continue
       if not isinstance(row, dict):
