@@ -173,7 +173,8 @@ def from_sharegpt(row: Mapping[str, Any]) -> list[dict]:
       try:
         call = json.loads(value)
       except json.JSONDecodeError as e:
-        raise RowError(f"{f}.value: function_call is not valid JSON ({json_error(e)}): {value[:60]!r}") from None
+        raise RowError(f"{f}.value: function_call is not valid JSON ({json_error(e)}): "
+                       f"{value[:60]!r}") from None
       calls = call if isinstance(call, list) else [call]
       out.append(message("assistant", "", tool_calls=_tool_calls(calls, f"{f}.value")))
     else:

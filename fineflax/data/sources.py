@@ -9,9 +9,10 @@
 
 Malformed rows (invalid JSON, wrong field count in CSV, a row that does not fit the schema) raise
 `DataError("FILE:line N: reason")` with on_bad_row="error", or are skipped and counted with "skip"
-(`Source.num_skipped`, first reasons in `Source.skipped`). JSON lines are checked with `json.loads` line by
-line before `datasets` reads the file, so the error names the line; CSV records are located with the `csv`
-module; JSON arrays, Parquet and hub rows are named by row index.
+(`Source.num_skipped`, first reasons in `Source.skipped`, `Source.skip_report()` as a dict); a source that
+skipped rows says so once, as a logging warning naming the first locations, when it is loaded. JSON lines
+are checked with `json.loads` line by line before `datasets` reads the file, so the error names the line;
+CSV records are located with the `csv` module; JSON arrays, Parquet and hub rows are named by row index.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import pathlib
 import tempfile
 from typing import Any, Sequence
 
+import logging
+
 import numpy as np
 
 from fineflax.data.schemas import (SCHEMAS, RowError, detect_schema, json_error, missing_columns,
@@ -30,6 +33,8 @@ from fineflax.data.schemas import (SCHEMAS, RowError, detect_schema, json_error,
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 SAMPLES_DIR = pathlib.Path(__file__).parent / "samples"
 MAX_REPORTED = 20
+SHOWN = 5  # locations named in the console warning and skip_report()
+_log = logging.getLogger("fineflax.data")
 
 
 class DataError(ValueError):
@@ -73,6 +78,18 @@ class Source:
     return (f"Source({self.name!r}, schema={self.schema!r}, rows={len(self)}, "
             f"skipped={self.num_skipped})")
 
+  def skip_report(self) -> dict:
+    """{"skipped": number of malformed rows skipped, "skipped_first": ["FILE:line N: reason", ...]}."""
+    return {"skipped": self.num_skipped, "skipped_first": self.skipped[:SHOWN]}
+
+
+def _report_skipped(label: str, bad: "_BadRows", kept: int) -> None:
+  if bad.count:
+    more = f" and {bad.count - SHOWN} more" if bad.count > SHOWN else ""
+    _log.warning("%s: skipped %d malformed row(s) of %d (on_bad_row='skip'): %s%s; first: %s", label,
+                 bad.count, bad.count + kept, ", ".join(w.rsplit(":", 1)[-1] for w in bad.where[:SHOWN]),
+                 more, bad.reasons[0])
+
 
 class _BadRows:
   """Collects bad rows: raises at the first one (mode "error") or counts them (mode "skip")."""
@@ -80,7 +97,7 @@ class _BadRows:
   def __init__(self, mode: str):
     if mode not in ("error", "skip"):
       raise ValueError(f"on_bad_row={mode!r}; choose 'error' or 'skip'")
-    self.mode, self.reasons, self.count = mode, [], 0
+    self.mode, self.reasons, self.where, self.count = mode, [], [], 0
 
   def __call__(self, where: str, reason: str):
     if self.mode == "error":
@@ -88,6 +105,7 @@ class _BadRows:
     self.count += 1
     if len(self.reasons) < MAX_REPORTED:
       self.reasons.append(f"{where}: {reason}")
+      self.where.append(where)
 
 
 def _resolve_schema(schema: str, columns, where: str) -> str:
@@ -271,4 +289,5 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     rows = np.asarray(keep, dtype=np.int64)
   if len(rows) == 0:
     raise DataError(f"{label}: dataset is empty (no valid rows; {bad.count} skipped)")
+  _report_skipped(label, bad, len(rows))
   return Source(label, ds, schema, rows, bad.reasons, bad.count, lines)
