@@ -22,6 +22,7 @@ template (`fineflax.models.load_tokenizer(config.model.source)`: the tokenizer o
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -160,9 +161,9 @@ def format_report(report: dict, color: bool) -> str:
   mark = (lambda t: f"{GREEN}{t}{RESET}") if color else (lambda t: f"[[{t}]]")
   for s in report["sources"]:
     st = s["stats"]
-    lines += ["", f"== {s['name']} ({s['split']}, weight {s['weight']:g}, schema {s['schema']}) =="]
+    lines += ["", f"== {_short(s['name'])} ({s['split']}, weight {s['weight']:g}, schema {s['schema']}) =="]
     for ex in s["examples"]:
-      head = f"-- {ex['where']}: {ex['ids']} ids"
+      head = f"-- {_short(ex['where'])}: {ex['ids']} ids"
       if ex["dropped"]:
         head += f", DROPPED: {ex['dropped']}"
       else:
@@ -190,9 +191,20 @@ def format_report(report: dict, color: bool) -> str:
   return "\n".join(lines)
 
 
+def _short(path: str) -> str:
+  """`path` relative to the working directory when that is shorter."""
+  try:
+    rel = os.path.relpath(path)
+  except ValueError:
+    return path
+  return rel if len(rel) < len(path) else path
+
+
 def main(argv):
-  from absl import app, flags
-  del argv
+  from absl import flags, logging
+  if len(argv) > 1:
+    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # datasets/jax announce themselves at INFO
   FLAGS = flags.FLAGS
   report = inspect_config(FLAGS.config, source=FLAGS.source, n=FLAGS.n, max_rows=FLAGS.max_rows)
   if FLAGS.json:
