@@ -164,3 +164,11 @@ def test_bundled_samples_match_their_generator_and_load():
     src = load_source(sample_file(name))
     assert src.schema == expected[name] and src.num_skipped == 0
     assert len(src) >= (64 if "eval" in name else 200)
+
+
+def test_loading_prints_no_datasets_progress_bars(tmp_path, capfd):
+  import datasets
+  path = write_jsonl(tmp_path / "quiet.jsonl", [MSG("a", "1"), MSG("b", "2")])
+  load_source(path)
+  assert "Generating train split" not in capfd.readouterr().err
+  assert not datasets.are_progress_bars_disabled()  # the global setting is restored

@@ -16,6 +16,7 @@ CSV records are located with the `csv` module; JSON arrays, Parquet and hub rows
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -106,6 +107,19 @@ class _BadRows:
     if len(self.reasons) < MAX_REPORTED:
       self.reasons.append(f"{where}: {reason}")
       self.where.append(where)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+  """No "Generating train split" progress bars from `datasets` while a source loads (restored after)."""
+  import datasets
+  was_disabled = datasets.are_progress_bars_disabled()
+  datasets.disable_progress_bars()
+  try:
+    yield
+  finally:
+    if not was_disabled:
+      datasets.enable_progress_bars()
 
 
 def _resolve_schema(schema: str, columns, where: str) -> str:
@@ -216,7 +230,8 @@ def _load_file(path: pathlib.Path, bad: _BadRows, schema: str, split: str, **kwa
           start = reader.line_num + 1
       read_path = pathlib.Path(tmp.name)
   try:
-    ds = datasets.load_dataset(fmt, data_files=str(read_path), split=split, **kwargs)
+    with _quiet_datasets():
+      ds = datasets.load_dataset(fmt, data_files=str(read_path), split=split, **kwargs)
   except Exception as e:
     raise DataError(f"{path}: datasets could not read it as {fmt} ({type(e).__name__}: {e})") from e
   finally:
@@ -267,7 +282,8 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     label = name or str(path)
   else:
     try:
-      ds = datasets.load_dataset(str(spec), split=split, **load_kwargs)
+      with _quiet_datasets():
+        ds = datasets.load_dataset(str(spec), split=split, **load_kwargs)
     except Exception as e:
       raise DataError(f"{spec}: not a local file ({'/'.join(FILE_FORMATS)}) and datasets.load_dataset "
                       f"failed ({type(e).__name__}: {e})") from e
