@@ -91,3 +91,11 @@ def test_error_after_too_many_drops_in_a_row_before_any_example(tok, glaive):
   it = BatchIterator(build_mixture([{"source": glaive}]), tok, 4, 64, max_dropped_in_a_row=10)
   _, err = first_batch_or_error(it)
   assert isinstance(err, DataError) and str(err).startswith("the first 10 examples were all dropped; ")
+
+
+def test_all_dropped_is_detected_after_a_mid_epoch_restore(tok, glaive):
+  it = make_batch_iterator(build_mixture([{"source": glaive}]), tok, batch_size=4, max_length=64)
+  it.restore({"mixture": {"step": 77, "counts": [77]}, "batches": 3, "stats": {}})
+  _, err = first_batch_or_error(it)
+  assert "all 200 rows dropped" in str(err)
+  assert it.source_stats[0]["drawn"] == (200 - 77) + 200  # the rest of epoch 0, then all of epoch 1

@@ -72,11 +72,19 @@ class BatchIterator:
     self._pending = None  # ((mixture state, stats) before it, sequence): drawn, not yet in a batch
 
   def _reset_watch(self):
-    """Drop watching state (not saved: it restarts after `restore`)."""
+    """Drop watching state (not saved: it restarts after `restore`). A source is read in epochs (each row
+    once per epoch, `Mixture`), so once its draws since `start` reach the next epoch boundary plus one
+    whole epoch without a kept example, every one of its rows has been dropped."""
     self._warned = [False] * len(self.source_stats)
-    self._bad_rows = [set() for _ in self.source_stats]  # rows dropped while none of the source was kept
+    self._start = list(getattr(self.mixture, "counts", None) or [0] * len(self.source_stats))
+    self._draws = [0] * len(self.source_stats)  # draws of each source since start
     self._kept = [0] * len(self.source_stats)
     self._dropped_in_a_row = 0
+
+  def _exhausted(self, j: int) -> bool:
+    """Whether every row of source j was drawn since start and dropped."""
+    n = len(self.sources[j])
+    return not self._kept[j] and self._draws[j] >= (-self._start[j]) % n + n
 
   def encode(self, example: dict):
     """(tokens, targets, loss) of one example, or None when it is dropped (counted in stats)."""
@@ -87,16 +95,14 @@ class BatchIterator:
       raise DataError(f"{where}: cannot format the messages ({type(e).__name__}: {e})") from e
     j = int(example.get("source_index", 0)) if len(self.source_stats) > 1 else 0
     account(self.source_stats[j], p)
+    self._draws[j] += 1
     if p.seq is None:
       self.stats[p.reason] += 1
       self._dropped_in_a_row += 1
-      if not self._kept[j] and example.get("row") is not None:
-        self._bad_rows[j].add(int(example["row"]))
     else:
       self.stats["examples"] += 1
       self.stats["truncated"] += int(p.truncated)
       self._kept[j] += 1
-      self._bad_rows[j].clear()
       self._dropped_in_a_row = 0
     self._watch(j)
     return p.seq
@@ -118,7 +124,7 @@ class BatchIterator:
     if self.sources:
       weights = getattr(self.mixture, "weights", np.ones(len(self.sources)))
       live = [k for k in range(len(self.sources)) if weights[k] > 0]
-      if all(not self._kept[k] and len(self._bad_rows[k]) >= len(self.sources[k]) for k in live):
+      if all(self._exhausted(k) for k in live):
         parts = [f"{self.source_stats[k]['name']}: all {len(self.sources[k])} rows dropped: "
                  f"{self._describe(k)}" for k in live]
         raise DataError("; ".join(parts) + " (raise max_length or shorten the prompts)")
