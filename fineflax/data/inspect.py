@@ -29,7 +29,8 @@ import numpy as np
 
 from fineflax.data.chat import tokenize_chat
 from fineflax.data.packing import bucket_width, default_buckets, first_fit, truncate
-from fineflax.data.prepare import DROP_REASONS, Prepared, drop_summary, prepare
+from fineflax.data.prepare import (DROP_REASONS, Prepared, account, drop_summary, new_source_stats,
+                                   prepare)
 
 GREEN, RESET = "\033[1;32m", "\033[0m"
 PERCENTILES = (50, 90, 99)
@@ -97,26 +98,17 @@ def inspect_source(source, tokenizer, data_cfg, n: int = 3, max_rows: int = 2000
   max_length, truncation = int(data_cfg.max_length), str(data_cfg.truncation)
   count = len(source) if not max_rows else min(len(source), max_rows)
   shown, lengths, ids_per_row = [], [], []
-  stats = {"rows": len(source), "scanned": count, **source.skip_report(), "examples": 0, "tokens": 0,
-           "trained_tokens": 0, "truncated": 0, **dict.fromkeys(DROP_REASONS, 0),
-           "shortest_too_long": None, "shortest_prompt_no_loss": None}
+  stats = new_source_stats(source.name)
   for i in range(count):
     example = source[i]
     p = prepare(tokenizer, example["messages"], max_length, truncation)
+    account(stats, p)
     ids_per_row.append(p.num_ids)
-    if p.seq is None:
-      stats[p.reason] += 1
-      key, value = (("shortest_too_long", p.num_ids) if p.reason == "dropped_too_long"
-                    else ("shortest_prompt_no_loss", p.prompt))
-      stats[key] = value if stats[key] is None else min(stats[key], value)
-    else:
-      stats["examples"] += 1
-      stats["truncated"] += int(p.truncated)
-      stats["tokens"] += len(p.seq[0])
-      stats["trained_tokens"] += int(p.seq[2].sum())
+    if p.seq is not None:
       lengths.append(len(p.seq[0]))
     if len(shown) < n:
       shown.append(shown_row(tokenizer, example, p, max_length, truncation))
+  stats = {"rows": len(source), "scanned": count, **source.skip_report(), **stats}
   stats["trained_share"] = stats["trained_tokens"] / stats["tokens"] if stats["tokens"] else 0.0
   stats["dropped"] = sum(stats[r] for r in DROP_REASONS)
   stats["dropped_why"] = drop_summary(stats, max_length, truncation) if stats["dropped"] else ""

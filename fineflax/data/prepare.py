@@ -8,8 +8,9 @@ positions). It is dropped as
   dropped_no_loss   no assistant target left after truncation (with "right": the prompt, i.e. the ids
                     before the first assistant token, is >= max_length + 1 long).
 
-`new_source_stats(name)` / `account(stats, prepared)` count, per source: drawn, examples, truncated, the
-drops by reason, and the shortest dropped example / prompt (to say what max_length would keep it);
+`new_source_stats(name)` / `account(stats, prepared)` count, per source: drawn, examples, truncated,
+tokens (positions the kept examples fill) and trained tokens (their loss targets), the drops by reason,
+and the shortest dropped example / prompt (to say what max_length would keep it);
 `drop_summary(stats, max_length, truncation)` says it in one line.
 """
 from __future__ import annotations
@@ -46,8 +47,9 @@ def prepare(tokenizer, messages, max_length: int, truncation: str) -> Prepared:
 
 
 def new_source_stats(name: str) -> dict:
-  return {"name": name, "drawn": 0, "examples": 0, "truncated": 0, "dropped_too_long": 0,
-          "dropped_no_loss": 0, "shortest_too_long": None, "shortest_prompt_no_loss": None}
+  return {"name": name, "drawn": 0, "examples": 0, "truncated": 0, "tokens": 0, "trained_tokens": 0,
+          "dropped_too_long": 0, "dropped_no_loss": 0, "shortest_too_long": None,
+          "shortest_prompt_no_loss": None}
 
 
 def account(stats: dict, p: Prepared) -> None:
@@ -56,6 +58,8 @@ def account(stats: dict, p: Prepared) -> None:
   if p.reason is None:
     stats["examples"] += 1
     stats["truncated"] += int(p.truncated)
+    stats["tokens"] += len(p.seq[0])
+    stats["trained_tokens"] += int(p.seq[2].sum())
     return
   stats[p.reason] += 1
   key, value = (("shortest_too_long", p.num_ids) if p.reason == "dropped_too_long"
