@@ -69,7 +69,7 @@ class BatchIterator:
     self.sources = list(getattr(mixture, "sources", []))
     self.source_stats = [new_source_stats(src.name) for src in self.sources] or [new_source_stats("<data>")]
     self._reset_watch()
-    self._pending = None  # ((mixture state, stats) before it, sequence): drawn, not yet in a batch
+    self._pending = None  # ((mixture state, stats, source stats) before it, sequence): not yet batched
 
   def _reset_watch(self):
     """Drop watching state (not saved: it restarts after `restore`). A source is read in epochs (each row
@@ -135,7 +135,7 @@ class BatchIterator:
       raise DataError(f"the first {self._dropped_in_a_row} examples were all dropped; " + "; ".join(parts))
 
   def _draw(self):
-    """((mixture state, stats) before the draw, sequence) of the next example that is not dropped."""
+    """((mixture state, stats, source stats) before the draw, sequence) of the next kept example."""
     while True:
       before = (self.mixture.state(), dict(self.stats), [dict(s) for s in self.source_stats])
       seq = self.encode(next(self.mixture))
