@@ -39,6 +39,38 @@ def test_jsonl_skip_mode_counts_and_keeps_line_numbers(tmp_path):
   assert [src[i]["where"].rsplit(":", 1)[1] for i in range(3)] == ["line 1", "line 3", "line 6"]
 
 
+def test_invalid_json_message_says_at_once(tmp_path):
+  """json's "Invalid control character at" already ends with "at": no "at at column" (issue 20)."""
+  path = tmp_path / "chat.jsonl"
+  path.write_text(json.dumps(MSG("a", "1")) + "\n" + '{"messages": [{"role": "user", "content": "x\ty"}]}\n')
+  with pytest.raises(DataError) as err:
+    load_source(path)
+  assert str(err.value) == f"{path}:line 2: invalid JSON (Invalid control character at column 45)"
+  write_jsonl(path, [MSG("a", "1"), '{"messages": ]'])
+  with pytest.raises(DataError, match=r"line 2: invalid JSON \(Expecting value at column 14\)$"):
+    load_source(path)
+
+
+def test_skipped_rows_are_reported_on_the_console_and_in_a_dict(tmp_path, caplog):
+  lines = [MSG("a", "1"), "not json", MSG("b", "2"), {"messages": "oops"}] + ["{"] * 6 + [MSG("c", "3")]
+  path = write_jsonl(tmp_path / "chat.jsonl", lines)
+  with caplog.at_level("WARNING", logger="fineflax.data"):
+    src = load_source(path, on_bad_row="skip")
+  report = src.skip_report()
+  assert report["skipped"] == 8 and len(report["skipped_first"]) == 5
+  assert [r.split(":")[1] for r in report["skipped_first"]] == ["line 2", "line 4", "line 5", "line 6",
+                                                                   "line 7"]
+  [record] = [r for r in caplog.records if r.name == "fineflax.data"]
+  msg = record.getMessage()
+  assert msg.startswith(f"{path}: skipped 8 malformed row(s) of 11 (on_bad_row='skip'): "
+                        "line 2, line 4, line 5, line 6, line 7 and 3 more; first: ")
+  assert "line 2: invalid JSON (Expecting value at column 1)" in msg
+  caplog.clear()
+  with caplog.at_level("WARNING", logger="fineflax.data"):
+    assert load_source(write_jsonl(tmp_path / "ok.jsonl", [MSG("a", "1")]), on_bad_row="skip").num_skipped == 0
+  assert not caplog.records
+
+
 def test_csv_bad_record_names_its_line_after_a_multiline_cell(tmp_path):
   path = tmp_path / "pc.csv"
   path.write_text('prompt,completion\n"two\nlines",A\nQ2,A2,extra\nQ3,007\n')
@@ -132,3 +164,11 @@ def test_bundled_samples_match_their_generator_and_load():
     src = load_source(sample_file(name))
     assert src.schema == expected[name] and src.num_skipped == 0
     assert len(src) >= (64 if "eval" in name else 200)
+
+
+def test_loading_prints_no_datasets_progress_bars(tmp_path, capfd):
+  import datasets
+  path = write_jsonl(tmp_path / "quiet.jsonl", [MSG("a", "1"), MSG("b", "2")])
+  load_source(path)
+  assert "Generating train split" not in capfd.readouterr().err
+  assert not datasets.are_progress_bars_disabled()  # the global setting is restored

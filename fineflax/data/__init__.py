@@ -6,6 +6,9 @@
   # or from config entries: build_mixture([{"source": "sample:arithmetic_messages.jsonl", "weight": 1}])
   batches = make_batch_iterator(mixture, tokenizer, batch_size=8, max_length=512, packing=True)
   batch = next(batches); saved = batches.state(); ...; batches.restore(saved)
+  batches.summary()   # per source: rows, malformed rows skipped at load, examples kept / truncated / dropped
+
+  python -m fineflax.data.inspect --config configs/quickstart.py   # what a config trains on (see inspect.py)
 
 Batch contract (NumPy, B = batch_size, T = max_length when packing, else a bucket width):
 
@@ -25,5 +28,6 @@ from fineflax.data.chat import CHATML_TEMPLATE, TemplateError, render_with_spans
 from fineflax.data.iterator import BatchIterator, make_batch_iterator
 from fineflax.data.mixture import Mixture, build_mixture
 from fineflax.data.packing import assemble, default_buckets, first_fit, shift, truncate
+from fineflax.data.prepare import prepare
 from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, to_messages
 from fineflax.data.sources import DataError, Source, load_source, sample_file

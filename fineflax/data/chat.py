@@ -3,7 +3,12 @@
 Rendering uses the tokenizer's chat template (`tokenizer.apply_chat_template(..., tokenize=False)`), or
 `CHATML_TEMPLATE` when the tokenizer has none. Assistant tool calls are written into the content as
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` when the template does not mention
-`tool_calls` (SmolLM2's, ChatML); templates that do render them get the messages unchanged.
+`tool_calls` (SmolLM2's, ChatML). Templates that render `tool_calls` themselves get them as structured
+calls; the arguments (a JSON string in the canonical messages, see `fineflax.data.schemas`) are passed as
+the decoded object when the template JSON-encodes them (`arguments | tojson`, as Qwen2.5-Instruct's and
+Llama-3.1-Instruct's do) and it has no branch for string arguments (`arguments is string` / `is mapping`,
+as Qwen3's); otherwise (a template that concatenates or special-cases strings) they stay strings. So the
+model is trained on `"arguments": {"city": "Oslo"}`, never on the doubly encoded `"{\\"city\\": ...}"`.
 
 Assistant spans by incremental rendering. For assistant message i:
 
@@ -24,6 +29,7 @@ character offsets; token k is an assistant token when its start offset lies in a
 from __future__ import annotations
 
 import json
+import re
 from typing import Sequence
 
 import numpy as np
@@ -55,10 +61,35 @@ def tool_call_text(call: dict) -> str:
       "\n</tool_call>"
 
 
+_ENCODES_ARGUMENTS = re.compile(r"arguments\s*\|\s*tojson")
+_BRANCHES_ON_TYPE = re.compile(r"arguments\s+is\s+(?:not\s+)?(?:string|mapping)")
+
+
+def arguments_as_objects(template: str) -> bool:
+  """Whether `template` wants tool-call arguments as objects: it applies `arguments | tojson` and has no
+  `arguments is string` / `arguments is mapping` branch."""
+  return bool(_ENCODES_ARGUMENTS.search(template)) and not _BRANCHES_ON_TYPE.search(template)
+
+
+def _decoded_call(call: dict) -> dict:
+  fn = dict(call["function"])
+  if isinstance(fn.get("arguments"), str):
+    fn["arguments"] = json.loads(fn["arguments"])
+  return {**call, "function": fn}
+
+
 def template_messages(messages: Sequence[dict], template: str) -> list[dict]:
-  """Messages as the template receives them (tool calls inlined when it cannot render them)."""
+  """Messages as the template receives them: tool calls inlined as text when it cannot render them,
+  with decoded arguments when it JSON-encodes them itself (see the module docstring)."""
   if "tool_calls" in template:
-    return [dict(m) for m in messages]
+    decode = arguments_as_objects(template)
+    out = []
+    for m in messages:
+      m = dict(m)
+      if decode and m.get("tool_calls"):
+        m["tool_calls"] = [_decoded_call(c) for c in m["tool_calls"]]
+      out.append(m)
+    return out
   out = []
   for m in messages:
     m = dict(m)

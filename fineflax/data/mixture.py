@@ -20,7 +20,8 @@ BLOCK = 1024
 
 
 class Mixture:
-  """Iterator of examples `{"messages": [...], "source": name}` from weighted sources, endless."""
+  """Iterator of examples `{"messages": [...], "where": "FILE:line N", "source": name, "source_index": j,
+  "row": i}` (row i of source j) from weighted sources, endless."""
 
   def __init__(self, sources: Sequence[tuple[Any, float]], seed: int = 0, shuffle: bool = True):
     if not sources:
@@ -67,10 +68,11 @@ class Mixture:
 
   def __next__(self) -> dict:
     j = self._choice(self.step)
-    example = self.sources[j][self._row(j, self.counts[j])]
+    row = self._row(j, self.counts[j])
+    example = self.sources[j][row]
     self.step += 1
     self.counts[j] += 1
-    example["source"] = self.sources[j].name
+    example.update(source=self.sources[j].name, source_index=j, row=row)
     return example
 
   def state(self) -> dict:

@@ -4,7 +4,8 @@ A message is `{"role": "system"|"user"|"assistant"|"tool", "content": str}` plus
 `"tool_calls": [{"type": "function", "function": {"name": str, "arguments": str (JSON)}}]` (assistant) and
 `"name": str` (tool). Tool-call arguments are kept as a JSON string, as in the OpenAI API: Arrow unifies
 struct fields across rows, so dict arguments read back through `datasets` gain the other rows' keys as
-None; `_arguments_json` drops None values when it serialises a dict.
+None; `_arguments_json` drops None values when it serialises a dict. `fineflax.data.chat` decodes them
+again for templates that JSON-encode arguments themselves (Qwen2.5, Llama-3.1).
 
 Schemas (detected from the columns by `detect_schema`, or named in the config):
 
@@ -73,6 +74,13 @@ def _text(value, field: str) -> str:
   raise RowError(f"{field}: expected a string, got {type(value).__name__} {str(value)[:60]!r}")
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+  """"Expecting value at column 5", "Invalid control character at column 50" (json's own message for some
+  errors already ends with "at"), with the line when the text spans several."""
+  where = f"line {e.lineno} column {e.colno}" if e.lineno > 1 else f"column {e.colno}"
+  return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+
+
 def _drop_none(x):
   if isinstance(x, Mapping):
     return {k: _drop_none(v) for k, v in x.items() if v is not None}
@@ -88,7 +96,7 @@ def _arguments_json(args, field: str) -> str:
     try:
       json.loads(args)
     except json.JSONDecodeError as e:
-      raise RowError(f"{field}: arguments are not valid JSON ({e.msg}): {args[:60]!r}") from None
+      raise RowError(f"{field}: arguments are not valid JSON ({json_error(e)}): {args[:60]!r}") from None
     return args
   if isinstance(args, Mapping):
     return json.dumps(_drop_none(args), ensure_ascii=False)
@@ -165,7 +173,8 @@ def from_sharegpt(row: Mapping[str, Any]) -> list[dict]:
       try:
         call = json.loads(value)
       except json.JSONDecodeError as e:
-        raise RowError(f"{f}.value: function_call is not valid JSON ({e.msg}): {value[:60]!r}") from None
+        raise RowError(f"{f}.value: function_call is not valid JSON ({json_error(e)}): "
+                       f"{value[:60]!r}") from None
       calls = call if isinstance(call, list) else [call]
       out.append(message("assistant", "", tool_calls=_tool_calls(calls, f"{f}.value")))
     else:

@@ -9,12 +9,14 @@
 
 Malformed rows (invalid JSON, wrong field count in CSV, a row that does not fit the schema) raise
 `DataError("FILE:line N: reason")` with on_bad_row="error", or are skipped and counted with "skip"
-(`Source.num_skipped`, first reasons in `Source.skipped`). JSON lines are checked with `json.loads` line by
-line before `datasets` reads the file, so the error names the line; CSV records are located with the `csv`
-module; JSON arrays, Parquet and hub rows are named by row index.
+(`Source.num_skipped`, first reasons in `Source.skipped`, `Source.skip_report()` as a dict); a source that
+skipped rows says so once, as a logging warning naming the first locations, when it is loaded. JSON lines
+are checked with `json.loads` line by line before `datasets` reads the file, so the error names the line;
+CSV records are located with the `csv` module; JSON arrays, Parquet and hub rows are named by row index.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -22,13 +24,18 @@ import pathlib
 import tempfile
 from typing import Any, Sequence
 
+import logging
+
 import numpy as np
 
-from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, missing_columns, to_messages
+from fineflax.data.schemas import (SCHEMAS, RowError, detect_schema, json_error, missing_columns,
+                                   to_messages)
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 SAMPLES_DIR = pathlib.Path(__file__).parent / "samples"
 MAX_REPORTED = 20
+SHOWN = 5  # locations named in the console warning and skip_report()
+_log = logging.getLogger("fineflax.data")
 
 
 class DataError(ValueError):
@@ -72,6 +79,18 @@ class Source:
     return (f"Source({self.name!r}, schema={self.schema!r}, rows={len(self)}, "
             f"skipped={self.num_skipped})")
 
+  def skip_report(self) -> dict:
+    """{"skipped": number of malformed rows skipped, "skipped_first": ["FILE:line N: reason", ...]}."""
+    return {"skipped": self.num_skipped, "skipped_first": self.skipped[:SHOWN]}
+
+
+def _report_skipped(label: str, bad: "_BadRows", kept: int) -> None:
+  if bad.count:
+    more = f" and {bad.count - SHOWN} more" if bad.count > SHOWN else ""
+    _log.warning("%s: skipped %d malformed row(s) of %d (on_bad_row='skip'): %s%s; first: %s", label,
+                 bad.count, bad.count + kept, ", ".join(w.rsplit(":", 1)[-1] for w in bad.where[:SHOWN]),
+                 more, bad.reasons[0])
+
 
 class _BadRows:
   """Collects bad rows: raises at the first one (mode "error") or counts them (mode "skip")."""
@@ -79,7 +98,7 @@ class _BadRows:
   def __init__(self, mode: str):
     if mode not in ("error", "skip"):
       raise ValueError(f"on_bad_row={mode!r}; choose 'error' or 'skip'")
-    self.mode, self.reasons, self.count = mode, [], 0
+    self.mode, self.reasons, self.where, self.count = mode, [], [], 0
 
   def __call__(self, where: str, reason: str):
     if self.mode == "error":
@@ -87,6 +106,20 @@ class _BadRows:
     self.count += 1
     if len(self.reasons) < MAX_REPORTED:
       self.reasons.append(f"{where}: {reason}")
+      self.where.append(where)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+  """No "Generating train split" progress bars from `datasets` while a source loads (restored after)."""
+  import datasets
+  was_disabled = datasets.are_progress_bars_disabled()
+  datasets.disable_progress_bars()
+  try:
+    yield
+  finally:
+    if not was_disabled:
+      datasets.enable_progress_bars()
 
 
 def _resolve_schema(schema: str, columns, where: str) -> str:
@@ -112,7 +145,7 @@ def _scan_jsonl(path: pathlib.Path, schema: str, bad: _BadRows):
       try:
         row = json.loads(text)
       except json.JSONDecodeError as e:
-        bad(f"{path}:line {n}", f"invalid JSON ({e.msg} at column {e.colno})")
+        bad(f"{path}:line {n}", f"invalid JSON ({json_error(e)})")
         rejected = True
         continue
       if not isinstance(row, dict):
@@ -197,7 +230,8 @@ def _load_file(path: pathlib.Path, bad: _BadRows, schema: str, split: str, **kwa
           start = reader.line_num + 1
       read_path = pathlib.Path(tmp.name)
   try:
-    ds = datasets.load_dataset(fmt, data_files=str(read_path), split=split, **kwargs)
+    with _quiet_datasets():
+      ds = datasets.load_dataset(fmt, data_files=str(read_path), split=split, **kwargs)
   except Exception as e:
     raise DataError(f"{path}: datasets could not read it as {fmt} ({type(e).__name__}: {e})") from e
   finally:
@@ -248,7 +282,8 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     label = name or str(path)
   else:
     try:
-      ds = datasets.load_dataset(str(spec), split=split, **load_kwargs)
+      with _quiet_datasets():
+        ds = datasets.load_dataset(str(spec), split=split, **load_kwargs)
     except Exception as e:
       raise DataError(f"{spec}: not a local file ({'/'.join(FILE_FORMATS)}) and datasets.load_dataset "
                       f"failed ({type(e).__name__}: {e})") from e
@@ -270,4 +305,5 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     rows = np.asarray(keep, dtype=np.int64)
   if len(rows) == 0:
     raise DataError(f"{label}: dataset is empty (no valid rows; {bad.count} skipped)")
+  _report_skipped(label, bad, len(rows))
   return Source(label, ds, schema, rows, bad.reasons, bad.count, lines)
