@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy pack
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
+#                                          cudnn exgrpo masking pack
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -28,12 +29,25 @@ for stage in "$@"; do
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
     luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
+    cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;
+    exgrpo) python3 experiments/compare.py --config configs/grpo_arith.py --out /root/work/exgrpo \
+              --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
+              --run-timeout ${RUN_TIMEOUT:-420} --title "GRPO vs ExGRPO, SmolLM2-135M QLoRA, 1-2 step arithmetic" \
+              --extra-metrics solve_rate reward_mean replay_share buffer_questions buffer_retired \
+              --set model.source=$GGUF num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} ;;
+    masking) python3 experiments/compare.py --config configs/search_r1.py --out /root/work/masking \
+              --method masked= --method "unmasked=;search.mask_info=false" --seeds 0 1 2 3 \
+              --per-gpu ${PER_GPU:-2} --run-timeout ${RUN_TIMEOUT:-420} --metric eval_em \
+              --title "Search-R1 info-token masking ablation, SmolLM2-135M QLoRA" \
+              --extra-metrics eval_em_2hop eval_searches reward_mean \
+              --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
   if [ -d "/root/work/$stage" ] || [ "$stage" = grpo ]; then
+    [ -d "/root/work/$stage/logs" ] && tar czf "$OUT/$stage-logs.tgz" -C "/root/work/$stage" logs
     src=/root/work/$stage; [ "$stage" = grpo ] && src=/root/work/grpo_arith
     mkdir -p "$OUT/$stage" && cp "$src"/*.md "$src"/*.png "$src"/*.json "$OUT/$stage/" 2>/dev/null
   fi

@@ -57,6 +57,8 @@ def main(argv=None):
   ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU")
   ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
   ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--run-timeout", type=int, default=0,
+                  help="seconds after which each run gets SIGTERM (it saves, and reports the steps it ran)")
   ap.add_argument("--title", default="")
   args = ap.parse_args(argv)
   methods = [parse_method(m) for m in args.method]
@@ -65,8 +67,10 @@ def main(argv=None):
   t0, codes = time.time(), {}
   gpus = visible_gpus()
   if not args.collect:
-    commands = {f"{name}-{seed}": launch_argv(f"{args.config}:{presets}", str(out / "runs" / f"{name}-{seed}"),
-                                              [f"seed={seed}", *args.set, *over])
+    limit = ["timeout", "-s", "TERM", str(args.run_timeout)] if args.run_timeout else []
+    commands = {f"{name}-{seed}": limit + launch_argv(f"{args.config}:{presets}" if presets else args.config,
+                                                      str(out / "runs" / f"{name}-{seed}"),
+                                                      [f"seed={seed}", *args.set, *over])
                 for name, presets, over in methods for seed in args.seeds}
     codes = run_parallel(commands, str(out / "logs"), max_parallel=args.parallel, gpus=gpus or None,
                          per_gpu=args.per_gpu)
@@ -80,6 +84,7 @@ def main(argv=None):
         continue
       histories.setdefault(name, []).append(hist)
       runs.setdefault(name, {})[seed] = {"finished": finished, "exit": codes.get(f"{name}-{seed}"),
+                                         "steps_run": hist[-1]["step"] if hist else 0,
                                          "evals": [h for h in hist if args.metric in h]}
   wall = time.time() - t0
   device = device_name()
@@ -92,7 +97,8 @@ def main(argv=None):
   if series:
     plot_curves(series, args.metric, str(out / "curves.png"), title=args.title or f"{args.config} ({device})")
   tables = [f"### {m}\n\n{summary_table(histories, m)}" for m in [args.metric, *args.extra_metrics]]
-  failed = [n for n, c in codes.items() if c != 0]
+  failed = [f"{n} (exit {c})" for n, c in codes.items() if c != 0]
+  steps_run = "; ".join(f"{n}: " + ", ".join(str(r["steps_run"]) for r in rs.values()) for n, rs in runs.items())
   md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
@@ -101,7 +107,8 @@ def main(argv=None):
 - methods: {'; '.join(f'{n} = `{args.config}:{p}` {" ".join(o)}' for n, p, o in methods)}; common overrides:
   `{' '.join(args.set)}`; seeds {args.seeds}
 - cells: mean ± 95% confidence interval (Student t) over seeds, n = runs that reached the step
-{f'- runs that did not finish: {failed}' if failed else ''}
+- steps run per seed: {steps_run}
+{f'- runs that did not finish: {failed} (their logged evaluations are included)' if failed else ''}
 
 {chr(10).join(tables)}
 

@@ -45,7 +45,8 @@ def _losses(workdir):
 def test_sft_loss_falls_and_exports(tiny_source, tmp_path):
   from fineflax.jobs import sft
   summary = sft.run(_config(tiny_source, num_steps=12), str(tmp_path))
-  assert summary["status"] == "completed" and summary["step"] == 12
+  assert summary["status"] == "completed" and summary["step"] == 12 and summary["exit_code"] == 0
+  assert all(src["examples"] > 0 and src["rows"] > 0 for src in summary["data"]["sources"])  # per-source accounting
   losses = _losses(str(tmp_path))
   assert np.mean([losses[s] for s in (11, 12)]) < np.mean([losses[s] for s in (1, 2)]) - 1.0
   rows = read_jsonl(os.path.join(str(tmp_path), "logs", "metrics.jsonl"))

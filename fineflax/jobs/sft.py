@@ -123,7 +123,7 @@ def run(config, workdir: str | None) -> dict:
   result = train_loop(hooks, state, config, workdir, num_steps=opt_cfg.num_steps, desc="sft",
                       eval_every=config.eval_every)
   state = result.state
-  extra = {}
+  extra = {"data": batches.summary()}  # rows read, skipped (first lines), dropped by reason, per source
   if config.sample_prompt and result.status == "completed":
     extra["sample_after"] = sample(state["lora"])
     print(f"\n[after] {config.sample_prompt}\n{extra['sample_after']}\n", flush=True)
