@@ -88,15 +88,22 @@ def main(argv=None):
                                          "evals": [h for h in hist if args.metric in h]}
   wall = time.time() - t0
   device = device_name()
-  (out / "results.json").write_text(json.dumps({"command": command_line(), "device": device, "wall_s": wall,
-                                                "methods": {n: {"presets": p, "overrides": o} for n, p, o in methods},
-                                                "common": args.set, "runs": runs}, indent=1))
   series = {n: [([h["step"] for h in hist if args.metric in h], [h[args.metric] for h in hist if args.metric in h])
                 for hist in hs] for n, hs in histories.items()}
   series = {n: [r for r in rs if r[0]] for n, rs in series.items() if any(r[0] for r in rs)}
   if series:
     plot_curves(series, args.metric, str(out / "curves.png"), title=args.title or f"{args.config} ({device})")
-  tables = [f"### {m}\n\n{summary_table(histories, m)}" for m in [args.metric, *args.extra_metrics]]
+  eval_steps = {h["step"] for hs in histories.values() for hist in hs for h in hist if args.metric in h}
+  tables = [f"### {args.metric}\n\n{summary_table(histories, args.metric)}"]
+  tables += [f"### {m} (at the evaluation steps)\n\n{summary_table(histories, m, eval_steps)}"
+             for m in args.extra_metrics]
+  for name, seeds in runs.items():  # every tabulated metric at the evaluation steps, per seed
+    for seed, hist in zip(seeds, histories[name]):
+      seeds[seed]["at_evals"] = [{k: h[k] for k in ("step", args.metric, *args.extra_metrics) if k in h}
+                                 for h in hist if h["step"] in eval_steps]
+  (out / "results.json").write_text(json.dumps({"command": command_line(), "device": device, "wall_s": wall,
+                                                "methods": {n: {"presets": p, "overrides": o} for n, p, o in methods},
+                                                "common": args.set, "runs": runs}, indent=1))
   failed = [f"{n} (exit {c})" for n, c in codes.items() if c != 0]
   steps_run = "; ".join(f"{n}: " + ", ".join(str(r["steps_run"]) for r in rs.values()) for n, rs in runs.items())
   md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})

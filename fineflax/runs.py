@@ -90,10 +90,11 @@ def metric_by_step(history: list[dict], metric: str) -> dict[int, float]:
   return {int(h["step"]): float(h[metric]) for h in history if metric in h}
 
 
-def summary_table(histories: dict[str, list[list[dict]]], metric: str) -> str:
-  """Markdown table: one row per method, one column per evaluation step: mean ± 95% CI (n runs)."""
+def summary_table(histories: dict[str, list[list[dict]]], metric: str, steps=None) -> str:
+  """Markdown table: one row per method, one column per step where `metric` was logged (only those in
+  `steps` when given, e.g. the evaluation steps for a per-step metric): mean ± 95% CI (n runs)."""
   per = {m: [metric_by_step(h, metric) for h in hs] for m, hs in histories.items()}
-  steps = sorted({s for runs in per.values() for r in runs for s in r})
+  steps = sorted({s for runs in per.values() for r in runs for s in r if steps is None or s in steps})
   lines = [f"| method | {' | '.join(f'step {s}' for s in steps)} |", "|---|" + "---|" * len(steps)]
   for m, runs in per.items():
     cells = []
