@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.sampling.decode import bucket
+from fineflax.sampling.decode import bucket, cast_params
 from fineflax.serve.model import decode_slots, init_slot_cache, prefill_rows, stack_adapters
 
 
@@ -69,7 +69,7 @@ class Engine:
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None):
-    self.params, self.config, self.tokenizer, self.dtype = params, config, tokenizer, dtype
+    self.params, self.config, self.tokenizer, self.dtype = cast_params(params, dtype), config, tokenizer, dtype
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i + 1 for i, name in enumerate(adapters)}
     self.lora = stack_adapters(list(adapters.values()))
