@@ -104,7 +104,7 @@ class Server:
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
     job = Job(prompt=prompt, emit=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), n=req.n,
               max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
-              seed=req.seed, adapter=self.variants[variant])
+              seed=req.seed, adapter=self.variants[variant], ignore_eos=req.ignore_eos)
     try:
       self.engine.submit(job)
     except ValueError as e:

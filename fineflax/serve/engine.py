@@ -8,7 +8,8 @@
 
 Loop of the engine thread: (1) admit waiting completions into free slots: their prompts (all but the
 last token) are prefilled in one batched call and the last token becomes the row's pending token;
-(2) run `decode_slots` for `chunk` steps over all slots (rows of different adapters and sampling settings
+(2) run `decode_slots` for `chunk` steps over slots 0..R-1, R = the highest busy slot + 1 rounded up to a
+power of two (new rows take the lowest free slots; rows of different adapters and sampling settings
 share the call); (3) hand new tokens to their jobs: text deltas (held back while they might be the start
 of a stop string or an incomplete UTF-8 character), stop strings, EOS, budget; finished and cancelled
 rows free their slot. A request that arrives mid-generation joins at the next chunk.
@@ -48,6 +49,7 @@ class Job:
   stop: tuple = ()
   seed: int | None = None
   adapter: str | None = None
+  ignore_eos: bool = False
   cancelled: bool = False
   texts: list = dataclasses.field(default_factory=list)
 
@@ -88,6 +90,7 @@ class Engine:
     n = self.slots
     self.state = {"pending": np.zeros(n, np.int32), "pos": np.zeros(n, np.int32),
                   "budget": np.zeros(n, np.int32), "active": np.zeros(n, bool),
+                  "ignore_eos": np.zeros(n, bool),
                   "lora_ids": np.zeros(n, np.int32), "seed": np.zeros(n, np.uint32),
                   "temperature": np.zeros(n, np.float32), "top_p": np.ones(n, np.float32)}
     self.rows: list[_Row | None] = [None] * n
@@ -188,7 +191,7 @@ class Engine:
       job = row.job
       self.rows[b] = row
       st["pending"][b], st["pos"][b] = job.prompt[-1], len(job.prompt) - 1
-      st["budget"][b], st["active"][b] = job.max_tokens, True
+      st["budget"][b], st["active"][b], st["ignore_eos"][b] = job.max_tokens, True, job.ignore_eos
       st["lora_ids"][b] = self.adapter_ids.get(job.adapter, 0) if job.adapter else 0
       st["seed"][b], st["temperature"][b], st["top_p"][b] = row.seed, job.temperature, job.top_p
     feed = [(b, row.job.prompt[:-1]) for b, row in new if len(row.job.prompt) > 1]
@@ -215,12 +218,13 @@ class Engine:
     self.stats["max_active"] = max(self.stats["max_active"], int(active.sum()))
     if len(set(st["lora_ids"][active].tolist())) > 1:
       self.stats["mixed_adapter_calls"] += 1
+    rows = min(self.slots, bucket(int(np.flatnonzero(active).max()) + 1, minimum=1))  # rows 0..rows-1 run
     self.cache, new_state, out = decode_slots(
-        self.params, self.cache, {k: jnp.asarray(v) for k, v in st.items()}, self._eos, self.lora,
+        self.params, self.cache, {k: jnp.asarray(v[:rows]) for k, v in st.items()}, self._eos, self.lora,
         config=self.config, dtype=self.dtype, span=span, num_steps=self.chunk, use_top_p=use_top_p)
     new_state, out = jax.device_get((new_state, out))
     for k in ("pending", "pos", "budget", "active"):
-      st[k] = np.array(new_state[k])
+      st[k][:rows] = new_state[k]
     for b in np.flatnonzero(active):
       row = self.rows[b]
       n = int(out["emitted"][b].sum())
@@ -238,7 +242,7 @@ class Engine:
 
   def _emit_text(self, row: _Row, final: bool) -> bool:
     """Emits the row's new text; True when a stop string ended it (the text is cut before it)."""
-    toks = [t for t in row.tokens if t not in self.eos_ids]
+    toks = row.tokens if row.job.ignore_eos else [t for t in row.tokens if t not in self.eos_ids]
     text = self.tokenizer.decode(toks, skip_special_tokens=True)
     stop_at = min((text.find(s) for s in row.job.stop if s and s in text), default=-1)
     if stop_at >= 0:

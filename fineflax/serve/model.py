@@ -69,7 +69,7 @@ def slot_forward(params, config, cache, tokens, start, *, rows=None, lora=None, 
                  span: int, dtype=jnp.bfloat16):
   """(final-norm hidden [B, T, H], cache) for tokens [B, T] at positions start[b] + t of cache rows.
 
-  rows [B] int32: the cache rows written (None = all N rows, B = N); out-of-range rows and slots are
+  rows [B] int32: the cache rows written (None = rows 0..B-1, B <= N); out-of-range rows and slots are
   dropped (padding rows: rows[b] = N). `span` (static): only slots [0, span) are attended to; every real
   query position must be < span. lora: `stack_adapters` pytree; lora_ids [B] int32 (0 = base).
   """
@@ -116,7 +116,9 @@ def slot_forward(params, config, cache, tokens, start, *, rows=None, lora=None, 
     cv = cv.at[i, write_rows, positions].set(v.astype(cv.dtype), mode="drop")
     k_layer = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False)[:, :span]
     v_layer = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False)[:, :span]
-    if rows is not None:
+    if rows is None:
+      k_layer, v_layer = k_layer[:b], v_layer[:b]
+    else:
       k_layer, v_layer = k_layer[rows], v_layer[rows]  # out-of-range rows clamp (padding only)
     attn = _attention(q, k_layer.astype(dtype), v_layer.astype(dtype), mask, "xla")
     x = x + lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
@@ -170,13 +172,14 @@ def sample_rows(logits, seeds, pos, temperature, top_p, *, use_top_p: bool):
                    donate_argnames=("cache",))
 def decode_slots(params, cache, state, eos_ids, lora, *, config, dtype, span: int, num_steps: int,
                  use_top_p: bool):
-  """Up to `num_steps` decode steps over all N slots (stops early once no row is active).
+  """Up to `num_steps` decode steps over cache rows 0..R-1 (R = the state's length, <= N slots; stops
+  early once no row is active).
 
-  state: pending, pos, budget int32 [N]; active bool [N]; lora_ids, seed int32/uint32 [N];
-  temperature, top_p f32 [N]. Per step, for active rows: y ~ sample(logits(pending at pos)); pending <- y;
+  state: pending, pos, budget int32 [R]; active, ignore_eos bool [R]; lora_ids, seed int32/uint32 [R];
+  temperature, top_p f32 [R]. Per step, for active rows: y ~ sample(logits(pending at pos)); pending <- y;
   pos += 1; budget -= 1; a row stops at an EOS id (eos_ids [E], -1 = unused) or budget 0.
-  Returns (cache, state, out) with out = {tokens, logprobs [N, num_steps], emitted bool [N, num_steps],
-  eos bool [N]}. Positions pos + num_steps must stay below `span`.
+  Returns (cache, state, out) with out = {tokens, logprobs [R, num_steps], emitted bool [R, num_steps],
+  eos bool [R]}. Positions pos + num_steps must stay below `span`.
   """
   params = cast_params(params, dtype)
   n = state["pending"].shape[0]
@@ -197,7 +200,7 @@ def decode_slots(params, cache, state, eos_ids, lora, *, config, dtype, span: in
                           use_top_p=use_top_p)
     tok = jnp.where(active, tok, 0)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
-    hit_eos = active & jnp.any(tok[:, None] == eos_ids[None, :], axis=1)
+    hit_eos = active & ~st["ignore_eos"] & jnp.any(tok[:, None] == eos_ids[None, :], axis=1)
     budget = st["budget"] - active.astype(jnp.int32)
     out = {"tokens": col(out["tokens"], tok), "logprobs": col(out["logprobs"], jnp.where(active, lp, 0.0)),
            "emitted": col(out["emitted"], active), "eos": out["eos"] | hit_eos}

@@ -1,5 +1,7 @@
 """OpenAI chat-completions wire format: request validation and response / chunk objects.
 
+Extension (as vLLM's): `ignore_eos: true` decodes through EOS up to max_tokens (for benchmarks).
+
 A bad field raises `ApiError(status, message, param)`, answered as
 {"error": {"message", "type": "invalid_request_error", "param", "code"}} with that HTTP status.
 """
@@ -33,6 +35,7 @@ class ChatRequest:
   stream: bool = False
   include_usage: bool = False
   logprobs: bool = False
+  ignore_eos: bool = False
 
 
 def _number(body, key, default, lo, hi, lo_open=False):
@@ -112,7 +115,8 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
       model=model, messages=messages, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), max_tokens=max_tokens, stop=stop,
       n=_int(body, "n", 1, 1, max_n), seed=seed, stream=bool(body.get("stream", False)),
-      include_usage=bool(opts.get("include_usage", False)), logprobs=bool(body.get("logprobs", False)))
+      include_usage=bool(opts.get("include_usage", False)), logprobs=bool(body.get("logprobs", False)),
+      ignore_eos=bool(body.get("ignore_eos", False)))
 
 
 def logprob_content(tokenizer, entries) -> list[dict]:
