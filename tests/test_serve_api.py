@@ -54,7 +54,8 @@ def test_nonstreaming_and_streaming_agree_and_count_usage(served):
   n_prompt = len(tok(format_chat(tok, MSG), add_special_tokens=False)["input_ids"])
   assert r.usage.prompt_tokens == n_prompt
   assert r.usage.total_tokens == n_prompt + r.usage.completion_tokens
-  assert 1 <= r.usage.completion_tokens <= 10 and len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+  assert 1 <= r.usage.completion_tokens <= 10
+  assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
   assert all(e.logprob <= 0 for e in r.choices[0].logprobs.content)
   stream = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=10, temperature=0, stream=True,
                                      stream_options={"include_usage": True})
@@ -169,3 +170,18 @@ def test_auto_routes_feedback_reaches_the_stats(served):
   assert status == 200
   for v in seen:
     assert stats["variants"][v]["feedback"] >= 1 and stats["router"]["variants"][v]["n"] >= 1
+
+
+def test_stop_strings_cut_the_answer_before_them_streaming_or_not(served):
+  c = served["client"]
+  full = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0,
+                                   extra_body={"ignore_eos": True}).choices[0].message.content
+  stop = full[len(full) // 2:len(full) // 2 + 3]
+  want = full[:full.find(stop)]
+  r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0, stop=[stop, "@@@"],
+                                extra_body={"ignore_eos": True})
+  assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want, "stop")
+  chunks = list(c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0,
+                                          stop=stop, stream=True, extra_body={"ignore_eos": True}))
+  assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+  assert chunks[-1].choices[0].finish_reason == "stop"

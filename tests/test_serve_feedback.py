@@ -9,7 +9,8 @@ from _serve_fixtures import free_port, server_argv, start_subprocess_server, tin
 
 
 def post(url, body):
-  req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+  req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                               headers={"Content-Type": "application/json"})
   with urllib.request.urlopen(req, timeout=120) as r:
     return r.status, json.loads(r.read())
 

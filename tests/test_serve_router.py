@@ -55,7 +55,8 @@ def test_router_state_survives_a_restart_through_the_log(tmp_path):
   for v, xs in rewards.items():
     m, s = np.mean(xs), np.std(xs, ddof=1)
     assert stats[v]["feedback"] == len(xs) and stats[v]["mean_reward"] == pytest.approx(m)
-    assert stats[v]["ci95"] == pytest.approx([m - 1.96 * s / np.sqrt(len(xs)), m + 1.96 * s / np.sqrt(len(xs))])
+    half = 1.96 * s / np.sqrt(len(xs))
+    assert stats[v]["ci95"] == pytest.approx([m - half, m + half])
 
 
 def test_ci95_degenerate_counts():

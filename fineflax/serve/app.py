@@ -161,6 +161,8 @@ class Server:
           return
         if ev[0] == "delta":
           texts[ev[1]] += ev[2]
+          if not ev[2] and not req.logprobs:
+            continue  # tokens held back (a possible stop string or a partial character): nothing to send
           lp = {"content": P.logprob_content(self.engine.tokenizer, ev[3])} if req.logprobs else None
           yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
                                                      "finish_reason": None, "logprobs": lp}]))
@@ -187,7 +189,7 @@ class Server:
     self.check_auth(request)
     body = await self.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("id"), str):
-      raise P.ApiError(400, "feedback: expected {\"id\": <response id>, \"reward\": <number>, \"comment\"?}", "id")
+      raise P.ApiError(400, 'feedback: expected {"id": <response id>, "reward": <number>, "comment"?}', "id")
     reward = body.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
       raise P.ApiError(400, f"reward={reward!r}: expected a finite number", "reward")

@@ -71,7 +71,8 @@ class Engine:
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None):
-    self.params, self.config, self.tokenizer, self.dtype = cast_params(params, dtype), config, tokenizer, dtype
+    self.params, self.config, self.tokenizer = cast_params(params, dtype), config, tokenizer
+    self.dtype = dtype
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i + 1 for i, name in enumerate(adapters)}
     self.lora = stack_adapters(list(adapters.values()))

@@ -85,7 +85,8 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
   messages = []
   for i, m in enumerate(msgs):
     if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-      raise ApiError(400, f"messages[{i}]: expected {{role: system|user|assistant|tool, content}}", "messages")
+      raise ApiError(400, f"messages[{i}]: expected {{role: system|user|assistant|tool, content}}",
+                     "messages")
     role = "system" if m["role"] == "developer" else m["role"]
     messages.append({"role": role, "content": _content(i, m)})
   stop = body.get("stop")

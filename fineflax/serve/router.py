@@ -84,7 +84,8 @@ class Router:
                                               for v in self.variants}}
 
 
-def simulate(router: Router, rates: dict[str, float], steps: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
+def simulate(router: Router, rates: dict[str, float], steps: int,
+             seed: int = 0) -> tuple[list[str], np.ndarray]:
   """Routes `steps` requests; variant v's reward ~ Bernoulli(rates[v]), fed back at once.
 
   Returns (chosen variants, cumulative expected regret [steps]: sum_t max(rates) - rates[chosen_t]).
