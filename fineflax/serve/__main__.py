@@ -1,0 +1,99 @@
+"""`python -m fineflax.serve --model SOURCE [--adapter NAME=PATH ...] [--quant nf4|int8|none] --port P`.
+
+An OpenAI-compatible chat server (see `fineflax.serve.app`) over one base model, optionally quantised,
+with PEFT LoRA adapters served in the same batches, a SQLite reward log and a bandit router for
+model="auto".
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+DTYPES = ("bfloat16", "float32")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  ap = argparse.ArgumentParser(prog="python -m fineflax.serve", description=__doc__.splitlines()[0])
+  ap.add_argument("--model", required=True, help="HF folder, .gguf file or alias (smollm2-135m-instruct)")
+  ap.add_argument("--name", default=None, help="model name clients use for the base (default: from --model)")
+  ap.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                  help="a PEFT LoRA folder served as model NAME (repeatable)")
+  ap.add_argument("--quant", choices=("nf4", "int8", "none"), default="nf4",
+                  help="quantisation of the base's linear kernels (default nf4)")
+  ap.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype")
+  ap.add_argument("--host", default="127.0.0.1")
+  ap.add_argument("--port", type=int, default=8000)
+  ap.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+  ap.add_argument("--slots", type=int, default=8, help="decode slots (rows of the running batch)")
+  ap.add_argument("--context", type=int, default=2048, help="tokens per slot (prompt + completion)")
+  ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
+  ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
+  ap.add_argument("--max-n", type=int, default=8, help="largest n accepted")
+  ap.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+  ap.add_argument("--log", default="serve_log.sqlite", help="SQLite reward log (created if absent)")
+  ap.add_argument("--log-sync", choices=("FULL", "NORMAL"), default="FULL",
+                  help="SQLite synchronous setting (FULL: each acknowledged write is fsynced)")
+  ap.add_argument("--router", choices=("ucb1", "thompson"), default="ucb1", help="bandit for model=auto")
+  ap.add_argument("--auto-variants", default=None,
+                  help="comma-separated variants model=auto routes among (default: base and adapters)")
+  args = ap.parse_args(argv)
+  for spec in args.adapter:
+    if "=" not in spec or not spec.split("=", 1)[0] or not spec.split("=", 1)[1]:
+      ap.error(f"--adapter {spec!r}: expected NAME=PATH")
+  return args
+
+
+def build(args: argparse.Namespace):
+  """(Server, Starlette app) from parsed arguments; loads the model and adapters."""
+  import jax.numpy as jnp
+  from fineflax import quant
+  from fineflax.lora import import_peft
+  from fineflax.models import load
+  from fineflax.serve.app import Server, create_app
+  from fineflax.serve.engine import Engine
+  from fineflax.serve.feedback import FeedbackLog
+  from fineflax.serve.router import Router
+
+  params, config, tokenizer = load(args.model, dtype=jnp.float32)
+  if tokenizer is None:
+    raise SystemExit(f"--model {args.model}: no tokenizer found; the server needs one")
+  if args.quant != "none":
+    params = quant.quantize_params(params, kind=args.quant)
+  dtype = jnp.dtype(args.dtype)
+  adapters = {}
+  for spec in args.adapter:
+    name, path = spec.split("=", 1)
+    if name in adapters or name == "auto":
+      raise SystemExit(f"--adapter {spec}: the name {name!r} is taken")
+    adapters[name] = import_peft(path, config)
+  base = args.name or pathlib.Path(str(args.model).rstrip("/")).stem
+  if base in adapters:
+    raise SystemExit(f"--adapter {base}=...: the name is the base model's (rename it or pass --name)")
+  engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
+                  dtype=dtype, chunk=args.chunk)
+  log = FeedbackLog(args.log, synchronous=args.log_sync)
+  variants = [base, *adapters]
+  if args.auto_variants:
+    variants = [v.strip() for v in args.auto_variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v != base and v not in adapters]
+    if unknown:
+      raise SystemExit(f"--auto-variants: unknown {unknown}; known: {[base, *adapters]}")
+  router = Router(variants, kind=args.router).load(log.reward_sums())
+  server = Server(engine, base_name=base, log=log, router=router, api_key=args.api_key,
+                  max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
+                  max_n=args.max_n)
+  return server, create_app(server)
+
+
+def main(argv=None) -> None:
+  import uvicorn
+  args = parse_args(argv)
+  server, app = build(args)
+  print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} on "
+        f"http://{args.host}:{args.port}/v1 (log {args.log})", file=sys.stderr, flush=True)
+  uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+  main()

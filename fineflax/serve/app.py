@@ -1,0 +1,245 @@
+"""The HTTP API (Starlette): OpenAI chat completions, models, feedback and reward statistics.
+
+  POST /v1/chat/completions   OpenAI chat completions (stream = server-sent chat.completion.chunk events,
+                              then `data: [DONE]`); model = the base name, an adapter name or "auto"
+                              (the bandit router picks; the response's `model` names the variant)
+  GET  /v1/models             the base, the adapters and "auto"
+  POST /feedback              {"id", "reward", "comment"?} -> {"feedback_id", "variant"}; unknown id: 404
+  GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI; router state
+  GET  /health                {"status": "ok", "active_rows", "waiting"}
+
+Every error is a JSON {"error": {...}} with a 4xx status (5xx only for engine failures); the server keeps
+serving. With an API key, every route but /health needs `Authorization: Bearer <key>` (else 401).
+Request bodies over `max_body_bytes` get 413. A streaming client that disconnects cancels its rows.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import uuid
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fineflax.sampling.chat import format_chat
+from fineflax.serve import protocol as P
+from fineflax.serve.engine import Job
+from fineflax.serve.feedback import UnknownResponse
+
+DRAIN_CAP = 64 << 20  # an over-limit body is read (and dropped) up to this size, then the answer is sent
+
+
+class Server:
+  """The app's state: engine, names, log, router and limits (see `create_app`)."""
+
+  def __init__(self, engine, *, base_name, log, router, api_key=None, max_body_bytes=1 << 20,
+               max_tokens_limit=1024, max_n=8):
+    self.engine, self.base_name, self.log, self.router = engine, base_name, log, router
+    self.api_key, self.max_body_bytes = api_key, int(max_body_bytes)
+    self.max_tokens_limit, self.max_n = int(max_tokens_limit), int(max_n)
+    self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}
+
+  # -- helpers -----------------------------------------------------------------------------------
+  def check_auth(self, request: Request):
+    if self.api_key is None:
+      return
+    got = request.headers.get("authorization", "")
+    if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+      raise P.ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", code="invalid_api_key")
+
+  async def read_json(self, request: Request):
+    total, parts = 0, []
+    async for part in request.stream():
+      total += len(part)
+      if total <= self.max_body_bytes:
+        parts.append(part)
+      elif total > DRAIN_CAP:
+        break
+    if total > self.max_body_bytes:
+      raise P.ApiError(413, f"request body of {total} bytes exceeds the limit of {self.max_body_bytes} bytes")
+    try:
+      return json.loads(b"".join(parts))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise P.ApiError(400, f"request body is not valid JSON ({e})") from None
+
+  def resolve(self, model: str) -> str:
+    if model == "auto":
+      return self.router.choose()
+    if model not in self.variants:
+      raise P.ApiError(404, f"model {model!r} not found; available: {sorted(self.variants) + ['auto']}",
+                       "model", "model_not_found")
+    return model
+
+  def prompt_ids(self, messages) -> list[int]:
+    tok = self.engine.tokenizer
+    try:
+      text = format_chat(tok, messages)
+    except Exception as e:
+      raise P.ApiError(400, f"messages could not be rendered with the chat template ({e})", "messages")
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+  # -- routes ------------------------------------------------------------------------------------
+  async def models(self, request: Request):
+    self.check_auth(request)
+    names = list(self.variants) + ["auto"]
+    return JSONResponse({"object": "list", "data": [
+        {"id": n, "object": "model", "created": 0, "owned_by": "fineflax"} for n in names]})
+
+  async def chat(self, request: Request):
+    self.check_auth(request)
+    body = await self.read_json(request)
+    req = P.parse_chat_request(body, max_tokens_limit=self.max_tokens_limit, max_n=self.max_n)
+    variant = self.resolve(req.model)
+    prompt = self.prompt_ids(req.messages)
+    room = self.engine.context - len(prompt)
+    max_tokens = req.max_tokens if req.max_tokens is not None else min(self.max_tokens_limit, room)
+    if max_tokens > room or room < 1:
+      raise P.ApiError(400, f"the prompt has {len(prompt)} tokens; with max_tokens={max_tokens} it exceeds "
+                       f"the context of {self.engine.context} tokens", "max_tokens")
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    job = Job(prompt=prompt, emit=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), n=req.n,
+              max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
+              seed=req.seed, adapter=self.variants[variant], ignore_eos=req.ignore_eos)
+    try:
+      self.engine.submit(job)
+    except ValueError as e:
+      raise P.ApiError(400, str(e)) from None
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", P.now()
+    settings = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": max_tokens,
+                "stop": list(req.stop), "seed": req.seed, "n": req.n}
+    ctx = dict(rid=rid, created=created, variant=variant, body=body, req=req, settings=settings,
+               prompt_len=len(prompt))
+    if req.stream:
+      return StreamingResponse(self._stream(job, queue, ctx), media_type="text/event-stream",
+                               headers={"x-fineflax-variant": variant})
+    return await self._complete(request, job, queue, ctx)
+
+  async def _complete(self, request, job, queue, ctx):
+    texts, entries, reasons, counts = [""] * job.n, [[] for _ in range(job.n)], [None] * job.n, [0] * job.n
+    while None in reasons:
+      try:
+        ev = await asyncio.wait_for(queue.get(), 0.5)
+      except asyncio.TimeoutError:
+        if await request.is_disconnected():
+          self.engine.cancel(job)
+          return Response(status_code=499)
+        continue
+      if ev[0] == "error":
+        raise P.ApiError(500, ev[1])
+      if ev[0] == "delta":
+        texts[ev[1]] += ev[2]
+        entries[ev[1]] += ev[3]
+      else:
+        reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
+    await self._log(ctx, texts, reasons, counts)
+    tok = self.engine.tokenizer
+    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+                "finish_reason": reasons[i],
+                "logprobs": {"content": P.logprob_content(tok, entries[i])} if ctx["req"].logprobs else None}
+               for i in range(job.n)]
+    return JSONResponse(P.completion(ctx["rid"], ctx["variant"], ctx["created"], choices,
+                                     P.usage(ctx["prompt_len"], sum(counts))),
+                        headers={"x-fineflax-variant": ctx["variant"]})
+
+  async def _stream(self, job, queue, ctx):
+    rid, variant, created, req = ctx["rid"], ctx["variant"], ctx["created"], ctx["req"]
+    sse = lambda obj: f"data: {json.dumps(obj)}\n\n"
+    texts, reasons, counts = [""] * job.n, [None] * job.n, [0] * job.n
+    try:
+      for i in range(job.n):
+        yield sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                   "finish_reason": None, "logprobs": None}]))
+      while None in reasons:
+        ev = await queue.get()
+        if ev[0] == "error":
+          yield sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}})
+          return
+        if ev[0] == "delta":
+          texts[ev[1]] += ev[2]
+          if not ev[2] and not req.logprobs:
+            continue  # tokens held back (a possible stop string or a partial character): nothing to send
+          lp = {"content": P.logprob_content(self.engine.tokenizer, ev[3])} if req.logprobs else None
+          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
+                                                     "finish_reason": None, "logprobs": lp}]))
+        else:
+          reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
+          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
+                                                     "logprobs": None}]))
+      await self._log(ctx, texts, reasons, counts)
+      if req.include_usage:
+        yield sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts))))
+      yield "data: [DONE]\n\n"
+    finally:
+      if None in reasons:
+        self.engine.cancel(job)
+
+  async def _log(self, ctx, texts, reasons, counts):
+    rows = [{"id": ctx["rid"] if i == 0 else f"{ctx['rid']}/{i}", "created": ctx["created"],
+             "variant": ctx["variant"], "request": ctx["body"], "messages": ctx["req"].messages,
+             "answer": texts[i], "settings": ctx["settings"], "choice": i, "prompt_tokens": ctx["prompt_len"],
+             "completion_tokens": counts[i], "finish_reason": reasons[i]} for i in range(len(texts))]
+    await run_in_threadpool(self.log.add_responses, rows)
+
+  async def feedback(self, request: Request):
+    self.check_auth(request)
+    body = await self.read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+      raise P.ApiError(400, 'feedback: expected {"id": <response id>, "reward": <number>, "comment"?}', "id")
+    reward = body.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+      raise P.ApiError(400, f"reward={reward!r}: expected a finite number", "reward")
+    comment = body.get("comment")
+    if comment is not None and not isinstance(comment, str):
+      raise P.ApiError(400, f"comment={comment!r}: expected a string", "comment")
+    try:
+      fid, variant = await run_in_threadpool(self.log.add_feedback, body["id"], float(reward), comment)
+    except UnknownResponse:
+      raise P.ApiError(404, f"no response with id {body['id']!r} in the log", "id", "response_not_found")
+    self.router.update(variant, float(reward))
+    return JSONResponse({"feedback_id": fid, "id": body["id"], "variant": variant})
+
+  async def stats(self, request: Request):
+    self.check_auth(request)
+    variants = await run_in_threadpool(self.log.stats)
+    return JSONResponse({"variants": variants, "router": self.router.snapshot()})
+
+  async def health(self, request: Request):
+    return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
+                         "waiting": len(self.engine.waiting)})
+
+
+def _guard(handler):
+  async def wrapped(request):
+    try:
+      return await handler(request)
+    except P.ApiError as e:
+      return JSONResponse(e.body(), status_code=e.status)
+    except Exception as e:  # anything unforeseen is a 500 for this request, not a dead server
+      err = P.ApiError(500, f"internal error: {type(e).__name__}: {e}")
+      return JSONResponse(err.body(), status_code=500)
+  return wrapped
+
+
+def create_app(server: Server) -> Starlette:
+  """The Starlette app; starts the engine thread on startup and stops it on shutdown."""
+  import contextlib
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    server.engine.start()
+    yield
+    server.engine.stop()
+
+  routes = [Route("/v1/chat/completions", _guard(server.chat), methods=["POST"]),
+            Route("/v1/models", _guard(server.models), methods=["GET"]),
+            Route("/feedback", _guard(server.feedback), methods=["POST"]),
+            Route("/rl/stats", _guard(server.stats), methods=["GET"]),
+            Route("/health", _guard(server.health), methods=["GET"])]
+  app = Starlette(routes=routes, lifespan=lifespan)
+  app.state.server = server
+  return app

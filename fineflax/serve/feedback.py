@@ -1,0 +1,111 @@
+"""The reward log: every served answer and every reward given to it, in one SQLite file (WAL).
+
+Schema (read by the log -> SFT exporter; columns may be added, never renamed):
+
+  responses(id TEXT PRIMARY KEY, created REAL, variant TEXT, request_json TEXT, messages_json TEXT,
+            answer TEXT, settings_json TEXT, choice INTEGER, prompt_tokens INTEGER,
+            completion_tokens INTEGER, finish_reason TEXT)
+  feedback(id INTEGER PRIMARY KEY, response_id TEXT, reward REAL, comment TEXT, created REAL)
+
+One `responses` row per choice: choice 0 has the response's id ("chatcmpl-..."), choice i > 0 has
+"<id>/<i>". `created` is Unix time; request_json is the request body as received, messages_json its
+messages, settings_json the sampling settings used ({temperature, top_p, max_tokens, stop, seed, n}),
+variant the model or adapter name that answered.
+
+Durability: journal_mode=WAL with synchronous=FULL, so every commit is fsynced to the WAL before the call
+returns: a response or reward that was acknowledged survives SIGKILL (and power loss).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses(id TEXT PRIMARY KEY, created REAL, variant TEXT, request_json TEXT,
+  messages_json TEXT, answer TEXT, settings_json TEXT, choice INTEGER, prompt_tokens INTEGER,
+  completion_tokens INTEGER, finish_reason TEXT);
+CREATE TABLE IF NOT EXISTS feedback(id INTEGER PRIMARY KEY, response_id TEXT, reward REAL, comment TEXT,
+  created REAL);
+CREATE INDEX IF NOT EXISTS feedback_response ON feedback(response_id);
+"""
+
+
+class UnknownResponse(KeyError):
+  """Feedback for an id that is not in the log."""
+
+
+def ci95(n: int, total: float, total_sq: float) -> tuple[float | None, float | None, float | None]:
+  """(mean, low, high): mean +- 1.96 * s / sqrt(n), s the sample standard deviation (n - 1); None for
+  n = 0 (all three) or n = 1 (the bounds)."""
+  if n == 0:
+    return None, None, None
+  mean = total / n
+  if n == 1:
+    return mean, None, None
+  var = max(total_sq - n * mean * mean, 0.0) / (n - 1)
+  half = 1.96 * math.sqrt(var / n)
+  return mean, mean - half, mean + half
+
+
+class FeedbackLog:
+  """Thread-safe appends and reads over one SQLite connection (see module docstring)."""
+
+  def __init__(self, path: str, synchronous: str = "FULL"):
+    if synchronous.upper() not in ("FULL", "EXTRA", "NORMAL"):
+      raise ValueError(f"synchronous={synchronous!r}: choose FULL, EXTRA or NORMAL")
+    self.path = str(path)
+    self.lock = threading.Lock()
+    self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+    self.db.execute("PRAGMA journal_mode=WAL")
+    self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    self.db.executescript(SCHEMA)
+
+  def close(self):
+    with self.lock:
+      self.db.close()
+
+  def add_responses(self, rows: list[dict]) -> None:
+    """Inserts response rows (dicts with the `responses` columns; JSON columns given as objects)."""
+    now = time.time()
+    values = [(r["id"], r.get("created", now), r["variant"], json.dumps(r["request"]),
+               json.dumps(r["messages"]), r["answer"], json.dumps(r["settings"]), r.get("choice", 0),
+               r.get("prompt_tokens"), r.get("completion_tokens"), r.get("finish_reason")) for r in rows]
+    with self.lock:
+      self.db.execute("BEGIN")
+      self.db.executemany("INSERT INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?)", values)
+      self.db.execute("COMMIT")
+
+  def add_feedback(self, response_id: str, reward: float, comment: str | None = None) -> tuple[int, str]:
+    """Appends a reward; returns (feedback id, variant). UnknownResponse when the id is not logged."""
+    with self.lock:
+      row = self.db.execute("SELECT variant FROM responses WHERE id = ?", (response_id,)).fetchone()
+      if row is None:
+        raise UnknownResponse(response_id)
+      cur = self.db.execute("INSERT INTO feedback(response_id, reward, comment, created) VALUES (?,?,?,?)",
+                            (response_id, float(reward), comment, time.time()))
+      return int(cur.lastrowid), row[0]
+
+  def reward_sums(self) -> dict[str, dict]:
+    """{variant: {"n", "sum", "sum_sq", "binary"}} over all feedback (binary: every reward is 0 or 1)."""
+    with self.lock:
+      rows = self.db.execute(
+          "SELECT r.variant, COUNT(f.id), SUM(f.reward), SUM(f.reward * f.reward), "
+          "SUM(CASE WHEN f.reward IN (0, 1) THEN 0 ELSE 1 END) "
+          "FROM feedback f JOIN responses r ON r.id = f.response_id GROUP BY r.variant").fetchall()
+    return {v: {"n": n, "sum": s or 0.0, "sum_sq": sq or 0.0, "binary": not other}
+            for v, n, s, sq, other in rows}
+
+  def stats(self) -> dict[str, dict]:
+    """{variant: {responses, feedback, mean_reward, ci95: [low, high]}} (see `ci95`)."""
+    with self.lock:
+      counts = dict(self.db.execute("SELECT variant, COUNT(*) FROM responses GROUP BY variant").fetchall())
+    sums = self.reward_sums()
+    out = {}
+    for v in sorted(set(counts) | set(sums)):
+      s = sums.get(v, {"n": 0, "sum": 0.0, "sum_sq": 0.0})
+      mean, lo, hi = ci95(s["n"], s["sum"], s["sum_sq"])
+      out[v] = {"responses": counts.get(v, 0), "feedback": s["n"], "mean_reward": mean, "ci95": [lo, hi]}
+    return out

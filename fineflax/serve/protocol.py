@@ -1,0 +1,151 @@
+"""OpenAI chat-completions wire format: request validation and response / chunk objects.
+
+Extension (as vLLM's): `ignore_eos: true` decodes through EOS up to max_tokens (for benchmarks).
+
+A bad field raises `ApiError(status, message, param)`, answered as
+{"error": {"message", "type": "invalid_request_error", "param", "code"}} with that HTTP status.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+
+class ApiError(Exception):
+  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    super().__init__(message)
+    self.status, self.message, self.param, self.code = status, message, param, code
+
+  def body(self) -> dict:
+    kind = "authentication_error" if self.status == 401 else "invalid_request_error"
+    return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass
+class ChatRequest:
+  model: str
+  messages: list
+  temperature: float = 1.0
+  top_p: float = 1.0
+  max_tokens: int | None = None
+  stop: tuple = ()
+  n: int = 1
+  seed: int | None = None
+  stream: bool = False
+  include_usage: bool = False
+  logprobs: bool = False
+  ignore_eos: bool = False
+
+
+def _number(body, key, default, lo, hi, lo_open=False):
+  v = body.get(key)
+  if v is None:
+    return default
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    raise ApiError(400, f"{key}={v!r}: expected a number", key)
+  if v < lo or v > hi or (lo_open and v == lo):
+    raise ApiError(400, f"{key}={v!r}: must be in {'(' if lo_open else '['}{lo}, {hi}]", key)
+  return float(v)
+
+
+def _int(body, key, default, lo, hi):
+  v = body.get(key)
+  if v is None:
+    return default
+  if isinstance(v, bool) or not isinstance(v, int):
+    raise ApiError(400, f"{key}={v!r}: expected an integer", key)
+  if not lo <= v <= hi:
+    raise ApiError(400, f"{key}={v}: must be in [{lo}, {hi}]", key)
+  return v
+
+
+def _content(i, m):
+  c = m.get("content")
+  if isinstance(c, str):
+    return c
+  if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                 isinstance(p.get("text"), str) for p in c):
+    return "".join(p["text"] for p in c)
+  if c is None and m.get("role") == "assistant":
+    return ""
+  raise ApiError(400, f"messages[{i}].content: expected a string or a list of text parts", "messages")
+
+
+def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatRequest:
+  """A validated `ChatRequest` from the parsed JSON body (see module docstring for errors)."""
+  if not isinstance(body, dict):
+    raise ApiError(400, f"request body: expected a JSON object, got {type(body).__name__}")
+  model = body.get("model")
+  if not isinstance(model, str) or not model:
+    raise ApiError(400, f"model={model!r}: expected a model name (GET /v1/models lists them)", "model")
+  msgs = body.get("messages")
+  if not isinstance(msgs, list) or not msgs:
+    raise ApiError(400, "messages: expected a non-empty list of {role, content}", "messages")
+  messages = []
+  for i, m in enumerate(msgs):
+    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+      raise ApiError(400, f"messages[{i}]: expected {{role: system|user|assistant|tool, content}}",
+                     "messages")
+    role = "system" if m["role"] == "developer" else m["role"]
+    messages.append({"role": role, "content": _content(i, m)})
+  stop = body.get("stop")
+  if stop is None:
+    stop = ()
+  elif isinstance(stop, str):
+    stop = (stop,)
+  elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop):
+    stop = tuple(stop)
+  else:
+    raise ApiError(400, f"stop={stop!r}: expected a string or a list of at most 4 strings", "stop")
+  max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+  if max_tokens is not None:
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _int({key: max_tokens}, key, None, 1, max_tokens_limit)
+  seed = body.get("seed")
+  if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    raise ApiError(400, f"seed={seed!r}: expected an integer", "seed")
+  top_logprobs = body.get("top_logprobs")
+  if top_logprobs not in (None, 0):
+    raise ApiError(400, f"top_logprobs={top_logprobs!r}: not supported (only the sampled token's logprob)",
+                   "top_logprobs")
+  opts = body.get("stream_options") or {}
+  if not isinstance(opts, dict):
+    raise ApiError(400, f"stream_options={opts!r}: expected an object", "stream_options")
+  return ChatRequest(
+      model=model, messages=messages, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+      top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), max_tokens=max_tokens, stop=stop,
+      n=_int(body, "n", 1, 1, max_n), seed=seed, stream=bool(body.get("stream", False)),
+      include_usage=bool(opts.get("include_usage", False)), logprobs=bool(body.get("logprobs", False)),
+      ignore_eos=bool(body.get("ignore_eos", False)))
+
+
+def logprob_content(tokenizer, entries) -> list[dict]:
+  """OpenAI `logprobs.content` items from (token id, logprob) pairs (top_logprobs left empty)."""
+  out = []
+  for tok, lp in entries:
+    text = tokenizer.decode([tok], skip_special_tokens=False)
+    out.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+  return out
+
+
+def completion(rid, model, created, choices, usage) -> dict:
+  return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+          "system_fingerprint": None, "choices": choices, "usage": usage}
+
+
+def chunk(rid, model, created, choices, usage=None) -> dict:
+  out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+         "system_fingerprint": None, "choices": choices}
+  if usage is not None:
+    out["usage"] = usage
+  return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+          "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now() -> int:
+  return int(time.time())

@@ -1,0 +1,101 @@
+"""Bandit routing of `model: "auto"` requests among variants, from the rewards of the feedback log.
+
+Per variant v: n_v rewards, mean m_v; N = sum of n_v. A variant with n_v = 0 is chosen first (in order).
+
+  UCB1:     argmax_v  m_v + sqrt(2 ln N / n_v)
+  Thompson: argmax_v  theta_v,  theta_v ~ Beta(1 + s_v, 1 + f_v)   when all of v's rewards are 0 or 1
+                                                                    (s_v successes, f_v failures)
+                                theta_v ~ Normal(m_v, sd_v^2 / n_v) otherwise (sd_v the sample standard
+                                deviation, 1 while n_v < 2)
+
+State is the sufficient statistics (n, sum, sum of squares, all-binary), rebuilt from the log at start
+(`Router.from_sums(log.reward_sums())`), so routing survives restarts.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Sequence
+
+import numpy as np
+
+KINDS = ("ucb1", "thompson")
+
+
+class Router:
+  def __init__(self, variants: Sequence[str], kind: str = "ucb1", seed: int | None = None):
+    if kind not in KINDS:
+      raise ValueError(f"router kind={kind!r}; choose one of {KINDS}")
+    if not variants:
+      raise ValueError("router: no variants to route among")
+    self.variants, self.kind = list(variants), kind
+    self.rng = np.random.default_rng(seed)
+    self.lock = threading.Lock()
+    self.n = {v: 0 for v in self.variants}
+    self.total = {v: 0.0 for v in self.variants}
+    self.total_sq = {v: 0.0 for v in self.variants}
+    self.binary = {v: True for v in self.variants}
+
+  def load(self, sums: dict) -> "Router":
+    """Adds `FeedbackLog.reward_sums()`-shaped statistics (variants not routed are ignored)."""
+    with self.lock:
+      for v, s in sums.items():
+        if v in self.n:
+          self.n[v] += int(s["n"])
+          self.total[v] += float(s["sum"])
+          self.total_sq[v] += float(s["sum_sq"])
+          self.binary[v] = self.binary[v] and bool(s["binary"])
+    return self
+
+  def update(self, variant: str, reward: float) -> None:
+    if variant not in self.n:
+      return
+    with self.lock:
+      self.n[variant] += 1
+      self.total[variant] += reward
+      self.total_sq[variant] += reward * reward
+      self.binary[variant] = self.binary[variant] and reward in (0.0, 1.0)
+
+  def choose(self) -> str:
+    with self.lock:
+      for v in self.variants:
+        if self.n[v] == 0:
+          return v
+      if self.kind == "ucb1":
+        big_n = sum(self.n.values())
+        score = [self.total[v] / self.n[v] + math.sqrt(2.0 * math.log(big_n) / self.n[v])
+                 for v in self.variants]
+      else:
+        score = [self._thompson(v) for v in self.variants]
+      return self.variants[int(np.argmax(score))]
+
+  def _thompson(self, v: str) -> float:
+    n, mean = self.n[v], self.total[v] / self.n[v]
+    if self.binary[v]:
+      s = self.total[v]
+      return float(self.rng.beta(1.0 + s, 1.0 + n - s))
+    sd = math.sqrt(max(self.total_sq[v] - n * mean * mean, 0.0) / (n - 1)) if n > 1 else 1.0
+    return float(self.rng.normal(mean, sd / math.sqrt(n)))
+
+  def snapshot(self) -> dict:
+    with self.lock:
+      return {"kind": self.kind, "variants": {v: {"n": self.n[v], "mean": (self.total[v] / self.n[v]
+                                                                         if self.n[v] else None)}
+                                              for v in self.variants}}
+
+
+def simulate(router: Router, rates: dict[str, float], steps: int,
+             seed: int = 0) -> tuple[list[str], np.ndarray]:
+  """Routes `steps` requests; variant v's reward ~ Bernoulli(rates[v]), fed back at once.
+
+  Returns (chosen variants, cumulative expected regret [steps]: sum_t max(rates) - rates[chosen_t]).
+  """
+  rng = np.random.default_rng(seed)
+  best = max(rates.values())
+  chosen, regret = [], np.zeros(steps)
+  for t in range(steps):
+    v = router.choose()
+    router.update(v, float(rng.random() < rates[v]))
+    chosen.append(v)
+    regret[t] = (regret[t - 1] if t else 0.0) + best - rates[v]
+  return chosen, regret

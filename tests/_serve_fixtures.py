@@ -1,0 +1,121 @@
+"""Shared fixtures of the server tests: a tiny random Llama with SmolLM2's tokenizer, two PEFT adapters,
+and a server (uvicorn in a thread, or `python -m fineflax.serve` in a subprocess) on a free port."""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import jax
+import numpy as np
+
+
+def tiny_chat_model(root: pathlib.Path) -> str:
+  """An HF folder of a tiny random Llama (vocab 49152, tied embeddings) with the bundled SmolLM2
+  tokenizer and chat template; written without torch (fineflax's own export path)."""
+  import json
+  from fineflax.io import atomic_write_text
+  from fineflax.models import ModelConfig, init_params, load_tokenizer, state_dict_from_params
+  from fineflax.models.safetensors_io import write_safetensors
+  path = root / "tiny_chat"
+  if not (path / "config.json").exists():
+    config = ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+                         max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,))
+    rng = np.random.default_rng(0)
+
+    def draw(path, s):  # norms ~ 1 + N(0, 0.1), matrices ~ N(0, 0.3): NumPy, no jit compiles
+      norm = "norm" in jax.tree_util.keystr(path)
+      noise = (0.1 if norm else 0.3) * rng.standard_normal(s.shape)
+      return ((1.0 if norm else 0.0) + noise).astype(np.float32)
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+    params = jax.tree_util.tree_map_with_path(draw, shapes)
+    path.mkdir(parents=True)
+    write_safetensors(state_dict_from_params(params, config), path / "model.safetensors",
+                      metadata={"format": "pt"})
+    atomic_write_text(path / "config.json", json.dumps(config.to_hf()))
+    load_tokenizer("smollm2-135m-instruct").save_pretrained(path)
+  return str(path)
+
+
+def write_adapters(model_dir: str, root: pathlib.Path) -> dict[str, str]:
+  """Two random PEFT adapters (rank 4, all linears, different weights and scales): {name: path}."""
+  import json
+  from fineflax import lora as L
+  from fineflax.models import ModelConfig
+  config = ModelConfig.from_hf(json.loads((pathlib.Path(model_dir) / "config.json").read_text()))
+  rng, out = np.random.default_rng(1), {}
+  # one shape for both (the reference `generate` compiles once for them; different ranks and targets
+  # in one batch are covered by test_serve_engine.py)
+  for name, cfg in [("alpha", L.LoraConfig(r=4, alpha=8.0)), ("beta", L.LoraConfig(r=4, alpha=2.0))]:
+    lora = {}
+    for t in L.resolve_targets(cfg.target_modules):
+      n_in, n_out = config.linear_shapes()[t]
+      lora[t] = {"a": 0.3 * rng.standard_normal((config.num_layers, n_in, cfg.r)).astype(np.float32),
+                 "b": 0.3 * rng.standard_normal((config.num_layers, cfg.r, n_out)).astype(np.float32)}
+    out[name] = str(L.export_peft(lora, cfg, config, root / name))
+  return out
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def server_argv(model_dir, adapters, log, port, *extra) -> list[str]:
+  argv = ["--model", model_dir, "--name", "tiny", "--quant", "nf4", "--dtype", "float32", "--slots", "2",
+          "--context", "256", "--chunk", "4", "--max-tokens-limit", "200", "--log", str(log),
+          "--port", str(port)]
+  for name, path in adapters.items():
+    argv += ["--adapter", f"{name}={path}"]
+  return argv + list(extra)
+
+
+@contextlib.contextmanager
+def thread_server(argv):
+  """Runs the server of `argv` in this process (uvicorn in a thread); yields (base_url, Server)."""
+  import uvicorn
+  from fineflax.serve.__main__ import build, parse_args
+  args = parse_args(argv)
+  server, app = build(args)
+  uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning"))
+  thread = threading.Thread(target=uv.run, daemon=True)
+  thread.start()
+  while not uv.started:
+    if not thread.is_alive():
+      raise RuntimeError("the server thread died at start")
+    time.sleep(0.02)
+  try:
+    yield f"http://127.0.0.1:{args.port}", server
+  finally:
+    uv.should_exit = True
+    thread.join(timeout=30)
+    server.log.close()
+
+
+def start_subprocess_server(argv, timeout: float = 120.0):
+  """`python -m fineflax.serve argv` in a subprocess; returns (Popen, base_url) once /health answers."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parents[1]),
+                                                     os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  port = argv[argv.index("--port") + 1]
+  url = f"http://127.0.0.1:{port}"
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+    try:
+      urllib.request.urlopen(url + "/health", timeout=1).read()
+      return proc, url
+    except OSError:
+      time.sleep(0.2)
+  proc.kill()
+  raise RuntimeError("server did not start in time")

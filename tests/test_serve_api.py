@@ -1,0 +1,187 @@
+"""The OpenAI-compatible server, driven by the real `openai` client over HTTP on 127.0.0.1."""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import jax.numpy as jnp
+import openai
+import pytest
+
+from _serve_fixtures import free_port, server_argv, thread_server, tiny_chat_model, write_adapters
+
+KEY = "test-key"
+MSG = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  root = tmp_path_factory.mktemp("serve")
+  model = tiny_chat_model(root)
+  adapters = write_adapters(model, root)
+  argv = server_argv(model, adapters, root / "log.sqlite", free_port(), "--api-key", KEY)
+  with thread_server(argv) as (url, server):
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    yield {"url": url, "server": server, "client": client, "model": model, "adapters": adapters}
+
+
+def http(url, path, body=None, key=KEY, raw=None, method=None):
+  """(status, parsed JSON) of one request; `raw` bytes are sent as they are."""
+  data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+  req = urllib.request.Request(url + path, data=data, method=method or ("GET" if data is None else "POST"),
+                               headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+      return r.status, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def test_models_list_and_bearer_auth(served):
+  assert [m.id for m in served["client"].models.list().data] == ["tiny", "alpha", "beta", "auto"]
+  bad = openai.OpenAI(base_url=served["url"] + "/v1", api_key="wrong", max_retries=0)
+  with pytest.raises(openai.AuthenticationError):
+    bad.models.list()
+  assert http(served["url"], "/health", key="wrong")[0] == 200
+
+
+def test_nonstreaming_and_streaming_agree_and_count_usage(served):
+  c, tok = served["client"], served["server"].engine.tokenizer
+  r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=10, temperature=0, logprobs=True)
+  assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == "tiny"
+  from fineflax.sampling import format_chat
+  n_prompt = len(tok(format_chat(tok, MSG), add_special_tokens=False)["input_ids"])
+  assert r.usage.prompt_tokens == n_prompt
+  assert r.usage.total_tokens == n_prompt + r.usage.completion_tokens
+  assert 1 <= r.usage.completion_tokens <= 10
+  assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+  assert all(e.logprob <= 0 for e in r.choices[0].logprobs.content)
+  stream = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=10, temperature=0, stream=True,
+                                     stream_options={"include_usage": True})
+  chunks = list(stream)
+  assert chunks[0].choices[0].delta.role == "assistant"
+  text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+  assert text == r.choices[0].message.content
+  finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+  assert finals == [r.choices[0].finish_reason]
+  assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+  assert len({ch.id for ch in chunks}) == 1
+
+
+def test_n_choices_are_seeded_and_each_logged(served):
+  c = served["client"]
+  kw = dict(model="alpha", messages=MSG, max_tokens=8, temperature=1.0, n=3, seed=7)
+  a, b = c.chat.completions.create(**kw), c.chat.completions.create(**kw)
+  texts = [ch.message.content for ch in a.choices]
+  assert [ch.index for ch in a.choices] == [0, 1, 2]
+  assert texts == [ch.message.content for ch in b.choices]  # same seed, same samples
+  assert len(set(texts)) > 1  # the choices are different draws
+  status, out = http(served["url"], "/feedback", {"id": f"{a.id}/2", "reward": 1.0})
+  assert status == 200 and out["variant"] == "alpha"
+  log = served["server"].log
+  rows = log.db.execute("SELECT id, answer, completion_tokens FROM responses WHERE id LIKE ? ORDER BY choice",
+                        (a.id + "%",)).fetchall()
+  assert [r[1] for r in rows] == texts and sum(r[2] for r in rows) == a.usage.completion_tokens
+
+
+def test_two_adapters_in_one_batch_match_generate_alone(served):
+  from fineflax import quant
+  from fineflax.lora import import_peft, lora_scale
+  from fineflax.models import load
+  from fineflax.sampling import format_chat, generate
+  c, engine = served["client"], served["server"].engine
+  mixed_before = engine.stats["mixed_adapter_calls"]
+  results = {}
+
+  def ask(model):
+    results[model] = c.chat.completions.create(model=model, messages=MSG, max_tokens=24, temperature=0)
+  threads = [threading.Thread(target=ask, args=(m,)) for m in ("tiny", "alpha", "beta")]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert engine.stats["mixed_adapter_calls"] > mixed_before  # rows of different adapters shared a step
+  params, config, tok = load(served["model"])
+  base = quant.quantize_params(params, kind="nf4")
+  prompt = tok(format_chat(tok, MSG), add_special_tokens=False)["input_ids"]
+  texts = set()
+  for model in ("tiny", "alpha", "beta"):
+    lora, scale = (None, 1.0)
+    if model != "tiny":
+      lora, cfg = import_peft(served["adapters"][model], config)
+      scale = lora_scale(cfg)
+    ref = generate(base, config, [prompt], max_new_tokens=24, temperature=0.0, tokenizer=tok, lora=lora,
+                   lora_scale=scale, dtype=jnp.float32)
+    got = results[model]
+    assert got.choices[0].message.content == ref.texts[0], model
+    assert got.usage.completion_tokens == int(ref.lengths[0]), model
+    texts.add(ref.texts[0])
+  assert len(texts) == 3  # the adapters really change the answers
+
+
+def test_malformed_requests_get_4xx_and_the_server_keeps_serving(served):
+  url = served["url"]
+  ok = {"model": "tiny", "messages": MSG, "max_tokens": 2}
+  cases = [
+      (dict(raw=b"{not json"), 400),
+      (dict(body={**ok, "model": "nope"}), 404),
+      (dict(body={**ok, "max_tokens": -5}), 400),
+      (dict(body={**ok, "max_tokens": 10_000}), 400),
+      (dict(body={**ok, "messages": []}), 400),
+      (dict(body={**ok, "temperature": "hot"}), 400),
+      (dict(body={**ok, "messages": [{"role": "user", "content": "x" * 20}] * 40}), 400),  # over the context
+      (dict(raw=b'{"model": "tiny", "pad": "' + b"x" * (10 << 20) + b'"}'), 413),
+  ]
+  for kw, want in cases:
+    status, body = http(url, "/v1/chat/completions", **kw)
+    assert status == want, (kw.get("body"), status, body)
+    assert body["error"]["message"]
+  assert http(url, "/feedback", {"id": "chatcmpl-unknown", "reward": 1})[0] == 404
+  assert http(url, "/feedback", {"id": "chatcmpl-unknown", "reward": "good"})[0] == 400
+  status, body = http(url, "/v1/chat/completions", ok)
+  assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_client_disconnect_mid_stream_frees_its_slot(served):
+  c, engine = served["client"], served["server"].engine
+  cancelled = engine.stats["cancelled_rows"]
+  stream = c.chat.completions.create(model="beta", messages=MSG, max_tokens=90, temperature=0, stream=True)
+  first = [next(iter(stream)) for _ in range(2)]
+  assert first[0].choices[0].delta.role == "assistant"
+  stream.close()
+  deadline = time.time() + 30
+  while time.time() < deadline and (engine.active_rows() or engine.stats["cancelled_rows"] == cancelled):
+    time.sleep(0.05)
+  assert engine.active_rows() == 0 and engine.stats["cancelled_rows"] == cancelled + 1
+  r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=3)
+  assert r.usage.completion_tokens >= 1
+
+
+def test_auto_routes_feedback_reaches_the_stats(served):
+  c, url = served["client"], served["url"]
+  seen = set()
+  for _ in range(3):  # UCB1 tries every variant without rewards first
+    r = c.chat.completions.create(model="auto", messages=MSG, max_tokens=2)
+    seen.add(r.model)
+    assert http(url, "/feedback", {"id": r.id, "reward": 0.5, "comment": "ok"})[0] == 200
+  assert seen <= {"tiny", "alpha", "beta"} and len(seen) >= 2
+  status, stats = http(url, "/rl/stats")
+  assert status == 200
+  for v in seen:
+    assert stats["variants"][v]["feedback"] >= 1 and stats["router"]["variants"][v]["n"] >= 1
+
+
+def test_stop_strings_cut_the_answer_before_them_streaming_or_not(served):
+  c = served["client"]
+  full = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0,
+                                   extra_body={"ignore_eos": True}).choices[0].message.content
+  stop = full[len(full) // 2:len(full) // 2 + 3]
+  want = full[:full.find(stop)]
+  r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0, stop=[stop, "@@@"],
+                                extra_body={"ignore_eos": True})
+  assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want, "stop")
+  chunks = list(c.chat.completions.create(model="tiny", messages=MSG, max_tokens=20, temperature=0,
+                                          stop=stop, stream=True, extra_body={"ignore_eos": True}))
+  assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+  assert chunks[-1].choices[0].finish_reason == "stop"
