@@ -91,7 +91,7 @@ class VectorIndex:
     ivf.is_trained = True
     ivf.nprobe = min(self.nprobe, len(centroids))
     ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-    ivf._quantizer_ref = quantizer  # keep the quantizer alive as long as the index
+    self._quantizer = quantizer  # the IVF index does not own its quantizer
     return ivf
 
   def train(self, vectors: np.ndarray) -> np.ndarray:

@@ -137,8 +137,9 @@ def test_write_semantics_match_chroma(tmp_path, caplog):
   assert any("missing" in r.message and "'nope'" in r.message for r in caplog.records)
   a = ours.get(include=("documents", "metadatas", "embeddings"))
   b = ref.get(include=["documents", "metadatas", "embeddings"])
-  assert sorted(zip(a["ids"], a["documents"], map(json.dumps, a["metadatas"]))) == \
-      sorted(zip(b["ids"], b["documents"], map(json.dumps, b["metadatas"])))
+  canon = lambda m: json.dumps(m, sort_keys=True)  # noqa: E731
+  assert sorted(zip(a["ids"], a["documents"], map(canon, a["metadatas"]))) == \
+      sorted(zip(b["ids"], b["documents"], map(canon, b["metadatas"])))
   order = np.argsort(a["ids"]), np.argsort(b["ids"])
   np.testing.assert_array_equal(a["embeddings"][order[0]], np.asarray(b["embeddings"], np.float32)[order[1]])
   q = e([1, 2, 0])
