@@ -258,12 +258,12 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_write(tmp_path, B, acks):
   if (acked + 1) % 5 == 4 and set(got["ids"]) >= in_flight:
     acked_ids.discard(f"{acked}-0")  # the in-flight iteration's delete may have committed
   assert acked_ids <= set(got["ids"]) <= acked_ids | in_flight | {f"{acked}-0"}
-  for id_, vec, meta in zip(got["ids"], got["embeddings"], got["metadatas"]):
-    want = np.random.default_rng(meta["batch"]).normal(size=(B, 16)).astype(np.float32)[meta["i"]]
-    np.testing.assert_array_equal(vec, want)
+  want = {b: np.random.default_rng(b).normal(size=(B, 16)).astype(np.float32) for b in range(acked + 2)}
+  for vec, meta in zip(got["embeddings"], got["metadatas"]):
+    np.testing.assert_array_equal(vec, want[meta["batch"]][meta["i"]])
   assert len(col.index()) == col.count()
-  last = np.random.default_rng(acked).normal(size=(1, 16)).astype(np.float32)
-  assert col.query(query_embeddings=last, n_results=1, include=())["ids"][0][0] == f"{acked}-0"
+  last = got["ids"][-1]
+  assert col.query(query_embeddings=got["embeddings"][-1:], n_results=1, include=())["ids"][0][0] == last
 
 
 def test_index_catches_up_with_other_processes_writes(tmp_path, monkeypatch):
