@@ -182,8 +182,9 @@ class VectorIndex:
     gone = [s for s in dict.fromkeys(ids) if s in self._row]
     if self._ivf is not None:
       labels = np.array([self._row.pop(s) for s in gone], np.int64)
-      if len(labels):
-        self._ivf.remove_ids(labels)
+      if len(labels):  # IDSelectorArray: the hash-table direct map removes each id in O(1), not a scan
+        import faiss
+        self._ivf.remove_ids(faiss.IDSelectorArray(len(labels), faiss.swig_ptr(labels)))
         for lab in labels.tolist():
           del self._label_id[lab]
       return len(gone)
