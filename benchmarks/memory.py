@@ -76,15 +76,19 @@ def vectors(n: int, dim: int, data: str, seed: int) -> np.ndarray:
   return out
 
 
-def exact_top(x: np.ndarray, q: np.ndarray, k: int = 10) -> np.ndarray:
-  """Row indices of the k nearest rows of x by cosine distance, per query."""
+def exact_top(x: np.ndarray, q: np.ndarray, k: int = 10) -> list[set]:
+  """Row indices of the k nearest rows of x by cosine distance, per query (x scanned in blocks)."""
   from memory.index import unit
-  xs, out = unit(x), []
-  for qi in unit(q):
-    s = xs @ qi
-    top = np.argpartition(-s, k)[:k]
-    out.append(set(top[np.argsort(-s[top])].tolist()))
-  return out
+  qs = unit(q)
+  best_s = np.full((len(q), k), -np.inf, np.float32)
+  best_i = np.zeros((len(q), k), np.int64)
+  for a in range(0, len(x), 100_000):
+    s = qs @ unit(x[a:a + 100_000]).T
+    s_all = np.concatenate([best_s, s], 1)
+    i_all = np.concatenate([best_i, np.arange(a, a + s.shape[1])[None].repeat(len(q), 0)], 1)
+    top = np.argpartition(-s_all, k - 1, axis=1)[:, :k]
+    best_s, best_i = np.take_along_axis(s_all, top, 1), np.take_along_axis(i_all, top, 1)
+  return [set(row.tolist()) for row in best_i]
 
 
 def timed(fn, reps: int) -> np.ndarray:
@@ -118,10 +122,10 @@ def bench_store(sizes: list[int], n_queries: int, data: str, workdir: pathlib.Pa
   for n in sizes:
     x = vectors(n, 384, data, seed=n)
     truth = exact_top(x, q)
-    for kind in ("flat", "auto"):
+    for kind, fsync in (("flat", True), ("auto", True), ("auto", False)):
       path = workdir / f"store-{n}-{kind}"
-      col = VectorStore(path).get_or_create_collection("bench", lambda t: None,
-                                                        metadata={"hnsw:space": "cosine", "index:kind": kind})
+      col = VectorStore(path, fsync=fsync).get_or_create_collection(
+          "bench", lambda t: None, metadata={"hnsw:space": "cosine", "index:kind": kind})
       build = fill(col, x)
       structure = col.index().structure
       new = vectors(60, 384, data, seed=7)
@@ -135,9 +139,14 @@ def bench_store(sizes: list[int], n_queries: int, data: str, workdir: pathlib.Pa
       reopened = VectorStore(path).get_collection("bench", lambda t: None)
       reopened.index()
       open_s = time.perf_counter() - t
-      write_rows.append([n, f"{kind} ({structure})", float(np.median(one)), float(np.percentile(one, 99)),
+      write_rows.append([n, f"{kind} ({structure})", "fsync" if fsync else "no fsync", float(np.median(one)), float(np.percentile(one, 99)),
                          float(np.median(again)), float(np.median(batch)), build, open_s, folder_mb(path)])
       col.upsert([f"c{i}" for i in range(30)], embeddings=x[:30])  # restore the vectors overwritten above
+      if not fsync:  # same index as the row above: queries were measured there
+        col.store.close()
+        reopened.store.close()
+        shutil.rmtree(path)
+        continue
       for threads_label, batch_size in (("1 thread", memory.threads.BATCH), ("default threads", 0)):
         memory.threads.BATCH = batch_size
         col.query(query_embeddings=q[:1], n_results=10)
@@ -162,17 +171,17 @@ def bench_store(sizes: list[int], n_queries: int, data: str, workdir: pathlib.Pa
 
 
 def bench_ivf_recall(n: int, n_queries: int, data: str) -> list:
-  """recall@10 and one-query latency of the IVF index alone (memory.index.VectorIndex) at n vectors."""
+  """recall@10 and one-query latency of the IVF index alone (memory.index.VectorIndex) at n vectors:
+  centroids trained once on the whole set (64 x nlist sampled vectors), then vectors added in blocks."""
   from memory.index import VectorIndex
   x = vectors(n, 384, data, seed=n + 1)
   q = vectors(n_queries, 384, data, seed=98)
   truth = exact_top(x, q)
-  index = VectorIndex(384, "cosine", "ivf")
   t = time.perf_counter()
-  for start in range(0, n, 200_000):
-    index.upsert([str(i) for i in range(start, min(n, start + 200_000))], x[start:start + 200_000])
-  if index.trained_n < n // 2:
-    index.to_ivf()  # train on the whole set (an incremental build retrains at 4x growth)
+  centroids = VectorIndex(384, "cosine", "ivf").train(VectorIndex(384, "cosine").prepare(x))
+  index = VectorIndex(384, "cosine", "ivf", centroids=centroids, trained_n=n)
+  for start in range(0, n, 100_000):
+    index.upsert([str(i) for i in range(start, min(n, start + 100_000))], x[start:start + 100_000])
   build = time.perf_counter() - t
   del x
   rows = []
@@ -227,10 +236,11 @@ def main() -> None:
       markdown_table(["stage", "files", "chunks", "seconds", "files/s", "chunks/s"], [chunk_row] + ingest_rows),
       f"Write cost of a VectorStore collection (384-d {args.data} synthetic vectors, hnsw:space cosine, 3 metadata "
       "keys): a write is one SQLite transaction (WAL, synchronous=FULL: fsynced) plus an O(batch) update of the "
-      "in-memory index; nothing is re-saved. one-record upsert: a new id with document and metadata (30 calls); "
+      "in-memory index; nothing is re-saved (\"no fsync\": VectorStore(fsync=False), SQLite synchronous=NORMAL: "
+      "a returned write survives a killed process but not a power cut). one-record upsert: a new id with document and metadata (30 calls); "
       "upsert existing: a stored id's embedding replaced (30 calls); open: a new process's index build from "
       "SQLite. index kind \"auto\" turns IVF at 50,000 vectors.",
-      markdown_table(["records", "index", "1-record upsert p50 ms", "p99 ms", "upsert existing p50 ms",
+      markdown_table(["records", "index", "durability", "1-record upsert p50 ms", "p99 ms", "upsert existing p50 ms",
                       "100-record upsert p50 ms", "fill s", "open s", "disk MB"], write_rows),
       f"Query latency, one query at a time, n_results=10, unfiltered ({args.queries} queries). \"1 thread\": "
       "FAISS on one OpenMP thread (what the store does for fewer than 8 queries, memory.threads); \"default "

@@ -1,6 +1,7 @@
 """VectorStore: persistent collections (Chroma-like API) in one SQLite database, searched in memory.
 
-Layout of `path/`: `store.sqlite3` only, in WAL mode with synchronous=FULL. Tables: collections (name,
+Layout of `path/`: `store.sqlite3` only, in WAL mode with synchronous=FULL (fsync per commit; NORMAL
+with `fsync=False`). Tables: collections (name,
 dim, metadata, version, IVF centroids), records (id, document, metadata, embedding as given), meta (typed
 metadata values for filters), changes (collection, version, id: which ids each write touched).
 
@@ -90,13 +91,16 @@ class VectorStore:
   """A folder of named collections. `VectorStore(path)` creates the folder when missing;
   `VectorStore(path, create=False)` opens an existing store only (StoreError otherwise)."""
 
-  def __init__(self, path: str | os.PathLike, create: bool = True):
+  def __init__(self, path: str | os.PathLike, create: bool = True, fsync: bool = True):
+    """fsync=True (SQLite synchronous=FULL): a write is on disk when it returns, surviving power loss.
+    fsync=False (synchronous=NORMAL): a returned write survives the process being killed, not a power
+    cut (the store stays consistent either way); several times cheaper per small write."""
     self.path = check_store_path(path, create)
     self.path.mkdir(parents=True, exist_ok=True)
     self.db = sqlite3.connect(self.path / "store.sqlite3", isolation_level=None, check_same_thread=False,
                               timeout=60)
     self.db.execute("PRAGMA journal_mode=WAL")
-    self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+    self.db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
     self.db.execute("PRAGMA foreign_keys=ON")
     self.db.create_function("regexp", 2, _regexp, deterministic=True)
     self.db.executescript(_SCHEMA)
