@@ -278,7 +278,10 @@ class Collection:
       raise TypeError(f"{self.name}: ids must be a list of strings, not one string")
     wsql, wp = filters.where_sql(where)
     dsql, dp = filters.where_document_sql(where_document)
-    sql = f"SELECT {columns} FROM records r WHERE r.collection = ? AND ({wsql}) AND ({dsql})"
+    # `+r.collection`: without it SQLite scans the collection's rows (blobs included) and tests the
+    # metadata subqueries per row; with it, it looks up the rids the subqueries return (13x faster at 20k)
+    col_term = "+r.collection" if where and ids is None else "r.collection"
+    sql = f"SELECT {columns} FROM records r WHERE {col_term} = ? AND ({wsql}) AND ({dsql})"
     if ids is None:
       return self.store.db.execute(sql + extra, [self.name, *wp, *dp]).fetchall()
     ids = list(dict.fromkeys(ids))
