@@ -204,6 +204,7 @@ def main() -> None:
   parser.add_argument("--no-write", action="store_true", help="print the tables without writing RESULTS.md")
   args = parser.parse_args()
   sizes = [int(v) for v in args.sizes.split(",")]
+  load_before = os.getloadavg()[0]
   all_files = walk(stdlib_folder())
   all_files = [f for f in all_files if f.suffix == ".py" and "test" not in f.relative_to(stdlib_folder()).parts[0]]
   with tempfile.TemporaryDirectory() as tmp:
@@ -224,7 +225,8 @@ def main() -> None:
       recall_rows += bench_ivf_recall(n, args.queries, data)
       print(recall_rows[-4:], flush=True)
   device = f"2-core CPU, this machine ({platform.processor() or platform.machine()}, {os.cpu_count()} cores " \
-           f"shared with other jobs), python {platform.python_version()}"
+           f"shared with other jobs; 1-minute load average {load_before:.1f} at the start, " \
+           f"{os.getloadavg()[0]:.1f} at the end), python {platform.python_version()}"
   command = f"`python benchmarks/memory.py --max-files {args.max_files} --sizes {args.sizes} " \
             f"--recall-n {args.recall_n} --queries {args.queries} --data {args.data}`"
   md = "\n\n".join([
