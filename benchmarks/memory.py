@@ -178,7 +178,9 @@ def bench_ivf_recall(n: int, n_queries: int, data: str) -> list:
   q = vectors(n_queries, 384, data, seed=98)
   truth = exact_top(x, q)
   t = time.perf_counter()
-  centroids = VectorIndex(384, "cosine", "ivf").train(VectorIndex(384, "cosine").prepare(x))
+  nlist = int(np.clip(np.sqrt(n), 16, 4096))
+  sample = np.sort(np.random.default_rng(0).choice(n, min(n, 64 * nlist), replace=False))
+  centroids = VectorIndex(384, "cosine", "ivf").train(VectorIndex(384, "cosine").prepare(x[sample]), n=n)
   index = VectorIndex(384, "cosine", "ivf", centroids=centroids, trained_n=n)
   for start in range(0, n, 100_000):
     index.upsert([str(i) for i in range(start, min(n, start + 100_000))], x[start:start + 100_000])

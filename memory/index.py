@@ -94,14 +94,15 @@ class VectorIndex:
     self._quantizer = quantizer  # the IVF index does not own its quantizer
     return ivf
 
-  def train(self, vectors: np.ndarray) -> np.ndarray:
-    """k-means centroids for `vectors` (already in index form: normalised for cosine)."""
+  def train(self, vectors: np.ndarray, n: int | None = None) -> np.ndarray:
+    """k-means centroids for `vectors` (already in index form: normalised for cosine), sized for n vectors
+    (default len(vectors); pass the full size when `vectors` is a sample of it)."""
     import faiss
-    n = len(vectors)
+    n = len(vectors) if n is None else int(n)
     nlist = int(np.clip(np.sqrt(n), 16, 4096))
     sample = vectors
-    if n > 64 * nlist:
-      sample = vectors[np.sort(np.random.default_rng(0).choice(n, 64 * nlist, replace=False))]
+    if len(vectors) > 64 * nlist:
+      sample = vectors[np.sort(np.random.default_rng(0).choice(len(vectors), 64 * nlist, replace=False))]
     km = faiss.Kmeans(self.dim, nlist, niter=10, seed=1234, spherical=self.space == "cosine",
                       max_points_per_centroid=64, min_points_per_centroid=1)
     with faiss_threads(BATCH_ALL):
