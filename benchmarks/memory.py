@@ -62,9 +62,13 @@ def bench_ingest(files: list[pathlib.Path], workdir: pathlib.Path) -> list:
           ["re-ingest unchanged (hash skip)", again.files_skipped, 0, dt_again, again.files_skipped / dt_again, 0.0]]
 
 
+SIGMA = {"clustered": 0.5, "clustered-hard": 1.0}
+
+
 def vectors(n: int, dim: int, data: str, seed: int) -> np.ndarray:
   """Synthetic vectors: "gaussian" (i.i.d. N(0, 1), the hardest case for an approximate index) or
-  "clustered" (2000 cluster centres ~ N(0, 1), points = centre + N(0, 0.5^2) per dimension)."""
+  "clustered" / "clustered-hard" (2000 cluster centres ~ N(0, 1), points = centre + N(0, sigma^2) per
+  dimension, sigma 0.5 / 1.0)."""
   rng = np.random.default_rng(seed)
   if data == "gaussian":
     return rng.normal(size=(n, dim)).astype(np.float32)
@@ -72,7 +76,7 @@ def vectors(n: int, dim: int, data: str, seed: int) -> np.ndarray:
   out = np.empty((n, dim), np.float32)
   for a in range(0, n, 100_000):
     b = min(n, a + 100_000)
-    out[a:b] = centres[rng.integers(0, 2000, b - a)] + 0.5 * rng.normal(size=(b - a, dim)).astype(np.float32)
+    out[a:b] = centres[rng.integers(0, 2000, b - a)] + SIGMA[data] * rng.normal(size=(b - a, dim)).astype(np.float32)
   return out
 
 
@@ -202,11 +206,18 @@ def main() -> None:
   parser.add_argument("--sizes", default="10000,100000", help="store sizes for write cost and query latency")
   parser.add_argument("--recall-n", type=int, default=1_000_000, help="IVF recall measurement size (0: skip)")
   parser.add_argument("--queries", type=int, default=100)
-  parser.add_argument("--data", default="clustered", choices=("clustered", "gaussian"))
+  parser.add_argument("--data", default="clustered", choices=("clustered", "clustered-hard", "gaussian"))
+  parser.add_argument("--recall-only", default="", help="comma-separated data kinds: only the IVF recall table")
   parser.add_argument("--no-write", action="store_true", help="print the tables without writing RESULTS.md")
   args = parser.parse_args()
   sizes = [int(v) for v in args.sizes.split(",")]
   load_before = os.getloadavg()[0]
+  if args.recall_only:
+    from benchmarks._results import markdown_table as table
+    rows = [r for data in args.recall_only.split(",") for r in bench_ivf_recall(args.recall_n, args.queries, data)]
+    print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(table(["vectors", "data", "nlist", "nprobe", "recall@10", "p50 ms", "build s"], rows))
+    return
   all_files = walk(stdlib_folder())
   all_files = [f for f in all_files if f.suffix == ".py" and "test" not in f.relative_to(stdlib_folder()).parts[0]]
   with tempfile.TemporaryDirectory() as tmp:
