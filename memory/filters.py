@@ -1,18 +1,25 @@
 """Chroma-style `where` / `where_document` filters compiled to SQL over the store's tables.
 
-where: {"key": value} (same as $eq), {"key": {op: value}} with op in $eq $ne $gt $gte $lt $lte $in $nin,
-{"$and": [where, ...]}, {"$or": [where, ...]}; several keys in one dict are AND-ed.
-$ne / $nin also match records that lack the key (they are NOT($eq) / NOT($in)). $gt..$lte need numbers.
-where_document: {"$contains": s}, {"$not_contains": s} (case-sensitive), $and / $or of those.
+where: {"key": value} (same as $eq), {"key": {op: value}} with op in $eq $ne $gt $gte $lt $lte $in $nin
+$contains $not_contains, {"$and": [where, ...]}, {"$or": [where, ...]}; several keys in one dict are AND-ed.
+$ne / $nin / $not_contains also match records that lack the key (they are NOT($eq) / NOT($in) /
+NOT($contains)). $gt..$lte need numbers. As in Chroma 1.5: a metadata value may be a non-empty list of one
+scalar type; $contains / $not_contains test membership in such a list (a scalar value never "contains");
+$eq / $in / $gt.. never match a list value.
+where_document: {"$contains": s}, {"$not_contains": s} (case-sensitive substring), {"$regex": p},
+{"$not_regex": p} (Python `re.search`), $and / $or of those. A record without a document matches only the
+$not_ forms.
 Metadata values are stored typed in table `meta(rid, key, t, s, n)`: t = "s" (str), "n" (int/float),
-"b" (bool, n = 0/1), so 1 never equals True or "1".
+"b" (bool, n = 0/1), so 1 never equals True or "1"; list elements get t = "ls" / "ln" / "lb".
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _CMP = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-_OPS = ("$eq", "$ne", "$in", "$nin") + tuple(_CMP)
+_OPS = ("$eq", "$ne", "$in", "$nin", "$contains", "$not_contains") + tuple(_CMP)
+_DOC_OPS = ("$contains", "$not_contains", "$regex", "$not_regex")
 
 
 def typed(value: Any, where: str) -> tuple[str, str | None, float | None]:
@@ -26,6 +33,29 @@ def typed(value: Any, where: str) -> tuple[str, str | None, float | None]:
   if isinstance(value, str):
     return "s", value, None
   raise ValueError(f"{where}: value {value!r} is {type(value).__name__}; expected str, int, float or bool")
+
+
+def meta_rows(meta: dict, where: str) -> list[tuple[str, str, str | None, float | None]]:
+  """(key, t, s, n) rows of table `meta` for one record's metadata (a list gives one row per element)."""
+  rows = []
+  for key, value in meta.items():
+    if isinstance(value, (list, tuple)):
+      if not value:
+        raise ValueError(f"{where}[{key!r}]: a list value must be non-empty")
+      cells = [typed(v, f"{where}[{key!r}][{i}]") for i, v in enumerate(value)]
+      if len({c[0] for c in cells}) > 1:
+        raise ValueError(f"{where}[{key!r}]: list {value!r} mixes types; use one of str, int/float, bool")
+      rows += [(key, "l" + t, s, n) for t, s, n in cells]
+    elif value is not None:
+      rows.append((key, *typed(value, f"{where}[{key!r}]")))
+  return rows
+
+
+def _contains_sql(key: str, value: Any, where: str) -> tuple[str, list]:
+  t, s, n = typed(value, where)
+  if t == "s":
+    return "r.rid IN (SELECT rid FROM meta WHERE key = ? AND t = 'ls' AND s = ?)", [key, s]
+  return "r.rid IN (SELECT rid FROM meta WHERE key = ? AND t = ? AND n = ?)", [key, "l" + t, n]
 
 
 def _eq_sql(key: str, value: Any, where: str) -> tuple[str, list]:
@@ -67,6 +97,11 @@ def _field_sql(key: str, cond: Any, where: str) -> tuple[str, list]:
   if op == "$nin":
     sql, p = _in_sql(key, value, at)
     return f"NOT {sql}", p
+  if op == "$contains":
+    return _contains_sql(key, value, at)
+  if op == "$not_contains":
+    sql, p = _contains_sql(key, value, at)
+    return f"NOT ({sql})", p
   if op in _CMP:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       raise ValueError(f"{at}: expected a number, got {value!r}")
@@ -105,7 +140,8 @@ def where_sql(where: dict | None, at: str = "where") -> tuple[str, list]:
 
 
 def where_document_sql(where: dict | None, at: str = "where_document") -> tuple[str, list]:
-  """SQL boolean expression over `r.document` for $contains / $not_contains / $and / $or."""
+  """SQL boolean expression over `r.document` for $contains / $not_contains / $regex / $not_regex / $and /
+  $or. The regex forms need the connection's REGEXP function (memory.store registers it)."""
   if not where:
     return "1", []
   if not isinstance(where, dict) or len(where) != 1:
@@ -113,10 +149,16 @@ def where_document_sql(where: dict | None, at: str = "where_document") -> tuple[
   (op, value), = where.items()
   if op in ("$and", "$or"):
     return _logical(op, value, at, where_document_sql)
-  if op not in ("$contains", "$not_contains"):
-    raise ValueError(f"{at}: unknown operator {op!r}; expected $contains, $not_contains, $and, $or")
+  if op not in _DOC_OPS:
+    raise ValueError(f"{at}: unknown operator {op!r}; expected one of {_DOC_OPS + ('$and', '$or')}")
   if not isinstance(value, str) or not value:
     raise ValueError(f"{at}[{op!r}]: expected a non-empty string, got {value!r}")
+  if op in ("$regex", "$not_regex"):
+    try:
+      re.compile(value)
+    except re.error as e:
+      raise ValueError(f"{at}[{op!r}]: invalid regular expression {value!r} ({e})") from None
+    return ("coalesce(regexp(?, r.document), 0) = " + ("1" if op == "$regex" else "0")), [value]
   return f"instr(coalesce(r.document, ''), ?) {'>' if op == '$contains' else '='} 0", [value]
 
 

@@ -46,9 +46,12 @@ def walk(folder: pathlib.Path, max_files: int | None = None) -> list[pathlib.Pat
   return out[:max_files] if max_files else out
 
 
-def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_files: int = 16,
+def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_chunks: int = 64,
            max_files: int | None = None, progress: bool = True) -> IngestStats:
-  """Brings `collection` in line with the files of `folder`; returns what changed."""
+  """Brings `collection` in line with the files of `folder`; returns what changed.
+
+  Two passes: chunk every new or changed file (fast), then embed and upsert their chunks in batches of
+  about `batch_chunks`, with a progress bar counting chunks embedded (the slow part)."""
   folder = pathlib.Path(folder)
   if not folder.is_dir():
     raise NotADirectoryError(f"{folder}: not a folder")
@@ -59,20 +62,8 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_f
       stored[meta["path"]] = meta["file_hash"]
   files = walk(folder, max_files)
   stats.files_seen = len(files)
-  present = set()
-  batch: list = []
-
-  def flush():
-    if not batch:
-      return
-    paths = sorted({c_meta["path"] for _, _, c_meta in batch})
-    stats.chunks_deleted += collection.delete(where={"path": {"$in": paths}}) if paths else 0
-    collection.upsert([b[0] for b in batch], documents=[b[1] for b in batch], metadatas=[b[2] for b in batch])
-    stats.chunks_upserted += len(batch)
-    batch.clear()
-
-  changed_files = 0
-  for path in tqdm(files, desc="ingest", unit="file", disable=not progress):
+  present, todo = set(), []  # todo: (path, [(id, embedding text, metadata)])
+  for path in tqdm(files, desc="chunk", unit="file", disable=not progress, leave=False):
     rel = path.relative_to(folder).as_posix()
     present.add(rel)
     data = path.read_bytes()
@@ -88,12 +79,24 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_f
     stats.files_ingested += 1
     if not chunks and rel in stored:
       stats.chunks_deleted += collection.delete(where={"path": rel})
-    for c in chunks:
-      batch.append((c.id, c.embedding_text(), {**c.metadata(), "file_hash": digest}))
-    changed_files += 1
-    if changed_files % batch_files == 0:
-      flush()
-  flush()
+    if chunks:
+      todo.append((rel, [(c.id, c.embedding_text(), {**c.metadata(), "file_hash": digest}) for c in chunks]))
+  bar = tqdm(total=sum(len(c) for _, c in todo), desc="embed", unit="chunk", disable=not progress)
+  batch: list = []
+  for i, (rel, chunks) in enumerate(todo):
+    batch.append((rel, chunks))
+    if sum(len(c) for _, c in batch) >= batch_chunks or i == len(todo) - 1:
+      paths = [r for r, _ in batch if r in stored]
+      if paths:  # a changed file's old chunks go first
+        stats.chunks_deleted += collection.delete(where={"path": {"$in": paths}})
+      rows = [row for _, c in batch for row in c]
+      for a in range(0, len(rows), batch_chunks):
+        part = rows[a:a + batch_chunks]
+        collection.upsert([r[0] for r in part], documents=[r[1] for r in part], metadatas=[r[2] for r in part])
+        stats.chunks_upserted += len(part)
+        bar.update(len(part))
+      batch.clear()
+  bar.close()
   removed = sorted(set(stored) - present)
   if removed:
     stats.files_removed = len(removed)
@@ -102,17 +105,27 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_f
 
 
 def main(argv: list[str] | None = None) -> int:
+  """The CLI. A user mistake (folder not a folder, store path a file) prints one line and returns 2,
+  before anything is created."""
   parser = argparse.ArgumentParser(prog="python -m memory.ingest", description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", type=pathlib.Path)
-  parser.add_argument("--store", required=True, type=pathlib.Path, help="VectorStore folder")
+  parser.add_argument("--store", required=True, type=pathlib.Path, help="VectorStore folder (created if missing)")
   parser.add_argument("--collection", default="default")
   parser.add_argument("--max-chars", type=int, default=1200, help="chunk size in non-whitespace characters")
   parser.add_argument("--max-files", type=int, default=None)
   args = parser.parse_args(argv)
-  from memory.store import VectorStore
+  from memory.store import StoreError, VectorStore, check_store_path
+  try:
+    if not args.folder.is_dir():
+      what = "does not exist" if not args.folder.exists() else "is not a folder"
+      raise StoreError(f"{args.folder}: the folder to ingest {what}")
+    check_store_path(args.store)
+  except StoreError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   store = VectorStore(args.store)
-  stats = ingest(args.folder, store.get_or_create_collection(args.collection), args.max_chars,
-                 max_files=args.max_files)
+  collection = store.get_or_create_collection(args.collection, metadata={"hnsw:space": "cosine"})
+  stats = ingest(args.folder, collection, args.max_chars, max_files=args.max_files)
   for error in stats.errors:
     print(f"skipped {error}", file=sys.stderr)
   print({k: v for k, v in dataclasses.asdict(stats).items() if k != "errors"})

@@ -1,7 +1,8 @@
 """System prompts for generation: route a query to knowledge (RAG), procedure (SOP), both or neither.
 
 route: "procedure" when the SOP manager matches the query; "knowledge" when the store returns a chunk
-with cosine similarity >= min_similarity; "both" when both hold; "none" otherwise.
+with cosine similarity >= min_similarity (from the collection's distance: 1 - d for cosine / ip, 1 - d / 2
+for l2, exact for unit-norm embeddings such as MiniLM's); "both" when both hold; "none" otherwise.
 The prompt is `base`, then the procedure (numbered steps), then the retrieved context as
 `[i] <path> lines a-b (<kind> <name>)` blocks.
 """
@@ -38,7 +39,8 @@ def plan(query: str, store=None, sops=None, collection: str = "default", n_resul
   col = _collection(store, collection)
   if col is not None and col.count():
     res = col.query(query_texts=[query], n_results=n_results, where=where)
-    context = [{"id": i, "document": d, "metadata": m, "similarity": 1.0 - dist}
+    half = getattr(col, "space", "cosine") == "l2"  # squared L2 of unit vectors = 2 - 2 cos
+    context = [{"id": i, "document": d, "metadata": m, "similarity": 1.0 - (dist / 2 if half else dist)}
                for i, d, m, dist in zip(res["ids"][0], res["documents"][0], res["metadatas"][0],
                                         res["distances"][0])]
   if mode is None:

@@ -2,11 +2,16 @@
 
 File format (one SOP per *.json):
   {"name": str, "description": str, "triggers": "comma, separated, phrases", "category": str,
-   "priority": int 1..10, "steps": [{"action": str, "condition": str (optional)}, ...]}
-match score = sum over matched triggers of their word count (a trigger matches when all its words occur
-in the query) + similarity_weight * cos(e(query), e(name + description + triggers)) when an embedding
-function is given; ties go to the higher priority. A SOP is chosen when a trigger matches or the
-similarity reaches `min_similarity`.
+   "priority": int 1..10, "steps": [{"action": str, "condition": str (optional)}, ...],
+   "examples": [str, ...] (optional: requests this procedure is for)}
+Routing (SOPManager.match):
+  - with an embedding function: similarity(query, SOP) = max cosine between e(query) and e(t) over the SOP's
+    texts t (name + description + triggers, and each example). SOPs whose similarity reaches
+    `min_similarity` are returned, most similar first. For all-MiniLM-L6-v2 the default threshold is
+    MINILM_MIN_SIMILARITY, calibrated on memory/sops_eval/calibration.jsonl (python -m memory.sop_calibration).
+  - fallback (no embedding function, or no SOP reaches the threshold): trigger matching. score = sum over
+    matched triggers of their word count (a trigger matches when all its words occur in the query); ties go
+    to the higher priority.
 """
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ import numpy as np
 
 _WORD = re.compile(r"[a-z0-9]+")
 _FIELDS = {"name": str, "description": str, "triggers": str, "category": str, "priority": int, "steps": list}
+_OPTIONAL = {"examples": list}
+MINILM_MIN_SIMILARITY = 0.328  # calibrated (memory.sop_calibration): threshold 0.3277, calibration off-topic max 0.3198
+DEFAULT_MIN_SIMILARITY = 0.5
 
 
 class SOPError(ValueError):
@@ -41,10 +49,15 @@ class SOP:
   priority: int
   steps: tuple[Step, ...]
   source: str = ""
+  examples: tuple[str, ...] = ()
 
   def text(self) -> str:
-    """What the embedding of a SOP is computed from."""
+    """The SOP's summary text (one of the texts its similarity is computed from)."""
     return f"{self.name}: {self.description} Triggers: {', '.join(self.triggers)}"
+
+  def texts(self) -> list[str]:
+    """Every text a query is compared with: the summary and each example request."""
+    return [self.text(), *self.examples]
 
   def render(self) -> str:
     """The procedure as numbered steps for a system prompt."""
@@ -58,9 +71,12 @@ def parse_sop(data, source: str = "<dict>") -> SOP:
   """A validated SOP; SOPError naming `source` and the faulty field otherwise."""
   if not isinstance(data, dict):
     raise SOPError(f"{source}: expected a JSON object, got {type(data).__name__}")
-  unknown = sorted(set(data) - set(_FIELDS))
+  unknown = sorted(set(data) - set(_FIELDS) - set(_OPTIONAL))
   if unknown:
-    raise SOPError(f"{source}: unknown field {unknown[0]!r} (fields: {', '.join(_FIELDS)})")
+    raise SOPError(f"{source}: unknown field {unknown[0]!r} (fields: {', '.join([*_FIELDS, *_OPTIONAL])})")
+  examples = data.get("examples", [])
+  if not isinstance(examples, list) or any(not isinstance(e, str) or not e.strip() for e in examples):
+    raise SOPError(f"{source}: field 'examples' = {examples!r} must be a list of non-empty strings")
   for field, kind in _FIELDS.items():
     if field not in data:
       raise SOPError(f"{source}: missing field {field!r}")
@@ -90,7 +106,7 @@ def parse_sop(data, source: str = "<dict>") -> SOP:
       raise SOPError(f"{at}.condition must be a non-empty string, got {step['condition']!r}")
     steps.append(Step(step["action"].strip(), step.get("condition")))
   return SOP(data["name"].strip(), data["description"].strip(), triggers, data["category"].strip(),
-             data["priority"], tuple(steps), source)
+             data["priority"], tuple(steps), source, tuple(e.strip() for e in examples))
 
 
 def load_sop(path: str | pathlib.Path) -> SOP:
@@ -115,11 +131,15 @@ def default_sop_folder() -> pathlib.Path:
 
 
 class SOPManager:
-  """Holds SOPs (from a folder of *.json or a list) and picks the procedure for a query."""
+  """Holds SOPs (from a folder of *.json or a list) and picks the procedure for a query.
+
+  embedding_function: texts -> [N, d] (None: triggers only; "default": all-MiniLM-L6-v2 through
+  memory.store.default_embedding_function). min_similarity: None picks MINILM_MIN_SIMILARITY for
+  all-MiniLM-L6-v2, DEFAULT_MIN_SIMILARITY otherwise."""
 
   def __init__(self, sops: str | pathlib.Path | list[SOP] | None = None,
-               embedding_function: Callable[[list[str]], np.ndarray] | None = None,
-               similarity_weight: float = 2.0, min_similarity: float = 0.5):
+               embedding_function: Callable[[list[str]], np.ndarray] | str | None = None,
+               min_similarity: float | None = None):
     if sops is None or isinstance(sops, (str, pathlib.Path)):
       folder = pathlib.Path(sops) if sops is not None else default_sop_folder()
       if not folder.is_dir():
@@ -129,34 +149,51 @@ class SOPManager:
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
       raise SOPError(f"duplicate SOP name {dup!r} in {[s.source for s in sops if s.name == dup]}")
+    if embedding_function == "default":
+      from memory.store import default_embedding_function
+      embedding_function = default_embedding_function()
     self.sops = list(sops)
     self.embedding_function = embedding_function
-    self.similarity_weight, self.min_similarity = similarity_weight, min_similarity
+    if min_similarity is None:
+      minilm = getattr(embedding_function, "name", "") == "all-MiniLM-L6-v2"
+      min_similarity = MINILM_MIN_SIMILARITY if minilm else DEFAULT_MIN_SIMILARITY
+    self.min_similarity = min_similarity
     self._vectors = None
+    self._owner = None
 
-  def _similarities(self, query: str) -> np.ndarray | None:
+  def similarities(self, queries: list[str]) -> np.ndarray | None:
+    """[len(queries), len(sops)]: max cosine between each query and each SOP's texts; None without an
+    embedding function."""
     if self.embedding_function is None or not self.sops:
       return None
     if self._vectors is None:
-      self._vectors = _unit(np.asarray(self.embedding_function([s.text() for s in self.sops]), np.float32))
-    q = _unit(np.asarray(self.embedding_function([query]), np.float32))
-    return (self._vectors @ q[0]).astype(np.float64)
+      texts = [t for s in self.sops for t in s.texts()]
+      self._owner = np.array([i for i, s in enumerate(self.sops) for _ in s.texts()])
+      self._vectors = _unit(np.asarray(self.embedding_function(texts), np.float32))
+    q = _unit(np.asarray(self.embedding_function(list(queries)), np.float32))
+    per_text = (q @ self._vectors.T).astype(np.float64)
+    out = np.full((len(queries), len(self.sops)), -np.inf)
+    np.maximum.at(out.T, self._owner, per_text.T)
+    return out
 
   def match(self, query: str, top_k: int = 1) -> list[SOPMatch]:
-    """The best `top_k` SOPs for `query` (possibly none), best first."""
+    """The best `top_k` SOPs for `query` (possibly none), best first: by similarity when one reaches
+    min_similarity, else by triggers."""
     words = set(_WORD.findall(query.lower()))
-    sims = self._similarities(query)
+    sims = self.similarities([query])
+    sims = None if sims is None else sims[0]
     found = []
     for i, sop in enumerate(self.sops):
       hit = tuple(t for t in sop.triggers if set(_WORD.findall(t)) <= words)
-      score = float(sum(len(_WORD.findall(t)) for t in hit))
       sim = None if sims is None else float(sims[i])
-      if sim is not None:
-        score += self.similarity_weight * sim
-      if hit or (sim is not None and sim >= self.min_similarity):
-        found.append(SOPMatch(sop, score, hit, sim))
-    found.sort(key=lambda m: (-m.score, -m.sop.priority, m.sop.name))
-    return found[:top_k]
+      found.append(SOPMatch(sop, float(sum(len(_WORD.findall(t)) for t in hit)), hit, sim))
+    similar = [m for m in found if m.similarity is not None and m.similarity >= self.min_similarity]
+    if similar:
+      similar.sort(key=lambda m: (-m.similarity, -m.sop.priority, m.sop.name))
+      return similar[:top_k]
+    triggered = [m for m in found if m.matched_triggers]
+    triggered.sort(key=lambda m: (-m.score, -m.sop.priority, m.sop.name))
+    return triggered[:top_k]
 
   def build_system_prompt(self, query: str, base: str = "You are a helpful assistant.") -> str:
     """`base`, followed by the chosen procedure when one matches."""

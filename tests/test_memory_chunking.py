@@ -143,3 +143,83 @@ def test_javascript_when_grammar_installed():
   symbols = [s for c in chunks for s in c.symbols]
   assert symbols == ["A", "A.m", "A.n", "f", "g"]
   assert next(c for c in chunks if c.name == "A").docstring == "Adds."
+
+
+import difflib  # noqa: E402
+
+import rank_bm25  # noqa: E402
+
+
+def ast_spans(source: str) -> list[tuple[str, int, int, int]]:
+  """(qualified name, first line incl. decorators, first body line, last line) of every def / class."""
+  out = []
+
+  def walk(node, scope):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+        out.append((".".join(scope + (child.name,)), first, child.body[0].lineno, child.end_lineno))
+        walk(child, scope + (child.name,))
+      else:
+        walk(child, scope)
+  walk(ast.parse(source), ())
+  return out
+
+
+REAL = [difflib, rank_bm25, textwrap, argparse, json.decoder]
+
+
+@pytest.mark.parametrize("max_chars", [300, 1200, 1600])
+@pytest.mark.parametrize("module", REAL, ids=lambda m: m.__name__)
+def test_fitting_definitions_stay_whole_and_headers_keep_their_body(module, max_chars):
+  """A definition that fits the budget is in one chunk, whatever comments precede it (difflib's
+  __chain_b with its 17-line comment block at 1600); an oversized one keeps its header line with the first
+  line of its body (no header-only chunk such as `class TextWrapper:`)."""
+  path = inspect.getsourcefile(module)
+  source = open(path, encoding="utf-8").read()
+  lines = source.splitlines(keepends=True)
+  chunks = chunk_code(source, path, max_chars=max_chars)
+  check_partition(chunks, source, max_chars)
+  holder = lambda line: next(c for c in chunks if c.start_line <= line <= c.end_line)  # noqa: E731
+  for name, first, body, last in ast_spans(source):
+    c = holder(first)
+    if nonws("".join(lines[first - 1:last])) <= max_chars:
+      assert c.end_line >= last, (name, first, last, c.start_line, c.end_line)
+    elif nonws("".join(lines[first - 1:body])) <= max_chars:
+      assert c.end_line >= body, (name, first, body, c.start_line, c.end_line)
+
+
+def test_difflib_chain_b_is_one_chunk_and_its_comment_block_another():
+  path = inspect.getsourcefile(difflib)
+  chunks = chunk_code(open(path, encoding="utf-8").read(), path, max_chars=1600)
+  chain = [c for c in chunks if "def __chain_b(self):" in c.text]
+  assert len(chain) == 1 and "del b2j[elt]" in chain[0].text.split("def find_longest_match")[0]
+  assert chain[0].text.lstrip().startswith("def __chain_b") and chain[0].name == "SequenceMatcher.__chain_b"
+
+
+def test_trailing_commented_out_code_is_not_glued_to_the_last_method():
+  path = inspect.getsourcefile(rank_bm25)
+  chunks = chunk_code(open(path, encoding="utf-8").read(), path, max_chars=1200)
+  method = next(c for c in chunks if "def get_batch_scores" in c.text and "BM25Plus" in c.name)
+  assert "return score.tolist()" in method.text and "# class BM25Adpt" not in method.text
+  dead = [c for c in chunks if "# class BM25Adpt" in c.text or "#     def get_scores" in c.text]
+  assert dead and all(c.kind == "code" and c.name == "" for c in dead)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("suffix", [".py", ".md", ".txt"])
+def test_chunks_are_exact_slices_in_every_line_ending(tmp_path, newline, suffix):
+  """Every chunk's text equals file_text[start:end] of the file as read from disk; CR-only and CRLF files
+  chunk at the same lines as LF (no 13k-character single chunk, no translated line endings)."""
+  base = open(inspect.getsourcefile(textwrap), encoding="utf-8").read()
+  if suffix != ".py":
+    base = "# Title\n\n" + "".join(f"## Part {i}\n\n" + "words " * 40 + "\n\n" for i in range(30))
+  path = tmp_path / f"f{suffix}"
+  path.write_bytes(base.replace("\n", newline).encode("utf-8"))
+  text = path.read_bytes().decode("utf-8")
+  chunks = chunk_file(path, max_chars=400)
+  assert "".join(c.text for c in chunks) == text
+  for c in chunks:
+    assert c.text == text[c.start:c.end] and nonws(c.text) <= 400 or c.text.count(newline) <= 1
+  lf = chunk_file(path, base, max_chars=400)
+  assert [(c.start_line, c.end_line, c.name) for c in chunks] == [(c.start_line, c.end_line, c.name) for c in lf]

@@ -6,6 +6,7 @@ import json.decoder
 import shutil
 import textwrap
 
+import numpy as np
 import pytest
 
 import memory.store
@@ -57,6 +58,7 @@ def test_cli(folder, tmp_path, monkeypatch, capsys):
   assert VectorStore(tmp_path / "s").get_collection("code", HashingEmbedding(32)).count() > 10
   with pytest.raises(NotADirectoryError, match="nope"):
     ingest_mod.ingest(tmp_path / "nope", None)
+  assert VectorStore(tmp_path / "s").get_collection("code", HashingEmbedding(32)).space == "cosine"
 
 
 def test_prompt_routes_knowledge_procedure_both_none(tmp_path):
@@ -91,3 +93,78 @@ def test_real_minilm_store(tmp_path):
   assert res["ids"][0][0] == "d0" and res["ids"][1][0] == "d3"
   assert 0.0 <= res["distances"][0][0] < res["distances"][0][1]
   assert col.dim == 384 and col.query(query_texts=["bread"], n_results=1, where={"i": {"$ne": 2}})["ids"][0][0] != "d2"
+
+
+def test_progress_bar_counts_embedded_chunks(folder, tmp_path, monkeypatch):
+  """The bar's total is the number of chunks to embed and it advances as they are embedded (it used to
+  count files, reaching 100% before the embedding work)."""
+  bars = []
+
+  class Bar:
+    def __init__(self, iterable=None, total=None, desc="", **kw):
+      self.iterable, self.total, self.desc, self.n = iterable, total, desc, 0
+      bars.append(self)
+
+    def __iter__(self):
+      return iter(self.iterable)
+
+    def update(self, k):
+      self.n += k
+
+    def close(self):
+      pass
+  monkeypatch.setattr(ingest_mod, "tqdm", Bar)
+  seen = []
+  emb = HashingEmbedding(32)
+
+  def embed(texts):
+    seen.append((bars[-1].desc, bars[-1].n, len(texts)))
+    return emb(texts)
+  col = VectorStore(tmp_path / "s").get_or_create_collection("c", embed)
+  stats = ingest_mod.ingest(folder, col, batch_chunks=8)
+  embed_bar = bars[-1]
+  assert embed_bar.desc == "embed" and embed_bar.total == embed_bar.n == stats.chunks_upserted == col.count()
+  assert len(seen) >= 3 and all(desc == "embed" for desc, _, _ in seen)
+  assert [n for _, n, _ in seen] == list(np.cumsum([0] + [k for _, _, k in seen[:-1]]))  # before each batch
+
+
+@pytest.mark.parametrize("case", ["store is a file", "folder missing", "folder is a file"])
+def test_cli_user_mistakes_are_one_line_exit_2_and_create_nothing(folder, tmp_path, capsys, case):
+  store = tmp_path / "store"
+  target = folder
+  if case == "store is a file":
+    store.write_text("not a store")
+  elif case == "folder missing":
+    target = tmp_path / "no-such-folder"
+  else:
+    target = folder / "wrap.py"
+  before = sorted(p.name for p in tmp_path.iterdir())
+  assert ingest_mod.main([str(target), "--store", str(store)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("error: ") and (str(store) in err or str(target) in err)
+  assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store folder, no sqlite file
+
+
+def test_opening_a_missing_store_creates_nothing(tmp_path):
+  from memory.store import StoreError
+  with pytest.raises(StoreError, match=r"typo: no vector store here \(the folder does not exist\)"):
+    VectorStore(tmp_path / "typo", create=False)
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(StoreError, match="holds no store.sqlite3"):
+    VectorStore(tmp_path / "empty", create=False)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any((tmp_path / "empty").iterdir())
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(StoreError, match="exists and is not a folder"):
+    VectorStore(tmp_path / "f")
+
+
+def test_chat_job_with_a_typod_store_fails_clearly_and_creates_nothing(tmp_path):
+  import types
+
+  from fineflax.jobs import chat
+  from memory.store import StoreError
+  config = types.SimpleNamespace(memory_store=str(tmp_path / "stroe"), sop_folder="", prompt="q",
+                                 system_prompt="", memory_collection="default")
+  with pytest.raises(StoreError, match="stroe: no vector store here"):
+    chat.system_prompt_for(config)
+  assert not (tmp_path / "stroe").exists()

@@ -23,8 +23,8 @@ def system_prompt_for(config) -> str:
   from memory.store import VectorStore
   col = None
   if config.memory_store:
-    col = VectorStore(config.memory_store).get_collection(config.memory_collection, memory_embedding())
-  sops = SOPManager(config.sop_folder) if config.sop_folder else None
+    col = VectorStore(config.memory_store, create=False).get_collection(config.memory_collection, memory_embedding())
+  sops = SOPManager(config.sop_folder, embedding_function=memory_embedding() or "default") if config.sop_folder else None
   return build_system_prompt(config.prompt, store=col, sops=sops, base=config.system_prompt or DEFAULT_BASE)
 
 

@@ -22,8 +22,9 @@ def chunk_file(path: str | pathlib.Path, text: str | None = None, max_chars: int
                display_path: str | None = None) -> list[Chunk]:
   """Chunks of one file, dispatched on its extension; `display_path` is the path stored in the chunks."""
   path = pathlib.Path(path)
-  if text is None:
-    text = path.read_text(encoding="utf-8", errors="replace")
+  if text is None:  # newline="": keep \r\n and \r as they are, so chunks are exact slices of the file
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+      text = f.read()
   shown = display_path or str(path)
   suffix = path.suffix.lower()
   spec = languages.spec_for_path(path)

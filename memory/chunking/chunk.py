@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 KINDS = ("function", "class", "method", "imports", "docstring", "code", "section", "text")
 
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-  """Lines `start_line..end_line` (1-based, inclusive) of `path`; `text` is exactly those lines.
+  """Lines `start_line..end_line` (1-based, inclusive) of `path`; `text` is exactly those lines, line
+  endings included as in the file (`text == file_text[start:end]`).
 
   kind: one of KINDS. name: the qualified name(s) the chunk is about ("Class.method"; several joined
   by ", " when small neighbours were merged; the heading path "A > B" for markdown). symbols: qualified
@@ -23,6 +25,8 @@ class Chunk:
   language: str
   docstring: str = ""
   symbols: tuple[str, ...] = ()
+  start: int = 0               # character offsets: file_text[start:end] == text
+  end: int = 0
 
   @property
   def id(self) -> str:
@@ -49,12 +53,24 @@ class Chunk:
             "symbols": ",".join(self.symbols), "description": self.description}
 
 
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
 def split_lines(text: str) -> list[str]:
-  """Lines split on "\\n" only (as tree-sitter counts rows), each keeping its "\\n"; "".join gives text back."""
-  lines = text.split("\n")
-  out = [line + "\n" for line in lines[:-1]]
-  if lines[-1]:
-    out.append(lines[-1])
+  """Lines ended by "\\n", "\\r\\n" or a lone "\\r", each keeping its ending; "".join gives text back."""
+  return _LINE.findall(text)
+
+
+def normalise_newlines(text: str) -> str:
+  """text with every line ending as "\\n": same lines as split_lines (what tree-sitter counts rows by)."""
+  return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def offsets(lines: list[str]) -> list[int]:
+  """Character offset of the start of each line, plus the total length."""
+  out = [0]
+  for line in lines:
+    out.append(out[-1] + len(line))
   return out
 
 

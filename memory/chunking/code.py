@@ -3,7 +3,9 @@
 Contract: the chunks of a file partition its lines (concatenating chunk texts gives the file back), each
 holds at most `max_chars` non-whitespace characters unless it has a single non-blank line. An oversized
 node is split along its children (groups of children sharing lines stay together; rows between groups —
-blank lines, comments — go to the following group); adjacent pieces of the same definition, or whole
+blank lines, comments — go to the following group, unless they alone make a group that fits overflow: then
+they form their own chunk; non-blank rows after the file's last statement, such as commented-out code, are
+never glued to the last definition; a node's header rows stay with its first child); adjacent pieces of the same definition, or whole
 sibling definitions / import lines / other code of the same kind, are merged greedily up to `max_chars`.
 Syntax errors only give ERROR nodes, which are split like any other node.
 """
@@ -16,7 +18,7 @@ import inspect
 import tree_sitter
 
 from memory.chunking import languages
-from memory.chunking.chunk import Chunk, LineSizes, pack_lines, split_lines
+from memory.chunking.chunk import Chunk, LineSizes, normalise_newlines, offsets, pack_lines, split_lines
 
 _MAX_DEPTH = 200
 
@@ -69,6 +71,13 @@ class _Splitter:
       return _Label("docstring", "", ()), True
     return _Label("code", "", ()), True
 
+  def content_last(self, node: tree_sitter.Node) -> int:
+    """The last row of `node` that is not a trailing comment (closing tokens such as `}` count)."""
+    kids = [k for k in node.children if k.type not in self.spec.comments]
+    if not kids:
+      return _last_row(node)
+    return max(self.content_last(kids[-1]), kids[-1].start_point.row)
+
   def split(self, nodes: list[tree_sitter.Node], lo: int, hi: int, label: _Label, whole: bool,
             top_level: bool = False, depth: int = 0) -> list[_Piece]:
     """Pieces covering rows lo..hi, which hold the sibling `nodes` (all of them when top_level)."""
@@ -86,14 +95,18 @@ class _Splitter:
         groups[-1][2].append(kid)
       else:
         groups.append([first, last, [kid]])
-    pieces, start = [], lo
-    if not top_level:  # the parent's own header rows (e.g. `class A {`) before its first child
-      first_child = min(k.start_point.row for n in nodes for k in n.named_children)
-      if nodes[0].start_point.row < first_child <= groups[0][0] and first_child > lo:
-        pieces += [_Piece(a, b, label, False) for a, b in pack_lines(lo, first_child - 1, self.size, self.max_chars)]
-        start = first_child
-    for i, (_, last, members) in enumerate(groups):
+    # The parent's own header rows (`class A:`, `class A {`) belong to its first group, so an oversized
+    # definition's header is chunked with the first part of its body.
+    body = nodes[0].child_by_field_name("body") if not top_level and len(nodes) == 1 else None
+    pieces, start, carried = [], lo, False
+    for i, (first, last, members) in enumerate(groups):
+      if body is not None and last < body.start_point.row and i < len(groups) - 1:
+        carried = True
+        continue  # name, parameters, bases: rows carried into the group holding the body
       end = hi if i == len(groups) - 1 else min(max(last, start), hi)
+      trailing = None
+      if top_level and i == len(groups) - 1 and last < hi and self.size(last + 1, hi) > 0:
+        end, trailing = last, (last + 1, hi)  # e.g. commented-out code after the last definition
       sub_label, new = label, False
       defs = [m for m in members if languages.definition_kind(languages.unwrap(m, self.spec), self.spec)]
       if len(members) == 1 or len(defs) == 1:
@@ -101,7 +114,23 @@ class _Splitter:
                                         first=(i == 0))
       elif top_level:
         sub_label, new = _Label("code", "", ()), True
-      pieces += self.split(members, start, end, sub_label, new, depth=depth + 1)
+      core = (first, min(max(self.content_last(m) for m in members), end))
+      if (top_level or i > 0) and not carried and start <= first <= end and \
+          self.size(start, end) > self.max_chars and self.size(*core) <= self.max_chars:
+        # comments before or after a group that fits would make it overflow: they get their own chunk(s)
+        lead = (start, core[0] - 1) if self.size(start, core[0] - 1) > 0 else None
+        tail = (core[1] + 1, end) if core[1] < end and self.size(core[1] + 1, end) > 0 else None
+        pieces += [_Piece(a, b, sub_label, False) for a, b in pack_lines(*lead, self.size, self.max_chars)] if lead else []
+        pieces += self.split(members, core[0] if lead else start, core[1] if tail else end, sub_label, new,
+                             depth=depth + 1)
+        pieces += [_Piece(a, b, sub_label, False) for a, b in pack_lines(*tail, self.size, self.max_chars)] if tail else []
+      else:
+        pieces += self.split(members, start, end, sub_label, new, depth=depth + 1)
+      carried = False
+      if trailing is not None:
+        pieces += [_Piece(a, b, _Label("code", "", ()), True)
+                   for a, b in pack_lines(trailing[0], trailing[1], self.size, self.max_chars)]
+        end = hi
       start = end + 1
       if start > hi:
         break
@@ -176,7 +205,8 @@ def chunk_code(source: str, path: str, language: str = "python", max_chars: int 
   if not lines:
     return []
   size = LineSizes(lines)
-  tree = parser.parse(source.encode("utf-8"))
+  at = offsets(lines)
+  tree = parser.parse(normalise_newlines(source).encode("utf-8"))  # rows = our lines for \r and \r\n too
   splitter = _Splitter(spec, size, max_chars)
   root = _Label("code", "", ())
   pieces = splitter.split(tree.root_node.named_children, 0, len(lines) - 1, root, True, top_level=True) \
@@ -196,5 +226,5 @@ def chunk_code(source: str, path: str, language: str = "python", max_chars: int 
         text="".join(lines[p.lo:p.hi + 1]), kind=p.label.kind,
         name=", ".join(p.names) if p.names else p.label.name, path=path,
         start_line=p.lo + 1, end_line=p.hi + 1, language=language,
-        docstring=_docstring(node, spec), symbols=tuple(symbols)))
+        docstring=_docstring(node, spec), symbols=tuple(symbols), start=at[p.lo], end=at[p.hi + 1]))
   return chunks

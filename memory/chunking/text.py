@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from memory.chunking.chunk import Chunk, LineSizes, pack_lines, split_lines
+from memory.chunking.chunk import Chunk, LineSizes, offsets, pack_lines, split_lines
 
 _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
@@ -54,11 +54,11 @@ def _headings(lines: list[str]) -> list[tuple[int, int, str]]:
       continue
     if fence is not None:
       continue
-    atx = _ATX.match(line.rstrip("\n"))
+    atx = _ATX.match(line.rstrip("\r\n"))
     if atx:
       out.append((row, len(atx.group(1)), (atx.group(2) or "").strip()))
     elif row + 1 < len(lines) and line.strip() and not line.startswith((" " * 4, "\t")) \
-        and _SETEXT.match(lines[row + 1].rstrip("\n")) and not (out and out[-1][0] == row - 1):
+        and _SETEXT.match(lines[row + 1].rstrip("\r\n")) and not (out and out[-1][0] == row - 1):
       out.append((row, 1 if lines[row + 1].strip()[0] == "=" else 2, line.strip()))
   return out
 
@@ -69,6 +69,7 @@ def chunk_markdown(text: str, path: str, max_chars: int = 1200, min_chars: int =
   if not lines:
     return []
   size = LineSizes(lines)
+  at = offsets(lines)
   heads = _headings(lines)
   starts = [0] + [row for row, _, _ in heads if row > 0]
   bounds = [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(lines)])]
@@ -92,7 +93,8 @@ def chunk_markdown(text: str, path: str, max_chars: int = 1200, min_chars: int =
     if len(blocks) > 1 and lo in by_row and blocks[0] == (lo, lo):  # keep the heading with its text
       blocks[:2] = [(lo, blocks[1][1])]
     spans = [(lo, hi)] if size(lo, hi) <= max_chars else _pack(blocks, size, max_chars)
-    chunks += [Chunk("".join(lines[a:b + 1]), "section", name, path, a + 1, b + 1, "markdown") for a, b in spans]
+    chunks += [Chunk("".join(lines[a:b + 1]), "section", name, path, a + 1, b + 1, "markdown",
+                     start=at[a], end=at[b + 1]) for a, b in spans]
   return chunks
 
 
@@ -103,4 +105,6 @@ def chunk_plain(text: str, path: str, max_chars: int = 1200) -> list[Chunk]:
     return []
   size = LineSizes(lines)
   spans = _pack(_blocks(lines, 0, len(lines) - 1), size, max_chars)
-  return [Chunk("".join(lines[a:b + 1]), "text", "", path, a + 1, b + 1, "text") for a, b in spans]
+  at = offsets(lines)
+  return [Chunk("".join(lines[a:b + 1]), "text", "", path, a + 1, b + 1, "text", start=at[a], end=at[b + 1])
+          for a, b in spans]
