@@ -17,6 +17,7 @@ def get_config():
   config.memory_store = ""  # memory/ vector store folder (python -m memory.ingest): adds RAG context
   config.memory_collection = "default"  # collection of that store to search
   config.sop_folder = ""  # folder of SOP JSON files (e.g. memory/sops): adds the matching procedure
+  config.verbose = False  # print the system prompt used (memory context and SOP) before the answer
 
   config.sampling = ml_collections.ConfigDict()
   config.sampling.max_new_tokens = 96  # generation budget

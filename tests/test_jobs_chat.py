@@ -36,7 +36,7 @@ def test_chat_with_adapter_matches_generate_with_that_adapter(tiny_smol, tmp_pat
   assert text == ref.texts[0] and ref.texts[0] != plain.texts[0]
 
 
-def test_memory_store_context_reaches_the_system_prompt(tiny_smol, tmp_path, monkeypatch):
+def test_memory_store_context_reaches_the_system_prompt(tiny_smol, tmp_path, monkeypatch, capsys):
   from memory.hashing import HashingEmbedding
   from memory.store import VectorStore
   col = VectorStore(tmp_path / "store").get_or_create_collection("default", HashingEmbedding(64))
@@ -54,6 +54,10 @@ def test_memory_store_context_reaches_the_system_prompt(tiny_smol, tmp_path, mon
   chat.run(c, None)
   assert seen["messages"][0]["role"] == "system"
   assert "Varnholm archive" in seen["messages"][0]["content"]
+  assert "[system prompt" not in capsys.readouterr().out  # quiet unless verbose
+  c.verbose = True
+  chat.run(c, None)
+  assert "Varnholm archive" in capsys.readouterr().out.split("[answer]")[0]
   c = _config(tiny_smol, prompt="My training run fails with a NaN loss, how do I debug it?",
               sop_folder="memory/sops")
   chat.run(c, None)

@@ -36,8 +36,12 @@ def run(config, workdir: str | None) -> str:
     lora, lora_cfg = lora_lib.import_peft(config.model.adapter, model_config)
     scale = lora_lib.lora_scale(lora_cfg)
   s = config.sampling
+  system_prompt = system_prompt_for(config)
+  if config.get("verbose", False):
+    print(f"[system prompt: memory context and SOP used]\n{system_prompt or '(the template default)'}\n"
+          "[answer]", flush=True)
   text = answer(params, model_config, tokenizer, config.prompt, lora=lora, lora_scale=scale,
-                max_new_tokens=s.max_new_tokens, dtype=dtype, system_prompt=system_prompt_for(config),
+                max_new_tokens=s.max_new_tokens, dtype=dtype, system_prompt=system_prompt,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, rng=jax.random.PRNGKey(config.seed))
   print(text, flush=True)
   return text
