@@ -60,7 +60,7 @@ def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 
   if adapter:
     lora, cfg = lora_lib.import_peft(adapter, config)
     scale = lora_lib.lora_scale(cfg)
-    targets = tuple(cfg.targets)
+    targets = tuple(lora)
   else:
     from fineflax.models import LINEAR_NAMES
     targets = tuple(LINEAR_NAMES)

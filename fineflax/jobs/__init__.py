@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-JOBS = ("chat", "sft", "grpo", "search_r1")
+JOBS = ("chat", "sft", "grpo", "search_r1", "distill")
 
 
 def get_job(name: str):

@@ -1,0 +1,85 @@
+"""Distillation: a teacher's token distributions -> a fresh LoRA on the NF4 student (arithmetic task).
+
+  python launch.py --config configs/distill.py --workdir runs/distill                 # GPU-sized run
+  python launch.py --config configs/distill.py:cpu --workdir runs/distill_cpu         # experiments/distill
+  Teacher = base + adapter: --config.teacher.adapter=runs/grpo_arith/adapter (teacher.source "" reuses the
+  student's quantised base); a separate larger model: --config.teacher.source=PATH --config.teacher.quant=none.
+  Each step the teacher answers prompts_per_step training questions (its own prompt), and the student's LoRA
+  is trained on forward KL(teacher || student) over those completion tokens (fineflax/train/distill_step.py).
+"""
+import ml_collections
+
+
+def get_config(variant: str = ""):
+  config = ml_collections.ConfigDict()
+  config.job = "distill"  # fineflax.jobs.distill
+  config.seed = 0  # PRNG seed: LoRA init, question order, teacher sampling
+  config.num_steps = 100  # optimizer updates, each on a fresh batch of teacher completions
+  config.log_every = 5  # steps between logged metrics
+
+  config.model = ml_collections.ConfigDict()  # the student
+  config.model.source = "smollm2-135m-instruct"  # HF folder, .gguf file, hub name or alias
+  config.model.dtype = "bfloat16"  # compute dtype (student and teacher)
+  config.model.quant = "nf4"  # frozen student base: nf4 (QLoRA), int8 or none
+  config.model.remat = "none"  # gradient checkpointing of the student: none, full or dots
+  config.model.logits_chunk = 64  # completion positions per chunk of the two vocabulary projections
+
+  config.lora = ml_collections.ConfigDict()  # the student's fresh adapter
+  config.lora.r = 4  # adapter rank
+  config.lora.alpha = 8.0  # scale alpha / r
+  config.lora.dropout = 0.0  # no dropout (the KL compares exact distributions)
+  config.lora.rslora = False  # alpha / sqrt(r) scaling
+  config.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")  # adapted linears
+
+  config.teacher = ml_collections.ConfigDict()
+  config.teacher.source = ""  # "" = the student's (quantised) base; else another model with the same vocabulary
+  config.teacher.quant = "none"  # quantisation of a separate teacher: none, nf4 or int8
+  config.teacher.adapter = ""  # PEFT LoRA folder of the teacher (e.g. a GRPO-trained adapter); "" = none
+  config.teacher.system_prompt = ""  # the teacher's instruction; "" = config.task.system_prompt
+  config.teacher.temperature = 0.7  # sampling temperature of the teacher's completions (0 = greedy)
+  config.teacher.max_new_tokens = 96  # completion budget of the teacher
+
+  config.task = ml_collections.ConfigDict()  # fineflax.rl.tasks arithmetic problems (grpo_arith sizes)
+  config.task.num_train = 4000  # distinct training questions
+  config.task.num_eval = 256  # held-out questions (disjoint split)
+  config.task.num_steps = (1, 2)  # operations per problem (inclusive range, 1..5)
+  config.task.max_start = 20  # start counts from [2, max_start]
+  config.task.max_addend = 10  # "gets x more" draws x from [1, max_addend]
+  config.task.eval_seed = 10_000  # seed of the held-out problems
+  config.task.system_prompt = (  # the student's instruction (and the teacher's unless teacher.system_prompt)
+      "Solve the word problem step by step. End with the final number, like: The answer is 42.")
+  config.task.accuracy_reward = "math_last_number"  # reward that defines held-out accuracy
+  config.task.eval_batch_size = 64  # prompts per greedy evaluation batch
+  config.task.eval_max_new_tokens = 96  # answer budget at evaluation
+
+  config.distill = ml_collections.ConfigDict()
+  config.distill.prompts_per_step = 16  # teacher completions per update
+  config.distill.tau = 1.0  # temperature of both softmaxes in the KL
+  config.distill.top_k = 0  # 0 = the teacher's full logits; k > 0 = its top-k renormalised (see distill_step)
+  config.distill.only_correct = False  # KL only on teacher completions whose answer is right (rejection sampling)
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.num_steps = config.get_ref("num_steps")  # optimizer updates (follows num_steps)
+  config.optimizer.learning_rate = 1e-3  # peak learning rate (LoRA)
+  config.optimizer.warmup_steps = 3  # linear warmup
+  config.optimizer.end_lr_ratio = 1.0  # constant after warmup
+  config.optimizer.weight_decay = 0.0  # AdamW weight decay
+  config.optimizer.b1 = 0.9  # Adam beta1
+  config.optimizer.b2 = 0.99  # Adam beta2
+  config.optimizer.grad_clip = 1.0  # global-norm clip
+
+  if variant == "cpu":  # the experiments/distill demonstration on a shared 2-core CPU
+    config.model.dtype = "float32"
+    config.num_steps = 12
+    config.optimizer.learning_rate = 2e-3
+    config.log_every = 1
+    config.task.num_eval = 32
+    config.task.eval_batch_size = 32
+    config.task.eval_max_new_tokens = 48
+    config.teacher.max_new_tokens = 48
+    config.distill.prompts_per_step = 16
+    config.distill.only_correct = True  # the teacher (SmolLM2 without adapter) is right ~30% of the time
+    config.teacher.source = "smollm2-135m-instruct"  # full-precision SmolLM2 (no GRPO adapter on this machine)
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} (known: cpu)")
+  return config
