@@ -70,14 +70,14 @@ def get_config(variant: str = ""):
 
   if variant == "cpu":  # the experiments/distill demonstration on a shared 2-core CPU
     config.model.dtype = "float32"
-    config.num_steps = 12
+    config.num_steps = 8
     config.optimizer.learning_rate = 2e-3
     config.log_every = 1
     config.task.num_eval = 32
     config.task.eval_batch_size = 32
     config.task.eval_max_new_tokens = 48
     config.teacher.max_new_tokens = 48
-    config.distill.prompts_per_step = 16
+    config.distill.prompts_per_step = 8
     config.distill.only_correct = True  # the teacher (SmolLM2 without adapter) is right ~30% of the time
     config.teacher.source = "smollm2-135m-instruct"  # full-precision SmolLM2 (no GRPO adapter on this machine)
   elif variant:

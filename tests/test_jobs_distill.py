@@ -25,8 +25,9 @@ def test_distill_job_kl_falls_and_exports(tiny_smol, tmp_path):
   apply_overrides(c, {"model.source": tiny_smol, "teacher.adapter": str(tmp_path / "teacher"),
                       "teacher.max_new_tokens": 8, "task.num_eval": 4, "task.eval_batch_size": 4,
                       "task.eval_max_new_tokens": 4, "num_steps": 4, "distill.prompts_per_step": 4,
-                      "distill.top_k": 16, "optimizer.learning_rate": 3e-2, "teacher.temperature": 0.0,
-                      "task.num_train": 4, "teacher.source": "", "distill.only_correct": False})  # the same 4 questions every step: the KL must fall
+                      "distill.top_k": 16, "optimizer.learning_rate": 3e-2, "optimizer.warmup_steps": 0,
+                      "teacher.temperature": 0.0, "teacher.source": "", "distill.only_correct": False,
+                      "task.num_train": 4})  # the same 4 questions every step: the KL must fall
   summary = distill.run(c, str(tmp_path / "run"))
   kls = [h["kl"] for h in summary["history"]]
   assert len(kls) == 4 and kls[-1] < 0.8 * kls[0], kls
