@@ -1,0 +1,88 @@
+"""Variants: what answers the eval prompts.
+
+  "http://127.0.0.1:8000/v1#MODEL"   an OpenAI-compatible endpoint and a model name (via the `openai` package;
+                                     the key comes from OPENAI_API_KEY, else "none")
+  "SOURCE[+ADAPTER_DIR]"            a local model (HF folder, .gguf, alias such as smollm2-135m-instruct) and
+                                     optionally a PEFT LoRA folder, run in-process by fineflax.sampling.generate
+
+A variant is a callable `list of message lists -> list of answers` (greedy unless a temperature is set).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+Variant = Callable[[Sequence[list[dict]]], list[str]]
+
+
+def parse_spec(spec: str) -> dict:
+  """{"kind": "http", "url", "model"} or {"kind": "local", "source", "adapter"}; bad specs raise ValueError."""
+  if not spec or not spec.strip():
+    raise ValueError("empty variant spec; give URL#MODEL or SOURCE[+ADAPTER]")
+  if spec.startswith(("http://", "https://")):
+    url, sep, model = spec.partition("#")
+    if not sep or not model:
+      raise ValueError(f"variant {spec!r}: an endpoint needs a model name after '#', e.g. {url}#mymodel")
+    return {"kind": "http", "url": url.rstrip("/"), "model": model}
+  source, _, adapter = spec.partition("+")
+  return {"kind": "local", "source": source, "adapter": adapter or None}
+
+
+def http_variant(url: str, model: str, *, max_tokens: int = 256, temperature: float = 0.0,
+                 api_key: str | None = None, timeout: float = 300.0) -> Variant:
+  import openai
+  client = openai.OpenAI(base_url=url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+                         timeout=timeout, max_retries=2)
+
+  def run(prompts):
+    out = []
+    for messages in prompts:
+      r = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
+                                         max_tokens=max_tokens)
+      out.append(r.choices[0].message.content or "")
+    return out
+  return run
+
+
+def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
+                  quant: str = "none", batch_size: int = 16, dtype: str = "float32", seed: int = 0) -> Variant:
+  """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
+  import jax
+  import jax.numpy as jnp
+
+  from fineflax import lora as lora_lib
+  from fineflax import quant as quant_lib
+  from fineflax.models import load
+  from fineflax.sampling import format_chat, generate
+  jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+  params, config, tokenizer = load(source, dtype=jdtype)
+  lora, scale = None, 1.0
+  if adapter:
+    lora, cfg = lora_lib.import_peft(adapter, config)
+    scale = lora_lib.lora_scale(cfg)
+    targets = tuple(lora)
+  else:
+    from fineflax.models import LINEAR_NAMES
+    targets = tuple(LINEAR_NAMES)
+  if quant != "none":
+    params = quant_lib.quantize_params(params, targets=targets, kind=quant)
+
+  def run(prompts):
+    texts = []
+    for i in range(0, len(prompts), batch_size):
+      ids = [tokenizer(format_chat(tokenizer, m), add_special_tokens=False)["input_ids"]
+             for m in prompts[i:i + batch_size]]
+      out = generate(params, config, ids, max_new_tokens=max_tokens, temperature=temperature, tokenizer=tokenizer,
+                     lora=lora, lora_scale=scale, dtype=jdtype, rng=jax.random.PRNGKey(seed + i))
+      texts += list(out.texts)
+    return texts
+  return run
+
+
+def make_variant(spec: str, **kwargs) -> Variant:
+  p = parse_spec(spec)
+  if p["kind"] == "http":
+    kwargs = {k: v for k, v in kwargs.items() if k in ("max_tokens", "temperature", "api_key")}
+    return http_variant(p["url"], p["model"], **kwargs)
+  kwargs.pop("api_key", None)
+  return local_variant(p["source"], p["adapter"], **kwargs)

@@ -1,0 +1,117 @@
+"""Distillation job: the student's fresh LoRA (on its quantised base) learns a teacher's token distributions.
+
+Each step: the teacher samples completions to `prompts_per_step` training questions from its own prompt
+(with `distill.only_correct`, completions with a wrong answer get a zero mask: rejection-sampled KD);
+the student reads the same completions after its own prompt; one `distill_step` (forward KL, see
+fineflax/train/distill_step.py). Held-out greedy accuracy of the teacher and of the student before and after
+goes to summary.json; the adapter is exported in PEFT format. The loop (resume, evaluation of the student
+every `eval_every` steps, checkpoints, stop handling) is `fineflax.train.loop`.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import jax
+import numpy as np
+
+from fineflax import lora as lora_lib
+from fineflax import quant
+from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
+from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
+from fineflax.models import load
+from fineflax.rewards.registry import score_completions
+from fineflax.rl import rows as R
+from fineflax.rl.batch import build_rl_batch, round_up
+from fineflax.rl.policy import Policy
+from fineflax.train.distill_step import make_distill_fn
+from fineflax.train.loop import Hooks, train_loop
+from fineflax.train.optim import make_optimizer
+from fineflax.train.state import init_state
+
+
+def setup_teacher(config, student_base, model_config, dtype):
+  """(params, model config, lora, lora scale) of the teacher (see configs/distill.py)."""
+  t = config.teacher
+  if t.source:
+    params, t_config, _ = load(t.source, dtype=dtype, with_tokenizer=False)
+    if t_config.vocab_size != model_config.vocab_size:
+      raise ValueError(f"config.teacher.source={t.source!r}: vocabulary {t_config.vocab_size} != the student's "
+                       f"{model_config.vocab_size}")
+    if t.quant != "none":
+      params = quant.quantize_params(params, kind=t.quant)
+  else:
+    params, t_config = student_base, model_config
+  if not t.adapter:
+    return params, t_config, None, 1.0
+  lora, cfg = lora_lib.import_peft(t.adapter, t_config)
+  return params, t_config, lora, lora_lib.lora_scale(cfg)
+
+
+def run(config, workdir: str | None) -> dict:
+  dtype = compute_dtype(config)
+  task, dc, tc = config.task, config.distill, config.teacher
+  base, model_config, tok, lora_cfg, lora = setup_model(config)
+  scale = lora_lib.lora_scale(lora_cfg)
+  t_params, t_config, t_lora, t_scale = setup_teacher(config, base, model_config, dtype)
+  t_system = tc.system_prompt or task.system_prompt
+  optimizer = make_optimizer(config.optimizer)
+  step_fn = make_distill_fn(optimizer, model_config=model_config, teacher_config=t_config,
+                            teacher_lora_scale=t_scale, lora_scale=scale, tau=dc.tau, top_k=dc.top_k,
+                            remat=config.model.remat, dtype=dtype, logits_chunk=config.model.logits_chunk)
+  env = ArithmeticEnv(config, tok)  # the student's prompts; the teacher reads `t_system`
+  teacher_cfg = copy.deepcopy(config)
+  teacher_cfg.task.system_prompt = t_system
+  teacher_env = ArithmeticEnv(teacher_cfg, tok)
+  order = np.random.default_rng(config.seed).permutation(len(env.train_items))
+  rng = jax.random.PRNGKey(config.seed + 7)
+  width = round_up(tc.max_new_tokens, 16)
+  teacher = Policy(t_params, t_config, tok, t_lora, t_scale, dtype, tc.temperature or 1.0, 1.0,
+                   tc.max_new_tokens)
+  student = lambda lora_: Policy(base, model_config, tok, lora_, scale, dtype,
+                                 max_new_tokens=task.eval_max_new_tokens)
+  workdir = make_workdir(config, workdir)
+
+  def step(state, i: int):
+    t0 = time.time()
+    problems = [env.train_items[order[((i - 1) * dc.prompts_per_step + j) % len(order)]]
+                for j in range(dc.prompts_per_step)]
+    t_prompts = [teacher_env.prompt(p) for p in problems]
+    out = teacher.sample(t_prompts, jax.random.fold_in(rng, i), greedy=not tc.temperature)
+    rows = R.sampled_rows(t_prompts, out)
+    correct, _, _ = score_completions({task.accuracy_reward: 1.0}, [p.question for p in problems], out.texts,
+                                      [env.example(p) for p in problems])
+    masks = rows["loss_mask"]
+    if dc.only_correct:  # rejection-sampled distillation: the KL only on completions with the right answer
+      masks = [m if c > 0 else [0.0] * len(m) for m, c in zip(masks, correct)]
+    s_batch = build_rl_batch([env.prompt(p) for p in problems], rows["completion"], masks, pad_id=teacher.pad_id,
+                             completion_width=width, width_multiple=16)
+    t_batch = build_rl_batch(t_prompts, rows["completion"], masks, pad_id=teacher.pad_id, completion_width=width,
+                             width_multiple=16)
+    batch = dict(s_batch, teacher_tokens=t_batch["tokens"], teacher_attention_mask=t_batch["attention_mask"],
+                 teacher_positions=t_batch["positions"])
+    state, metrics = step_fn(state, base, t_params, t_lora, batch)
+    return state, {**{k: float(v) for k, v in jax.device_get(metrics).items()},
+                   "teacher_sample_accuracy": float(np.mean(correct)), "step_time_s": time.time() - t0}
+
+  def evaluate(state):
+    m = env.evaluate(student(state["lora"]), env.eval_items)
+    return {"eval_accuracy": m["eval_accuracy"], "eval_completion_length": m["eval_completion_length"]}
+
+  teacher_eval = {}
+  if config.eval_at_start:
+    t_eval = teacher_env.evaluate(Policy(t_params, t_config, tok, t_lora, t_scale, dtype,
+                                         max_new_tokens=task.eval_max_new_tokens), teacher_env.eval_items)
+    teacher_eval = {"teacher_eval_accuracy": t_eval["eval_accuracy"]}
+    print(f"teacher held-out accuracy {t_eval['eval_accuracy']:.3f}", flush=True)
+  hooks = Hooks(step=step, evaluate=evaluate, eval_metric="eval_accuracy", loss_key="kl",
+                postfix=("kl", "teacher_sample_accuracy"))
+  result = train_loop(hooks, init_state(lora, optimizer, config.seed), config, workdir,
+                      num_steps=config.num_steps, desc="distill", eval_every=config.eval_every,
+                      eval_at_start=config.eval_at_start)
+  evals = [h for h in result.history if "eval_accuracy" in h]
+  extra = {**teacher_eval, "num_eval": len(env.eval_items)}
+  if evals:
+    extra.update(student_before=evals[0]["eval_accuracy"], student_after=evals[-1]["eval_accuracy"])
+  return finish_run(workdir, result, lambda: export_adapter(result.state["lora"], lora_cfg, model_config, config,
+                                                            workdir), **extra)

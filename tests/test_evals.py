@@ -1,0 +1,146 @@
+"""fineflax.evals: bootstrap CIs, the order-swap logic on scripted judges, and the CLI end to end against a
+tiny OpenAI-API stub (http.server on 127.0.0.1) serving two answerers and a judge."""
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from fineflax.evals import judge as J
+from fineflax.evals.__main__ import main
+from fineflax.evals.harness import EvalDataError, load_eval_set, run_ab
+from fineflax.evals.stats import mean_ci, outcome_ci
+from fineflax.evals.variants import parse_spec
+
+
+def test_bootstrap_matches_the_normal_approximation():
+  rng = np.random.default_rng(1)
+  o = rng.choice([1, 0, -1], p=[0.5, 0.2, 0.3], size=2000)
+  ci = outcome_ci(o, num_resamples=4000, seed=0)
+  for k, v in (("win", 1), ("tie", 0), ("loss", -1)):
+    p = np.mean(o == v)
+    half = 1.96 * np.sqrt(p * (1 - p) / len(o))
+    assert ci[k]["value"] == pytest.approx(p)
+    assert ci[k]["lo"] == pytest.approx(p - half, abs=0.006) and ci[k]["hi"] == pytest.approx(p + half, abs=0.006)
+  assert ci["score"]["value"] == pytest.approx(np.mean(o == 1) + np.mean(o == 0) / 2)
+  small = outcome_ci(o[:200], num_resamples=4000, seed=0)
+  assert small["win"]["hi"] - small["win"]["lo"] > 2.5 * (ci["win"]["hi"] - ci["win"]["lo"])  # ~ sqrt(10)
+  assert outcome_ci([1] * 30)["win"] == {"value": 1.0, "lo": 1.0, "hi": 1.0}
+  assert outcome_ci([1, -1], seed=3) == outcome_ci([1, -1], seed=3)  # deterministic
+  m = mean_ci([0.0, 1.0] * 50)
+  assert m["value"] == 0.5 and m["lo"] < 0.5 < m["hi"]
+  with pytest.raises(ValueError, match="outcomes must be -1, 0 or 1"):
+    outcome_ci([2, 1])
+
+
+def _answer_of(text, n):
+  return re.search(rf"\[Response {n}\]\n(.*?)\n\[End of Response {n}\]", text, re.S).group(1)
+
+
+def test_order_swap_cancels_position_bias():
+  calls = []
+
+  def always_first(messages):
+    calls.append(messages[-1]["content"])
+    return "Response 1 is better. [[1]]"
+  out = J.judge_pair(always_first, [{"role": "user", "content": "q"}], "answer A", "answer B")
+  assert out == {"outcome": 0, "verdicts": ["1", "1"], "votes": [1, -1]}
+  assert _answer_of(calls[0], 1) == "answer A" and _answer_of(calls[1], 1) == "answer B"  # both orders asked
+
+  def prefers_longer(messages):
+    t = messages[-1]["content"]
+    return "[[1]]" if len(_answer_of(t, 1)) > len(_answer_of(t, 2)) else "[[2]]"
+  p = [{"role": "user", "content": "q"}]
+  assert J.judge_pair(prefers_longer, p, "long answer", "short")["outcome"] == 1
+  assert J.judge_pair(prefers_longer, p, "s", "longer")["outcome"] == -1
+  tie_then_a = iter(["[[tie]]", "I pick [[2]] (not [[1]])... final: [[2]]"])
+  assert J.judge_pair(lambda m: next(tie_then_a), p, "x", "y") == {"outcome": 1, "verdicts": ["tie", "2"],
+                                                                   "votes": [0, 1]}
+  assert J.parse_verdict("no verdict here") == "invalid" and J.vote_for_a("invalid", True) == 0
+
+
+def test_parse_spec_and_eval_rows(tmp_path):
+  assert parse_spec("http://127.0.0.1:8000/v1#smol") == {"kind": "http", "url": "http://127.0.0.1:8000/v1",
+                                                         "model": "smol"}
+  assert parse_spec("smollm2-135m-instruct+runs/x/adapter") == {"kind": "local", "source": "smollm2-135m-instruct",
+                                                                "adapter": "runs/x/adapter"}
+  with pytest.raises(ValueError, match="needs a model name after '#'"):
+    parse_spec("http://127.0.0.1:8000/v1")
+  f = tmp_path / "e.jsonl"
+  f.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+               + "\n" + json.dumps({"question": "2+2?", "answer": 4}) + "\n")
+  rows = load_eval_set(f)
+  assert rows[0]["prompt"] == [{"role": "user", "content": "hi"}] and rows[0]["reference"] == "yo"
+  assert rows[1]["reference"] == "4" and rows[1]["example"]["answer"] == 4
+  f.write_text('{"question": "a"}\n{"text": "b"}\n')
+  with pytest.raises(EvalDataError, match=r"e.jsonl:line 2: no 'messages', 'prompt' or 'question'"):
+    load_eval_set(f)
+
+
+class _Stub(BaseHTTPRequestHandler):
+  """POST /v1/chat/completions: model "good" answers a+b, "bad" a+b+1, "judge" picks the response
+  that equals the reference answer."""
+
+  def do_POST(self):
+    req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    text = req["messages"][-1]["content"]
+    if req["model"] == "judge":
+      ref = re.search(r"\[Reference answer\]\n(.*?)\n", text).group(1)
+      r1, r2 = _answer_of(text, 1), _answer_of(text, 2)
+      content = "[[tie]]" if (r1 == ref) == (r2 == ref) else ("[[1]]" if r1 == ref else "[[2]]")
+    elif req["model"] in ("good", "bad"):
+      a, b = map(int, re.findall(r"\d+", text)[:2])
+      content = str(a + b + (req["model"] == "bad"))
+    else:
+      self.send_response(404)
+      self.end_headers()
+      return
+    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": req["model"],
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content}}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *args):
+    pass
+
+
+@pytest.fixture
+def stub():
+  server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+  server.shutdown()
+  server.server_close()
+
+
+def test_cli_end_to_end_against_an_openai_stub(stub, tmp_path, capsys):
+  data = tmp_path / "eval.jsonl"
+  data.write_text("".join(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                          for a, b in [(1, 2), (3, 4), (10, 20), (7, 7), (5, 0), (9, 8)]))
+  out = tmp_path / "report"
+  rc = main(["--a", f"{stub}#good", "--b", f"{stub}#bad", "--data", str(data), "--judge-url", stub,
+             "--judge-model", "judge", "--rewards", "math_last_number", "--resamples", "500", "--out", str(out)])
+  assert rc == 0
+  res = json.loads((out / "results.json").read_text())
+  assert res["n"] == 6
+  assert res["metrics"]["exact_match"]["a"]["value"] == 1.0 and res["metrics"]["exact_match"]["b"]["value"] == 0.0
+  assert res["metrics"]["math_last_number"]["a_minus_b"]["value"] == 1.0
+  assert res["judge"]["win"] == {"value": 1.0, "lo": 1.0, "hi": 1.0} and res["judge"]["order_disagreements"] == 0
+  md = (out / "report.md").read_text()
+  assert "![A/B](ab.png)" in md and "| exact_match | 1.000 [1.000, 1.000]" in md
+  assert (out / "ab.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  examples = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
+  assert examples[0]["a"] == "3" and examples[0]["b"] == "4" and examples[0]["judge"]["verdicts"] == ["1", "2"]
+  # swapped: B is the good one -> all losses
+  main(["--a", f"{stub}#bad", "--b", f"{stub}#good", "--data", str(data), "--judge-url", stub,
+        "--judge-model", "judge", "--resamples", "200", "--out", str(out)])
+  assert json.loads((out / "results.json").read_text())["judge"]["loss"]["value"] == 1.0
+  assert main(["--a", "http://x/v1", "--b", f"{stub}#good", "--data", str(data)]) == 2
+  assert "needs a model name" in capsys.readouterr().err
