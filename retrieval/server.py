@@ -259,8 +259,10 @@ def retrieve_http(url: str, queries: Sequence[str], topk: int | None = 3, return
     raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
 
 
+KINDS = ("vector", "bm25", "hybrid")  # retrieval.engine.KINDS, spelt out so --help needs no heavy imports
+
+
 def _parser() -> argparse.ArgumentParser:
-  from retrieval.engine import KINDS
   p = argparse.ArgumentParser(
       prog="python -m retrieval.server", formatter_class=argparse.RawDescriptionHelpFormatter,
       description=__doc__.split("\n", 1)[1],
@@ -292,8 +294,9 @@ def main(argv: list[str] | None = None) -> None:
   try:
     sock = bind_socket(args.host, args.port)  # before the (slow) index build: a busy port fails at once
     from retrieval.documents import read_jsonl
+    documents = read_jsonl(args.corpus)  # corpus mistakes surface before the slow imports and index build
     from retrieval.engine import create_search_engine
-    engine = create_search_engine(args.kind, read_jsonl(args.corpus), embedder=args.embedder)
+    engine = create_search_engine(args.kind, documents, embedder=args.embedder)
   except (OSError, ValueError, TypeError, KeyError) as e:
     if args.verbose:
       raise
