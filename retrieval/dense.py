@@ -180,10 +180,11 @@ class DenseIndex:
     return np.stack([self.index.reconstruct(self._str_to_int[s]) for s in ids]) if len(ids) else \
         np.zeros((0, self.dim), np.float32)
 
-  def search(self, query_vecs: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+  def search(self, query_vecs: np.ndarray, k: int, threads: int | None = None) -> list[list[tuple[str, float]]]:
     """Per query (rows of [Q, d], or one [d] vector), up to k (id, inner product), best first.
 
-    FAISS runs on threads_for(Q) OpenMP threads (one for small batches; retrieval.threads)."""
+    FAISS runs on `threads` OpenMP threads, by default threads_for(Q): one for small batches
+    (retrieval.threads)."""
     q = np.asarray(query_vecs, np.float32)
     if q.ndim == 1:
       q = q[None]
@@ -194,7 +195,7 @@ class DenseIndex:
     k = min(k, len(self))
     if k == 0 or not len(q):
       return [[] for _ in range(len(q))]
-    with faiss_threads(num_queries=len(q)):
+    with faiss_threads(threads, num_queries=len(q)):
       scores, int_ids = self.index.search(np.ascontiguousarray(q), k)
     return [[(self._int_to_str[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0]
             for srow, irow in zip(scores, int_ids)]
