@@ -109,13 +109,13 @@ def faiss_section(embeddings) -> str:
             "auto ms", "default / 1 thread"]
   table = markdown_table(header, rows)
   print(table)
-  from retrieval.threads import SMALL_BATCH, default_threads
+  from retrieval.threads import MIN_PARALLEL_WORK, default_threads
   return "\n".join([
       "### FAISS threads per call (DenseIndex.search, flat inner product, k=10)",
       "",
       f"Median ms per call. default = {default_threads()} OpenMP threads (FAISS's default); auto = "
-      f"`retrieval.threads.threads_for(Q)`, which DenseIndex.search now uses: 1 thread below {SMALL_BATCH} "
-      "queries per call, else the default.",
+      f"`retrieval.threads.threads_for(Q, n, d)`, which DenseIndex.search now uses: 1 thread unless Q >= 2 and "
+      f"Q * n * d >= {MIN_PARALLEL_WORK:.3g} multiply-adds, else the default.",
       "",
       table,
       "",

@@ -175,7 +175,7 @@ def server_rows(docs: list[dict], queries: list[str], n: int = 2000) -> tuple[li
   return rows, notes
 
 
-def faiss_rows(vectors: np.ndarray, name: str, batch_sizes=(1, 16, 256), budget_s: float = 2.0) -> list[list]:
+def faiss_rows(vectors: np.ndarray, name: str, batch_sizes=(1, 4, 16, 64, 256), budget_s: float = 2.0) -> list[list]:
   """Median seconds per DenseIndex.search call (k=10) with 1 thread, the default count, and the library's
   per-call choice (threads_for)."""
   from retrieval.dense import DenseIndex
@@ -195,6 +195,6 @@ def faiss_rows(vectors: np.ndarray, name: str, batch_sizes=(1, 16, 256), budget_
         index.search(q, 10, threads=threads)
         times.append(time.perf_counter() - t)
       cell[label] = float(np.median(times)) * 1e3
-    rows.append([name, len(vectors), nq, cell["1"], cell["default"], threads_for(nq), cell["auto"],
+    rows.append([name, len(vectors), nq, cell["1"], cell["default"], threads_for(nq, *vectors.shape), cell["auto"],
                  cell["default"] / cell["1"]])
   return rows

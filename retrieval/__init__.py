@@ -13,8 +13,8 @@ API
   create_search_engine("vector"|"bm25"|"hybrid", documents, **options) -> engine with
       search(query, k) -> [Hit], search_batch(queries, k) -> [[Hit]], add(documents)
   Hit(id, score, text, metadata, title); Document(id, text, title, metadata)
-  faiss_threads(n | num_queries=q): context manager, FAISS OpenMP threads for this thread (DenseIndex.search
-      uses threads_for(Q): 1 below SMALL_BATCH queries, else all cores)
+  faiss_threads(n | num_queries=Q, num_vectors=n, dim=d): context manager, FAISS OpenMP threads in this
+      thread; DenseIndex.search uses threads_for(Q, n, d): 1 unless Q >= 2 and Q*n*d >= MIN_PARALLEL_WORK
   server: python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000
       (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3)
 """

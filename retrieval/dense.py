@@ -183,8 +183,8 @@ class DenseIndex:
   def search(self, query_vecs: np.ndarray, k: int, threads: int | None = None) -> list[list[tuple[str, float]]]:
     """Per query (rows of [Q, d], or one [d] vector), up to k (id, inner product), best first.
 
-    FAISS runs on `threads` OpenMP threads, by default threads_for(Q): one for small batches
-    (retrieval.threads)."""
+    FAISS runs on `threads` OpenMP threads, by default threads_for(Q, len(self), dim): one unless the batch
+    is large enough to pay for more (retrieval.threads)."""
     q = np.asarray(query_vecs, np.float32)
     if q.ndim == 1:
       q = q[None]
@@ -195,7 +195,7 @@ class DenseIndex:
     k = min(k, len(self))
     if k == 0 or not len(q):
       return [[] for _ in range(len(q))]
-    with faiss_threads(threads, num_queries=len(q)):
+    with faiss_threads(threads, num_queries=len(q), num_vectors=len(self), dim=self.dim):
       scores, int_ids = self.index.search(np.ascontiguousarray(q), k)
     return [[(self._int_to_str[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0]
             for srow, irow in zip(scores, int_ids)]

@@ -1,7 +1,7 @@
 """Search-R1 retrieval server: Starlette on uvicorn (httptools), the schema of Search-R1's own retriever.
 
   POST /retrieve {"queries": [str, ...], "topk": 3 | null, "return_scores": true}
-    -> {"result": [[{"document": {"id", "contents": "\"Title\"\\ntext"}, "score": s}, ...], ...]}
+    -> {"result": [[{"document": {"id", "contents": "\\"Title\\"\\ntext"}, "score": s}, ...], ...]}
     (return_scores false or absent: each inner list holds the documents alone; topk null or absent: --topk)
   GET /health -> {"status": "ok", "documents": N}
 

@@ -118,12 +118,13 @@ def test_faiss_threads_per_call(monkeypatch):
   monkeypatch.setattr(index.index, "search", lambda *a, **k: (seen.append(faiss.omp_get_max_threads()),
                                                                  search(*a, **k))[1])
   monkeypatch.setattr(threads, "default_threads", lambda: 3)
+  monkeypatch.setattr(threads, "MIN_PARALLEL_WORK", 50 * 8 * 20)  # 20 queries over this 50 x 8 index
   before = faiss.omp_get_max_threads()
   faiss.omp_set_num_threads(2)
   try:
     index.search(rng.standard_normal(8), 5)
-    index.search(rng.standard_normal((threads.SMALL_BATCH - 1, 8)), 5)
-    index.search(rng.standard_normal((threads.SMALL_BATCH, 8)), 5)
+    index.search(rng.standard_normal((19, 8)), 5)
+    index.search(rng.standard_normal((20, 8)), 5)
     assert seen == [1, 1, 3] and faiss.omp_get_max_threads() == 2
     with threads.faiss_threads(num_queries=1) as n:
       assert n == 1 and faiss.omp_get_max_threads() == 1
@@ -139,4 +140,6 @@ def test_default_threads_follows_omp_num_threads(monkeypatch):
   from retrieval import threads
   monkeypatch.setenv("OMP_NUM_THREADS", "5")
   assert threads.default_threads() == 5 and threads.threads_for(1) == 1
-  assert threads.threads_for(threads.SMALL_BATCH) == 5
+  assert threads.threads_for(threads.SMALL_BATCH) == 5 and threads.threads_for(threads.SMALL_BATCH - 1) == 1
+  assert threads.threads_for(1, 10**9, 384) == 1  # one query never pays for a thread team
+  assert threads.threads_for(2, 10**6, 384) == 5 and threads.threads_for(16, 5183, 384) == 1
