@@ -59,7 +59,10 @@ def main():
   p.add_argument("--max-steps", type=int, default=400)
   p.add_argument("--train-minutes", type=float, default=9.0)
   p.add_argument("--depth", type=int, default=10, help="top ranks of each retriever that are reranked")
+  p.add_argument("--collect", action="store_true", help="only rewrite RESULTS.md from results*.json")
   args = p.parse_args()
+  if args.collect:
+    return write_results(json.loads((HERE / "results.json").read_text()))
   t0 = time.time()
   rng = np.random.default_rng(args.seed)
 
@@ -149,7 +152,15 @@ def main():
 
 
 def write_results(r: dict) -> None:
+  """RESULTS.md from results.json (r) and earlier runs kept as results_*.json."""
   rows = "\n".join(f"| {name} | {v:.3f} |" for name, v in r["ndcg_at_10"].items())
+  runs = [x for x in (json.loads(f.read_text()) for f in sorted(HERE.glob("results_*.json"))) if x != r] + [r]
+  names = list(r["ndcg_at_10"])
+  runs_table = "\n".join(
+      [f"| training | steps | groups | loss first/last 10 | {' | '.join(names)} |", "|---|---|---|---|" + "---|" * len(names)] +
+      [f"| {x['train_seconds'] / 60:.0f} min, lr {x['lr']:g}, length {x['max_length']} | {x['steps']} | {x['groups_seen']} | "
+       f"{x['loss_first10']:.3f} / {x['loss_last10']:.3f} | " + " | ".join(f"{x['ndcg_at_10'][n]:.3f}" for n in names) + " |"
+       for x in runs])
   load = os.getloadavg()[0]
   text = f"""# Cross-encoder reranker fine-tuned with this project's JAX stack (SciFact)
 
@@ -167,6 +178,10 @@ first {r['eval_queries']} held-out claims. Each retriever's top {r['depth']} is 
 | run (held-out claims, nDCG@10) | nDCG@10 |
 |---|---|
 {rows}
+
+All runs (same split, same 100 held-out claims, rerank depth {r['depth']}; results_*.json are earlier runs):
+
+{runs_table}
 
 Published anchor (BEIR, SciFact test, BM25 + an MS MARCO MiniLM cross-encoder reranking the top 100): 0.688.
 Not the same queries (ours: held-out training claims) nor the same depth, so compare the deltas, not the level.
