@@ -68,19 +68,31 @@ def _stats(latencies: list[float]) -> tuple[float, float]:
   return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-def keep_alive_client(port: int, queries: list[str], n: int) -> list:
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of process pid so far (Linux /proc; nan elsewhere)."""
+  try:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+  except (OSError, IndexError, ValueError):
+    return float("nan")
+
+
+def keep_alive_client(port: int, queries: list[str], n: int, runs: int = 3) -> list:
+  """`runs` runs of n requests over one connection; req/s is the median run (and the best run)."""
   conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
   for q in queries[:50]:
     _post(conn, q)  # warm-up
-  lat, errors = [], 0
-  start = time.perf_counter()
-  for i in range(n):
-    t = time.perf_counter()
-    errors += _post(conn, queries[i % len(queries)]) != 200
-    lat.append(time.perf_counter() - t)
-  elapsed = time.perf_counter() - start
+  lat, errors, rates = [], 0, []
+  for _ in range(runs):
+    start = time.perf_counter()
+    for i in range(n):
+      t = time.perf_counter()
+      errors += _post(conn, queries[i % len(queries)]) != 200
+      lat.append(time.perf_counter() - t)
+    rates.append(n / (time.perf_counter() - start))
   conn.close()
-  return ["1 keep-alive client, 1 query/request", 1, n, errors, n / elapsed, *_stats(lat)]
+  return ["1 keep-alive client, 1 query/request", 1, n * runs, errors, float(np.median(rates)), max(rates),
+          *_stats(lat)]
 
 
 def new_connection_client(port: int, queries: list[str], n: int) -> list:
@@ -92,7 +104,8 @@ def new_connection_client(port: int, queries: list[str], n: int) -> list:
     errors += _post(conn, queries[i % len(queries)]) != 200
     conn.close()
     lat.append(time.perf_counter() - t)
-  return ["new connection per request", 1, n, errors, n / (time.perf_counter() - start), *_stats(lat)]
+  rate = n / (time.perf_counter() - start)
+  return ["new connection per request", 1, n, errors, rate, rate, *_stats(lat), lat]
 
 
 def concurrent_clients(port: int, queries: list[str], clients: int, per_client: int) -> list:
@@ -116,26 +129,35 @@ def concurrent_clients(port: int, queries: list[str], clients: int, per_client: 
     results = [r for rs in pool.map(client, range(clients)) for r in rs]
   elapsed = time.perf_counter() - start
   errors = sum(not ok for ok, _ in results)
-  return [f"{clients} concurrent keep-alive clients", clients, len(results), errors, len(results) / elapsed,
+  rate = len(results) / elapsed
+  return [f"{clients} concurrent keep-alive clients", clients, len(results), errors, rate, rate,
           *_stats([t for _, t in results])]
 
 
-def idle_connections(port: int, queries: list[str], idle: int, n: int) -> list:
-  """A normal request (new connection each) while `idle` connections are open: half silent, half
-  with headers never finished."""
-  sockets = []
-  try:
-    for i in range(idle):
-      s = socket.create_connection(("127.0.0.1", port), timeout=10)
-      if i % 2:
-        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: b\r\n")
-      sockets.append(s)
-    row = new_connection_client(port, queries, n)
-  finally:
-    for s in sockets:
-      s.close()
-  row[0], row[1] = f"new connection per request, {idle} idle connections open", 1 + idle
-  return row
+def idle_connections(port: int, queries: list[str], idle: int, n: int, rounds: int = 5) -> list[list]:
+  """Normal requests (new connection each) without and with `idle` connections open (half silent, half
+  with headers never finished), alternating in `rounds` blocks so that drift in machine load hits both."""
+  blocks: dict[bool, list] = {False: [], True: []}
+  for _ in range(rounds):
+    for with_idle in (False, True):
+      sockets = []
+      try:
+        for i in range(idle if with_idle else 0):
+          s = socket.create_connection(("127.0.0.1", port), timeout=10)
+          if i % 2:
+            s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: b\r\n")
+          sockets.append(s)
+        blocks[with_idle].append(new_connection_client(port, queries, n // rounds))
+      finally:
+        for s in sockets:
+          s.close()
+  rows = []
+  for with_idle, label in ((False, "no idle connections"), (True, f"{idle} idle connections open")):
+    lat = [x for b in blocks[with_idle] for x in b[-1]]
+    rate = float(np.median([b[4] for b in blocks[with_idle]]))
+    rows.append([f"new connection per request, {label}", 1 + idle * with_idle, n, sum(b[3] for b in blocks[with_idle]),
+                 rate, max(b[4] for b in blocks[with_idle]), *_stats(lat)])
+  return rows
 
 
 def malformed(port: int) -> tuple[list, list[str]]:
@@ -155,19 +177,24 @@ def malformed(port: int) -> tuple[list, list[str]]:
     followed += _post(conn, "protein folding") == 200
     conn.close()
   return [f"malformed requests ({len(MALFORMED)} kinds)", 1, len(MALFORMED), len(MALFORMED) - ok4xx,
-          float("nan"), float("nan"), float("nan")], [f"4xx: {ok4xx}/{len(MALFORMED)}, a normal request "
+          float("nan"), float("nan"), float("nan"), float("nan")], [f"4xx: {ok4xx}/{len(MALFORMED)}, a normal request "
                                                        f"answered after each: {followed}/{len(MALFORMED)}", *notes]
 
 
 def server_rows(docs: list[dict], queries: list[str], n: int = 2000) -> tuple[list[list], list[str]]:
   proc, port, tmp = start_server(docs)
   try:
-    rows = [keep_alive_client(port, queries, n), new_connection_client(port, queries, n // 4)]
-    rows.append(concurrent_clients(port, queries, 64, 20))
-    rows.append(idle_connections(port, queries, 0, 200))
-    rows.append(idle_connections(port, queries, 32, 200))
+    cpu = cpu_seconds(proc.pid)
+    rows = [keep_alive_client(port, queries, n)]
+    rows[-1].append(1e3 * (cpu_seconds(proc.pid) - cpu) / rows[-1][2])  # server CPU ms per request
+    for fn in (lambda: new_connection_client(port, queries, n // 4)[:-1],
+               lambda: concurrent_clients(port, queries, 64, 20)):
+      cpu = cpu_seconds(proc.pid)
+      rows.append(fn())
+      rows[-1].append(1e3 * (cpu_seconds(proc.pid) - cpu) / rows[-1][2])
+    rows += [r + [float("nan")] for r in idle_connections(port, queries, 32, 400)]
     row, notes = malformed(port)
-    rows.append(row)
+    rows.append(row + [float("nan")])
   finally:
     proc.terminate()
     proc.wait(30)
@@ -190,7 +217,7 @@ def faiss_rows(vectors: np.ndarray, name: str, batch_sizes=(1, 4, 16, 64, 256), 
     for label, threads in (("1", 1), ("default", default_threads()), ("auto", None)):
       index.search(q, 10, threads=threads)
       times, start = [], time.perf_counter()
-      while len(times) < 3 or (time.perf_counter() - start < budget_s and len(times) < 200):
+      while not times or (time.perf_counter() - start < budget_s and len(times) < 200):
         t = time.perf_counter()
         index.search(q, 10, threads=threads)
         times.append(time.perf_counter() - t)

@@ -22,7 +22,7 @@ from retrieval.lazy import lazy_import
 faiss = lazy_import("faiss", "faiss-cpu")
 
 SMALL_BATCH = 128  # without index size: batches below this many queries search on one thread
-MIN_PARALLEL_WORK = 1 << 28  # Q * n * d multiply-adds from which several threads paid off (see the benchmark)
+MIN_PARALLEL_WORK = 1 << 27  # Q * n * d multiply-adds from which 2 threads paid off on 2 cores (the benchmark)
 
 
 def default_threads() -> int:

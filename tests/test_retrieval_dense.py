@@ -143,3 +143,4 @@ def test_default_threads_follows_omp_num_threads(monkeypatch):
   assert threads.threads_for(threads.SMALL_BATCH) == 5 and threads.threads_for(threads.SMALL_BATCH - 1) == 1
   assert threads.threads_for(1, 10**9, 384) == 1  # one query never pays for a thread team
   assert threads.threads_for(2, 10**6, 384) == 5 and threads.threads_for(16, 5183, 384) == 1
+  assert threads.threads_for(4, 100_000, 384) == 5
