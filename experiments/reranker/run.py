@@ -183,6 +183,13 @@ All runs (same split, same 100 held-out claims, rerank depth {r['depth']}; resul
 
 {runs_table}
 
+Reading: the fine-tuned cross-encoder does not yet help. The longer run moved it from well below to just
+below BM25 (hybrid RRF stays best), so the limit here is training, not the pipeline: under one epoch of 739
+groups, abstracts cut at 96 tokens, and a start from a bi-encoder whose [CLS] was never trained for pairs
+(the published cross-encoders see hundreds of thousands of MS MARCO pairs). More steps at length 256 (a GPU
+run: `python experiments/reranker/run.py --train-minutes 60 --max-length 256 --max-steps 3000`) is the next
+thing to try; the test suite checks the training step and the saved format on a tiny random BERT.
+
 Published anchor (BEIR, SciFact test, BM25 + an MS MARCO MiniLM cross-encoder reranking the top 100): 0.688.
 Not the same queries (ours: held-out training claims) nor the same depth, so compare the deltas, not the level.
 
