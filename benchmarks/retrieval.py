@@ -74,9 +74,12 @@ def device() -> str:
   return f"CPU, {len(os.sched_getaffinity(0))} cores shared with other jobs (1-min load average {load:.1f} at the start)"
 
 
-def server_section(docs, queries, n: int) -> str:
+def server_section(docs, queries, n: int, runs: int = 3) -> str:
   load = device()
-  rows, notes = retrieval_load.server_rows(docs, queries, n)
+  results = [retrieval_load.server_rows(docs, queries, n) for _ in range(runs)]  # a fresh server each time
+  rates = [r[0][0][4] for r in results]
+  rows, notes = results[int(np.argsort(rates)[len(rates) // 2])]  # the run with the median keep-alive req/s
+  each = "; ".join(f"{r[0][0][4]:.0f} req/s, {r[0][0][8]:.2f} server CPU ms/request" for r in results)
   header = ["load", "clients", "requests", "errors", "req/s (median run)", "req/s (best run)", "p50 ms", "p99 ms",
             "server CPU ms/request"]
   table = markdown_table(header, rows)
@@ -91,9 +94,11 @@ def server_section(docs, queries, n: int) -> str:
       table,
       "",
       f"32 idle connections moved a normal request's p50 by {idle - base:+.1f} ms (target: under 100 ms; the two "
-      "rows alternate in 5 blocks). Server CPU ms/request (user + system time of the server process) does not "
-      "depend on how busy the machine is; req/s does: other jobs shared these 2 cores. "
-      f"Malformed requests: {notes[0]}{'; ' + '; '.join(notes[1:]) if len(notes) > 1 else ''}. "
+      "rows alternate in 5 blocks). Server CPU ms/request (user + system time of the server process) varies "
+      "far less with the machine's load than req/s, which other jobs on these 2 cores cut (the 500 req/s "
+      "target needs about 2 ms per request end to end, server and client together). "
+      f"The table is the median of {runs} runs (each with a fresh server) by one-client keep-alive req/s; "
+      f"the runs gave {each}. Malformed requests: {notes[0]}{'; ' + '; '.join(notes[1:]) if len(notes) > 1 else ''}. "
       "Before (http.server, 8 threads; issue 14's audit, not re-measured here): ~22 req/s for one keep-alive "
       "client (a 40 ms Nagle/delayed-ACK stall per request), and 8 idle connections hung the server.",
       "",
@@ -132,7 +137,8 @@ def faiss_section(embeddings) -> str:
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--part", default="all", choices=("all", "quality", "server", "faiss"))
-  p.add_argument("--server-requests", type=int, default=2000, help="requests of the one-client keep-alive row")
+  p.add_argument("--server-requests", type=int, default=1000, help="requests per run of the keep-alive client")
+  p.add_argument("--server-runs", type=int, default=3, help="server load tests (fresh server each)")
   p.add_argument("--rank-bm25-queries", type=int, default=100)
   p.add_argument("--k1", type=float, default=1.2)
   p.add_argument("--b", type=float, default=0.75)
@@ -142,7 +148,7 @@ def main():
   args = p.parse_args()
   docs, queries, qrels, embeddings = load_scifact()
   if args.part in ("all", "server"):
-    md = server_section(docs, queries, args.server_requests)
+    md = server_section(docs, queries, args.server_requests, args.server_runs)
     if not args.no_write:
       write_section("retrieval-server", md)
   if args.part in ("all", "faiss"):
