@@ -13,6 +13,8 @@ API
   create_search_engine("vector"|"bm25"|"hybrid", documents, **options) -> engine with
       search(query, k) -> [Hit], search_batch(queries, k) -> [[Hit]], add(documents)
   Hit(id, score, text, metadata, title); Document(id, text, title, metadata)
+  faiss_threads(n | num_queries=Q, num_vectors=n, dim=d): context manager, FAISS OpenMP threads in this
+      thread; DenseIndex.search uses threads_for(Q, n, d): 1 unless Q >= 2 and Q*n*d >= MIN_PARALLEL_WORK
   server: python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000
       (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3)
 """
@@ -26,6 +28,7 @@ _EXPORTS = {
     "VectorSearchEngine": "retrieval.engine", "create_search_engine": "retrieval.engine",
     "convex_combination": "retrieval.fusion", "rrf": "retrieval.fusion",
     "CrossEncoderReranker": "retrieval.rerank", "retrieve_http": "retrieval.server",
+    "faiss_threads": "retrieval.threads", "threads_for": "retrieval.threads",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 from typing import Sequence
 
 import bm25s
@@ -23,6 +24,18 @@ from retrieval.atomic import atomic_dir, read_meta
 
 METHODS = ("lucene", "robertson", "bm25l", "bm25+", "atire")
 _FORMAT = 1
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+  """Indices of the k largest scores, best first; among equal scores the lower index first."""
+  n = len(scores)
+  if k >= n:
+    idx = np.arange(n)
+  else:
+    threshold = np.partition(scores, n - k)[n - k]
+    above = np.flatnonzero(scores > threshold)
+    idx = np.concatenate([above, np.flatnonzero(scores == threshold)[:k - len(above)]])
+  return idx[np.lexsort((idx, -scores[idx]))]
 
 
 class BM25Index:
@@ -41,11 +54,18 @@ class BM25Index:
       self._stemmer = Stemmer.Stemmer(stemmer)
     self._model: bm25s.BM25 | None = None
     self.ids: list[str] = []
+    self._split = re.compile(r"(?u)\b\w\w+\b").findall  # bm25s.tokenize's default token_pattern
+    self._stop = frozenset(bm25s.tokenization._infer_stopwords(stopwords or []))
 
   def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
     """The tokens BM25 sees for each text (lower-cased, stop words removed, stemmed)."""
     return bm25s.tokenize(list(texts), stopwords=self.config["stopwords"] or [], stemmer=self._stemmer,
                           return_ids=False, show_progress=False)
+
+  def _query_tokens(self, text: str) -> list[str]:
+    """tokenize([text])[0] without bm25s' per-call overhead (progress bars, vocabulary building)."""
+    tokens = [t for t in self._split(text.lower()) if t not in self._stop]
+    return self._stemmer.stemWords(tokens) if self._stemmer is not None and tokens else tokens
 
   def index(self, ids: Sequence[str], texts: Sequence[str]) -> None:
     """Builds the index from scratch; ids must be unique strings aligned with texts."""
@@ -66,14 +86,14 @@ class BM25Index:
   def get_scores(self, query: str) -> np.ndarray:
     """float32 [N]: the BM25 score of every indexed document for one query."""
     self._require_index()
-    tokens = self.tokenize([query])[0]
-    ids = self._model.get_tokens_ids(tokens)
+    ids = self._model.get_tokens_ids(self._query_tokens(query))
     if not ids:
       return np.zeros(len(self.ids), np.float32)
-    return self._model.get_scores(ids)
+    return self._model.get_scores_from_ids(ids)
 
   def search(self, queries: Sequence[str], k: int, n_threads: int = 0) -> list[list[tuple[str, float]]]:
-    """Per query, up to k (id, score) with score > 0, best first."""
+    """Per query, up to k (id, score) with score > 0, best first (ties: lower index first, as bm25s' JAX
+    top-k). n_threads > 0 uses bm25s' multiprocess retrieve; 0 scores each query in this thread."""
     if isinstance(queries, str):
       raise TypeError("queries must be a sequence of strings, not one string")
     if k < 1:
@@ -82,10 +102,20 @@ class BM25Index:
     k = min(k, len(self.ids))
     if not queries or k == 0:
       return [[] for _ in queries]
-    tokens = [[t for t in q if t in self._model.vocab_dict] for q in self.tokenize(queries)]
-    docs, scores = self._model.retrieve(tokens, k=k, show_progress=False, n_threads=n_threads)
-    return [[(self.ids[d], float(s)) for d, s in zip(drow, srow) if s > 0]
-            for drow, srow in zip(docs, scores)]
+    if n_threads:
+      tokens = [[t for t in q if t in self._model.vocab_dict] for q in self.tokenize(queries)]
+      docs, scores = self._model.retrieve(tokens, k=k, show_progress=False, n_threads=n_threads)
+      return [[(self.ids[d], float(s)) for d, s in zip(drow, srow) if s > 0]
+              for drow, srow in zip(docs, scores)]
+    out = []
+    for q in queries:
+      ids = self._model.get_tokens_ids(self._query_tokens(q))
+      if not ids:
+        out.append([])
+        continue
+      scores = self._model.get_scores_from_ids(ids)
+      out.append([(self.ids[d], float(scores[d])) for d in top_k(scores, k) if scores[d] > 0])
+    return out
 
   def _require_index(self) -> None:
     if self._model is None:

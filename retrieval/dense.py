@@ -17,6 +17,7 @@ from typing import Sequence
 
 from retrieval.atomic import atomic_dir, read_meta
 from retrieval.lazy import lazy_import
+from retrieval.threads import faiss_threads
 
 faiss = lazy_import("faiss", "faiss-cpu")  # loaded on first use: BM25-only users need no faiss
 import numpy as np
@@ -179,8 +180,11 @@ class DenseIndex:
     return np.stack([self.index.reconstruct(self._str_to_int[s]) for s in ids]) if len(ids) else \
         np.zeros((0, self.dim), np.float32)
 
-  def search(self, query_vecs: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
-    """Per query (rows of [Q, d], or one [d] vector), up to k (id, inner product), best first."""
+  def search(self, query_vecs: np.ndarray, k: int, threads: int | None = None) -> list[list[tuple[str, float]]]:
+    """Per query (rows of [Q, d], or one [d] vector), up to k (id, inner product), best first.
+
+    FAISS runs on `threads` OpenMP threads, by default threads_for(Q, len(self), dim): one unless the batch
+    is large enough to pay for more (retrieval.threads)."""
     q = np.asarray(query_vecs, np.float32)
     if q.ndim == 1:
       q = q[None]
@@ -191,7 +195,8 @@ class DenseIndex:
     k = min(k, len(self))
     if k == 0 or not len(q):
       return [[] for _ in range(len(q))]
-    scores, int_ids = self.index.search(np.ascontiguousarray(q), k)
+    with faiss_threads(threads, num_queries=len(q), num_vectors=len(self), dim=self.dim):
+      scores, int_ids = self.index.search(np.ascontiguousarray(q), k)
     return [[(self._int_to_str[int(i)], float(s)) for s, i in zip(srow, irow) if i >= 0]
             for srow, irow in zip(scores, int_ids)]
 

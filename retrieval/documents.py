@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +33,14 @@ def hit(doc: Document, score: float) -> Hit:
   return Hit(doc.id, float(score), doc.text, doc.metadata, doc.title)
 
 
-def to_documents(documents: Iterable[Mapping[str, Any] | str | Document], where: str = "documents"
-                 ) -> list[Document]:
+def to_documents(documents: Iterable[Mapping[str, Any] | str | Document], where: str = "documents",
+                 lines: Sequence[int] | None = None) -> list[Document]:
   """Normalises dicts {id, text, title?, metadata?} (or Search-R1's {id, contents: '"Title"\\ntext'})
-  and plain strings (id = position) to Documents; errors name the offending entry."""
+  and plain strings (id = position) to Documents; errors name the offending entry: `where[i]`, or
+  `where:line` when `lines` gives each entry's 1-based line in the file `where`."""
   out: list[Document] = []
-  seen: set[str] = set()
+  seen: dict[str, int] = {}
+  at = (lambda i: f"{where}[{i}]") if lines is None else (lambda i: f"{where}:{lines[i]}")
   for i, d in enumerate(documents):
     if isinstance(d, Document):
       doc = d
@@ -51,15 +53,15 @@ def to_documents(documents: Iterable[Mapping[str, Any] | str | Document], where:
         title, _, text = str(d["contents"]).partition("\n")
         title = title.strip().strip('"')
       else:
-        raise ValueError(f"{where}[{i}]: no 'text' (or 'contents') field; keys {sorted(d)}")
+        raise ValueError(f"{at(i)}: no 'text' (or 'contents') field; keys {sorted(d)}")
       if not isinstance(text, str):
-        raise TypeError(f"{where}[{i}].text is {type(text).__name__}, expected str")
+        raise TypeError(f"{at(i)}: text is {type(text).__name__}, expected str")
       doc = Document(str(d.get("id", i)), text, str(title), dict(d.get("metadata") or {}))
     else:
-      raise TypeError(f"{where}[{i}] is {type(d).__name__}; expected dict or str")
+      raise TypeError(f"{at(i)}: entry is {type(d).__name__}; expected dict or str")
     if doc.id in seen:
-      raise ValueError(f"{where}[{i}]: duplicate id {doc.id!r}")
-    seen.add(doc.id)
+      raise ValueError(f"{at(i)}: duplicate id {doc.id!r} (first at {at(seen[doc.id])})")
+    seen[doc.id] = i
     out.append(doc)
   return out
 
@@ -67,13 +69,14 @@ def to_documents(documents: Iterable[Mapping[str, Any] | str | Document], where:
 def read_jsonl(path: str | pathlib.Path) -> list[Document]:
   """Documents from a JSON-lines file; errors name the file and line."""
   path = pathlib.Path(path)
-  rows = []
+  rows, lines = [], []
   with path.open() as f:
     for line_no, line in enumerate(f, start=1):
       if not line.strip():
         continue
       try:
         rows.append(json.loads(line))
+        lines.append(line_no)
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-  return to_documents(rows, where=str(path))
+  return to_documents(rows, where=str(path), lines=lines)

@@ -1,25 +1,33 @@
-"""HTTP retrieval server speaking Search-R1's schema, on the standard library.
+"""Search-R1 retrieval server: Starlette on uvicorn (httptools), the schema of Search-R1's own retriever.
 
-POST /retrieve {"queries": [str, ...], "topk": 3, "return_scores": true}
-  -> {"result": [[{"document": {"id", "contents": "\"Title\"\\ntext"}, "score": s}, ...], ...]}
-  (with return_scores false, each inner list holds the documents alone). GET /health -> {"status", "documents"}.
-Errors: 400 {"error": msg} for malformed JSON or fields, 404 unknown path, 413 oversized body.
-topk is capped at the corpus size (and at `max_topk`). Requests run on a bounded thread pool.
+  POST /retrieve {"queries": [str, ...], "topk": 3 | null, "return_scores": true}
+    -> {"result": [[{"document": {"id", "contents": "\\"Title\\"\\ntext"}, "score": s}, ...], ...]}
+    (return_scores false or absent: each inner list holds the documents alone; topk null or absent: --topk)
+  GET /health -> {"status": "ok", "documents": N}
 
-  python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000 [--host 127.0.0.1]
+Connections: HTTP/1.1 keep-alive (TCP_NODELAY, so one query per request does not wait on Nagle + delayed
+ACK); an idle keep-alive connection closes after --keep-alive-timeout s; a connection that sends nothing,
+half a request line/headers, or half a body for --idle-timeout s is closed (it never holds a worker: the
+event loop serves every connection). Searches run on --workers threads (the rest wait); beyond
+--max-connections open connections new requests get 503. Bodies may be chunked; a body over --max-body-mb
+gets 413 without the server closing the connection (the rest is read and discarded, so a client still
+streaming it sees the 413, not a broken pipe). Errors are JSON {"error": message}: 400 malformed JSON or
+fields, 404 unknown path, 405 wrong method, 413 body too large, 500 engine failure; malformed HTTP gets
+uvicorn's 400. Exit code 2 with one line for a user mistake (port in use, bad corpus); --verbose adds tracebacks.
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import http.server
 import json
+import logging
+import socket
 import sys
+import threading
+import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from retrieval.documents import Hit, read_jsonl
-from retrieval.engine import KINDS, SearchEngine, create_search_engine
+from retrieval.documents import Hit
 
 MAX_BODY_BYTES = 8 << 20
 
@@ -32,8 +40,8 @@ def search_r1_document(h: Hit) -> dict[str, Any]:
   return {"id": h.id, "contents": f'"{h.title}"\n{h.text}'}
 
 
-def parse_request(body: bytes) -> tuple[list[str], int, bool]:
-  """Validates a /retrieve body; BadRequest names the field at fault."""
+def parse_request(body: bytes, default_topk: int = 3) -> tuple[list[str], int, bool]:
+  """Validates a /retrieve body; topk null/absent -> default_topk; BadRequest names the field at fault."""
   try:
     payload = json.loads(body)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -43,94 +51,203 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
   queries = payload.get("queries")
   if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
     raise BadRequest("field 'queries' must be a list of strings")
-  topk = payload.get("topk", 3)
+  topk = payload.get("topk")
+  if topk is None:
+    topk = default_topk
   if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-    raise BadRequest(f"field 'topk' must be an integer >= 1, got {topk!r}")
+    raise BadRequest(f"field 'topk' must be an integer >= 1 or null, got {topk!r}")
   return_scores = payload.get("return_scores", False)
   if not isinstance(return_scores, bool):
     raise BadRequest(f"field 'return_scores' must be a boolean, got {return_scores!r}")
   return queries, topk, return_scores
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-  server: "RetrievalServer"
-  protocol_version = "HTTP/1.1"
+def format_result(hits: list[list[Hit]], return_scores: bool) -> list[list[dict]]:
+  if return_scores:
+    return [[{"document": search_r1_document(h), "score": h.score} for h in row] for row in hits]
+  return [[search_r1_document(h) for h in row] for row in hits]
 
-  def _send(self, status: int, payload: Any) -> None:
-    body = json.dumps(payload).encode()
-    self.send_response(status)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
 
-  def do_GET(self):
-    if self.path.rstrip("/") == "/health":
-      self._send(200, {"status": "ok", "documents": len(self.server.engine)})
-    else:
-      self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
+def make_app(engine, *, default_topk: int = 3, max_topk: int = 1000, workers: int = 4,
+             max_body_bytes: int = MAX_BODY_BYTES, verbose: bool = False):
+  """The ASGI app: /retrieve and /health over `engine` (an object with search_batch(queries, k) and len)."""
+  import anyio
+  from starlette.applications import Starlette
+  from starlette.exceptions import HTTPException
+  from starlette.requests import ClientDisconnect, Request
+  from starlette.responses import Response
+  from starlette.routing import Route
 
-  def do_POST(self):
-    if self.path.rstrip("/") != "/retrieve":
-      self._send(404, {"error": f"unknown path {self.path!r}; use POST /retrieve"})
-      return
+  limiter = anyio.CapacityLimiter(workers)
+  log = logging.getLogger("retrieval.server")
+
+  def reply(status: int, payload: Any) -> Response:
+    return Response(json.dumps(payload).encode(), status, media_type="application/json")
+
+  async def read_body(request: Request) -> bytes | Response:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+      if not declared.isdigit():
+        return reply(400, {"error": f"bad Content-Length {declared!r}"})
+      if int(declared) > max_body_bytes:  # the parser discards the unread body; the connection stays usable
+        return reply(413, {"error": f"body of {declared} bytes exceeds the limit of {max_body_bytes}"})
+    chunks, size = [], 0
+    async for chunk in request.stream():  # Content-Length or chunked transfer encoding
+      size += len(chunk)
+      if size > max_body_bytes:
+        return reply(413, {"error": f"body exceeds the limit of {max_body_bytes} bytes"})
+      chunks.append(chunk)
+    return b"".join(chunks)
+
+  async def retrieve(request: Request) -> Response:
     try:
-      length = int(self.headers.get("Content-Length", "0"))
-    except ValueError:
-      length = -1
-    if length < 0 or length > MAX_BODY_BYTES:
-      self.close_connection = True
-      self._send(413 if length > 0 else 400, {"error": f"Content-Length {length} outside [0, {MAX_BODY_BYTES}]"})
-      return
+      body = await read_body(request)
+    except ClientDisconnect:
+      return Response(status_code=400)  # nobody is listening
+    if isinstance(body, Response):
+      return body
     try:
-      queries, topk, return_scores = parse_request(self.rfile.read(length))
+      queries, topk, return_scores = parse_request(body, default_topk)
     except BadRequest as e:
-      self._send(400, {"error": str(e)})
-      return
+      return reply(400, {"error": str(e)})
+    if not queries:
+      return reply(200, {"result": []})
     try:
-      hits = self.server.engine.search_batch(queries, min(topk, self.server.max_topk)) if queries else []
-    except Exception as e:  # a failing engine must not kill the connection silently
-      self._send(500, {"error": f"{type(e).__name__}: {e}"})
-      return
-    if return_scores:
-      result = [[{"document": search_r1_document(h), "score": h.score} for h in row] for row in hits]
-    else:
-      result = [[search_r1_document(h) for h in row] for row in hits]
-    self._send(200, {"result": result})
+      hits = await anyio.to_thread.run_sync(engine.search_batch, queries, min(topk, max_topk), limiter=limiter)
+    except Exception as e:  # an engine failure is the server's fault: 500, and keep serving
+      log.error("search failed", exc_info=verbose)
+      return reply(500, {"error": f"{type(e).__name__}: {e}"})
+    return reply(200, {"result": format_result(hits, return_scores)})
 
-  def log_message(self, fmt, *args):
-    if self.server.verbose:
-      super().log_message(fmt, *args)
+  async def health(request: Request) -> Response:
+    return reply(200, {"status": "ok", "documents": len(engine)})
 
+  async def http_error(request: Request, exc: HTTPException) -> Response:
+    hint = "; use POST /retrieve or GET /health"
+    return reply(exc.status_code, {"error": f"{exc.detail}: {request.method} {request.url.path!r}{hint}"})
 
-class RetrievalServer(http.server.HTTPServer):
-  """An HTTPServer that handles each connection on a fixed-size thread pool."""
-
-  daemon_threads = True
-
-  def __init__(self, engine: SearchEngine, host: str = "127.0.0.1", port: int = 8000, max_workers: int = 8,
-               max_topk: int = 1000, verbose: bool = False):
-    self.engine, self.max_topk, self.verbose = engine, max_topk, verbose
-    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="retrieve")
-    super().__init__((host, port), _Handler)
-
-  def process_request(self, request, client_address):
-    self._pool.submit(self._handle, request, client_address)
-
-  def _handle(self, request, client_address):
-    try:
-      self.finish_request(request, client_address)
-    except Exception:
-      self.handle_error(request, client_address)
-    finally:
-      self.shutdown_request(request)
-
-  def server_close(self):
-    super().server_close()
-    self._pool.shutdown(wait=True)
+  return Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health, methods=["GET"])],
+                   exception_handlers={HTTPException: http_error})
 
 
-def retrieve_http(url: str, queries: Sequence[str], topk: int = 3, return_scores: bool = True,
+def _protocol_class(idle_timeout: float):
+  """uvicorn's httptools protocol plus a timer: a connection waiting on its client (before or between
+  requests, or mid-body) with no bytes for idle_timeout s is closed. uvicorn alone only times out idle
+  keep-alive connections after a completed response, so a silent or half-open one would stay forever."""
+  from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+  class TimedProtocol(HttpToolsProtocol):
+    def connection_made(self, transport):
+      super().connection_made(transport)
+      self._last_data = self.loop.time()
+      self._watch = self.loop.call_later(idle_timeout, self._check_idle)
+
+    def data_received(self, data: bytes) -> None:
+      self._last_data = self.loop.time()
+      super().data_received(data)
+
+    def connection_lost(self, exc):
+      if self._watch is not None:
+        self._watch.cancel()
+        self._watch = None
+      super().connection_lost(exc)
+
+    def _check_idle(self) -> None:
+      self._watch = None
+      if self.transport.is_closing():
+        return
+      cycle = self.cycle
+      waiting_on_client = cycle is None or cycle.response_complete or cycle.more_body
+      idle = self.loop.time() - self._last_data
+      if waiting_on_client and idle >= idle_timeout:
+        self.transport.close()
+        return
+      self._watch = self.loop.call_later(max(idle_timeout - idle, 0.05) if waiting_on_client else idle_timeout,
+                                         self._check_idle)
+
+  return TimedProtocol
+
+
+class PortUnavailable(OSError):
+  pass
+
+
+def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+  """A listening TCP socket on (host, port); PortUnavailable (one line) if it cannot be had."""
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  try:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+  except OSError as e:
+    sock.close()
+    raise PortUnavailable(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port "
+                          "(0 picks a free one) or stop the process using it") from None
+  sock.set_inheritable(True)
+  return sock
+
+
+class RetrievalServer:
+  """uvicorn serving make_app(engine) on a socket bound at construction (so the port is known and checked
+  before any work). serve_forever() blocks; start() runs it on a daemon thread; shutdown() stops it."""
+
+  def __init__(self, engine, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
+               workers: int = 4, default_topk: int = 3, max_topk: int = 1000, max_connections: int = 1000,
+               keep_alive_timeout: float = 5.0, idle_timeout: float = 10.0, max_body_bytes: int = MAX_BODY_BYTES,
+               verbose: bool = False):
+    import uvicorn
+    self.socket = sock if sock is not None else bind_socket(host, port)
+    self.host = host
+    self.app = make_app(engine, default_topk=default_topk, max_topk=max_topk, workers=workers,
+                        max_body_bytes=max_body_bytes, verbose=verbose)
+    config = uvicorn.Config(self.app, http=_protocol_class(idle_timeout), lifespan="off",
+                            timeout_keep_alive=keep_alive_timeout, limit_concurrency=max_connections,
+                            access_log=verbose, log_level="info" if verbose else "warning",
+                            timeout_graceful_shutdown=5)
+    self._server = uvicorn.Server(config)
+    self._thread: threading.Thread | None = None
+
+  @property
+  def server_port(self) -> int:
+    return self.socket.getsockname()[1]
+
+  @property
+  def url(self) -> str:
+    host = f"[{self.host}]" if ":" in self.host else self.host
+    return f"http://{host}:{self.server_port}/retrieve"
+
+  def serve_forever(self) -> None:
+    self._server.run(sockets=[self.socket])
+
+  def start(self, timeout: float = 30.0) -> "RetrievalServer":
+    self._thread = threading.Thread(target=self.serve_forever, name="retrieval-server", daemon=True)
+    self._thread.start()
+    for _ in range(int(timeout / 0.01)):
+      if self._server.started or not self._thread.is_alive():
+        break
+      self._thread.join(0.01)
+    if not self._server.started:
+      raise RuntimeError(f"retrieval server did not start within {timeout:g} s")
+    return self
+
+  def shutdown(self, timeout: float = 10.0) -> None:
+    self._server.should_exit = True
+    if self._thread is not None:
+      self._thread.join(timeout)
+
+  def server_close(self) -> None:
+    self.socket.close()
+
+  def __enter__(self) -> "RetrievalServer":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.shutdown()
+    self.server_close()
+
+
+def retrieve_http(url: str, queries: Sequence[str], topk: int | None = 3, return_scores: bool = True,
                   timeout: float = 60.0) -> list[list[dict]]:
   """Client: POSTs to `url` (…/retrieve) and returns the "result" lists; HTTP errors raise with the message."""
   body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": return_scores}).encode()
@@ -142,20 +259,55 @@ def retrieve_http(url: str, queries: Sequence[str], topk: int = 3, return_scores
     raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
 
 
-def main(argv: list[str] | None = None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+KINDS = ("vector", "bm25", "hybrid")  # retrieval.engine.KINDS, spelt out so --help needs no heavy imports
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m retrieval.server", formatter_class=argparse.RawDescriptionHelpFormatter,
+      description=__doc__.split("\n", 1)[1],
+      epilog="example: python -m retrieval.server --corpus kb.jsonl --kind bm25 --port 8000\n"
+             "  curl -s localhost:8000/retrieve -d '{\"queries\": [\"who wrote Hamlet\"], \"topk\": 3, "
+             "\"return_scores\": true}'")
   p.add_argument("--corpus", required=True, help="JSON lines: {id, text, title?} or {id, contents}")
-  p.add_argument("--kind", default="hybrid", choices=KINDS)
-  p.add_argument("--host", default="127.0.0.1")
-  p.add_argument("--port", type=int, default=8000)
-  p.add_argument("--embedder", default="all-MiniLM-L6-v2", help="model folder or alias")
-  p.add_argument("--workers", type=int, default=8)
-  p.add_argument("--verbose", action="store_true")
-  args = p.parse_args(argv)
-  engine = create_search_engine(args.kind, read_jsonl(args.corpus), embedder=args.embedder)
-  server = RetrievalServer(engine, args.host, args.port, max_workers=args.workers, verbose=args.verbose)
-  print(f"serving {len(engine)} documents ({args.kind}) on http://{args.host}:{server.server_port}/retrieve",
-        file=sys.stderr, flush=True)
+  p.add_argument("--kind", default="hybrid", choices=KINDS, help="retriever (default hybrid = BM25 + dense RRF)")
+  p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)")
+  p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = a free one)")
+  p.add_argument("--embedder", default="all-MiniLM-L6-v2", help="model folder or alias (vector/hybrid)")
+  p.add_argument("--topk", type=int, default=3, help="results per query when a request sends no topk (3)")
+  p.add_argument("--max-topk", type=int, default=1000, help="cap on a request's topk (1000)")
+  p.add_argument("--workers", type=int, default=4, help="threads running searches at once (4)")
+  p.add_argument("--max-connections", type=int, default=1000, help="open connections beyond which requests get 503")
+  p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after s (5)")
+  p.add_argument("--idle-timeout", type=float, default=10.0,
+                 help="close connections silent for s before/within a request (10)")
+  p.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20, help="413 above this body size (8)")
+  p.add_argument("--verbose", action="store_true", help="access log, and tracebacks for errors")
+  return p
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = _parser().parse_args(argv)
+  for name in ("topk", "max_topk", "workers", "max_connections"):
+    if getattr(args, name) < 1:
+      _parser().error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+  try:
+    sock = bind_socket(args.host, args.port)  # before the (slow) index build: a busy port fails at once
+    from retrieval.documents import read_jsonl
+    documents = read_jsonl(args.corpus)  # corpus mistakes surface before the slow imports and index build
+    from retrieval.engine import create_search_engine
+    engine = create_search_engine(args.kind, documents, embedder=args.embedder)
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    if args.verbose:
+      raise
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"retrieval.server: error: {message}", file=sys.stderr)
+    sys.exit(2)
+  server = RetrievalServer(engine, args.host, sock=sock, workers=args.workers, default_topk=args.topk,
+                           max_topk=args.max_topk, max_connections=args.max_connections,
+                           keep_alive_timeout=args.keep_alive_timeout, idle_timeout=args.idle_timeout,
+                           max_body_bytes=int(args.max_body_mb * 2**20), verbose=args.verbose)
+  print(f"serving {len(engine)} documents ({args.kind}) on {server.url}", file=sys.stderr, flush=True)
   try:
     server.serve_forever()
   except KeyboardInterrupt:

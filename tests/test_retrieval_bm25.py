@@ -83,3 +83,21 @@ def test_bad_input_errors():
     ix.search(["x"], 3)
   with pytest.raises(ValueError, match="duplicate id 'a'"):
     ix.index(["a", "a"], ["x", "y"])
+
+
+def test_fast_query_path_equals_bm25s_retrieve():
+  """The per-query path (own tokenizer + top_k) returns what bm25s.tokenize + BM25.retrieve (JAX top-k) do,
+  ties included (duplicated documents score equally; the lower index comes first)."""
+  texts = CORPUS + CORPUS[:4] + ["", "THE and OF", "Ünïcödé prötein-folding 2024 x1 ab"]
+  ix = BM25Index()
+  ix.index([f"d{i}" for i in range(len(texts))], texts)
+  queries = QUERIES + ["", "the of and", "Protein PROTEINS proteins", "prötein folding 2024", "zzz unknown"]
+  for q in queries:
+    assert ix._query_tokens(q) == ix.tokenize([q])[0]
+  got = ix.search(queries, 6)
+  tokens = [[t for t in q if t in ix._model.vocab_dict] for q in ix.tokenize(queries)]
+  docs, scores = ix._model.retrieve(tokens, k=6, show_progress=False, backend_selection="jax")
+  expected = [[(ix.ids[d], float(s)) for d, s in zip(dr, sr) if s > 0] for dr, sr in zip(docs, scores)]
+  assert got == expected
+  assert any(len({s for _, s in row}) < len(row) for row in got)  # a tie was exercised
+  assert ix.search(queries, 6, n_threads=1) == expected  # bm25s' own retrieve path

@@ -102,3 +102,45 @@ def test_persistence_across_processes(data, tmp_path):
   expected = index.search(queries[:5], 5)
   assert [[d for d, _ in row] for row in loaded["hits"]] == [[d for d, _ in row] for row in expected]
   assert not list(tmp_path.glob(".dense*"))  # no temporary folders left behind
+
+
+
+def test_faiss_threads_per_call(monkeypatch):
+  """A small query batch searches on one OpenMP thread, a big one on default_threads(); the caller's
+  setting is restored afterwards (before: every search used FAISS's default thread count)."""
+  import faiss
+  from retrieval import threads
+  index = DenseIndex(8, "flat")
+  rng = np.random.default_rng(0)
+  index.add([str(i) for i in range(50)], rng.standard_normal((50, 8)).astype(np.float32))
+  seen = []
+  search = index.index.search
+  monkeypatch.setattr(index.index, "search", lambda *a, **k: (seen.append(faiss.omp_get_max_threads()),
+                                                                 search(*a, **k))[1])
+  monkeypatch.setattr(threads, "default_threads", lambda: 3)
+  monkeypatch.setattr(threads, "MIN_PARALLEL_WORK", 50 * 8 * 20)  # 20 queries over this 50 x 8 index
+  before = faiss.omp_get_max_threads()
+  faiss.omp_set_num_threads(2)
+  try:
+    index.search(rng.standard_normal(8), 5)
+    index.search(rng.standard_normal((19, 8)), 5)
+    index.search(rng.standard_normal((20, 8)), 5)
+    assert seen == [1, 1, 3] and faiss.omp_get_max_threads() == 2
+    with threads.faiss_threads(num_queries=1) as n:
+      assert n == 1 and faiss.omp_get_max_threads() == 1
+    assert faiss.omp_get_max_threads() == 2
+  finally:
+    faiss.omp_set_num_threads(before)
+  with pytest.raises(ValueError, match="n=0"):
+    with threads.faiss_threads(0):
+      pass
+
+
+def test_default_threads_follows_omp_num_threads(monkeypatch):
+  from retrieval import threads
+  monkeypatch.setenv("OMP_NUM_THREADS", "5")
+  assert threads.default_threads() == 5 and threads.threads_for(1) == 1
+  assert threads.threads_for(threads.SMALL_BATCH) == 5 and threads.threads_for(threads.SMALL_BATCH - 1) == 1
+  assert threads.threads_for(1, 10**9, 384) == 1  # one query never pays for a thread team
+  assert threads.threads_for(2, 10**6, 384) == 5 and threads.threads_for(16, 5183, 384) == 1
+  assert threads.threads_for(4, 100_000, 384) == 5

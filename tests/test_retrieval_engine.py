@@ -1,17 +1,11 @@
-"""Search engines and the Search-R1 HTTP server (real urllib client on an ephemeral 127.0.0.1 port)."""
-import concurrent.futures
+"""Search engines: vector, BM25, hybrid (RRF), reranking, bad documents (the server: test_retrieval_server.py)."""
 import hashlib
-import json
-import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 from retrieval import fusion
 from retrieval.engine import create_search_engine
-from retrieval.server import RetrievalServer, retrieve_http
 
 DOCS = [
     {"id": "p1", "title": "Protein folding", "text": "Hydrophobic collapse drives protein folding in water."},
@@ -86,55 +80,3 @@ def test_bad_documents_are_named():
     create_search_engine("bm25", [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
   with pytest.raises(ValueError, match="kind='sparse'"):
     create_search_engine("sparse", [])
-
-
-@pytest.fixture(scope="module")
-def server(hybrid):
-  srv = RetrievalServer(hybrid, host="127.0.0.1", port=0, max_workers=4)
-  thread = threading.Thread(target=srv.serve_forever, daemon=True)
-  thread.start()
-  yield f"http://127.0.0.1:{srv.server_port}"
-  srv.shutdown()
-  srv.server_close()
-
-
-def _post(url, body: bytes):
-  request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-  try:
-    with urllib.request.urlopen(request, timeout=10) as r:
-      return r.status, json.loads(r.read())
-  except urllib.error.HTTPError as e:
-    return e.code, json.loads(e.read())
-
-
-def test_server_search_r1_schema(server, hybrid):
-  result = retrieve_http(server + "/retrieve", ["protein folding", "glucose"], topk=2)
-  assert len(result) == 2 and len(result[0]) == 2
-  expected = hybrid.search("protein folding", 2)
-  assert [r["document"]["id"] for r in result[0]] == [h.id for h in expected]
-  top = next(h for h in expected if h.id == result[0][0]["document"]["id"])
-  assert result[0][0]["document"]["contents"] == f'"{top.title}"\n{top.text}'
-  assert result[0][0]["score"] == pytest.approx(top.score)
-  status, body = _post(server + "/retrieve", json.dumps({"queries": ["ATP"], "topk": 1}).encode())
-  assert status == 200 and set(body["result"][0][0]) == {"id", "contents"}  # return_scores false
-
-
-def test_server_edge_cases(server):
-  status, body = _post(server + "/retrieve", b'{"queries": ["x"')
-  assert status == 400 and "malformed JSON" in body["error"]
-  status, body = _post(server + "/retrieve", json.dumps({"queries": "x"}).encode())
-  assert status == 400 and "'queries'" in body["error"]
-  status, body = _post(server + "/retrieve", json.dumps({"queries": ["x"], "topk": 0}).encode())
-  assert status == 400 and "'topk'" in body["error"]
-  assert _post(server + "/nope", b"{}")[0] == 404
-  assert retrieve_http(server + "/retrieve", [], topk=3) == []
-  huge = retrieve_http(server + "/retrieve", ["cells"], topk=10**9)
-  assert len(huge[0]) == len(DOCS)
-
-
-def test_server_concurrent_requests(server, hybrid):
-  queries = [f"{w} cells" for w in ("immune", "protein", "glucose", "amyloid", "gut", "ATP")] * 4
-  with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    results = list(pool.map(lambda q: retrieve_http(server + "/retrieve", [q], topk=3), queries))
-  for q, r in zip(queries, results):
-    assert [x["document"]["id"] for x in r[0]] == [h.id for h in hybrid.search(q, 3)]

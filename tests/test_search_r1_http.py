@@ -1,7 +1,6 @@
 """The search tool against a real Search-R1 retrieval server on 127.0.0.1: same passages and the same
 rollout trace as the in-process engine; a dead server is reported in the trace."""
 import socket
-import threading
 
 import pytest
 
@@ -15,12 +14,8 @@ def served():
   from retrieval.server import RetrievalServer
   kb = make_kb(num_people=10, num_cities=4, num_countries=2, seed=2)
   engine = create_search_engine("bm25", kb.documents)
-  server = RetrievalServer(engine, "127.0.0.1", 0)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  yield kb, engine, f"http://127.0.0.1:{server.server_port}/retrieve", load_tokenizer("smollm2-135m-instruct")
-  server.shutdown()
-  server.server_close()
+  with RetrievalServer(engine, "127.0.0.1", 0) as server:
+    yield kb, engine, server.url, load_tokenizer("smollm2-135m-instruct")
 
 
 def test_http_passages_equal_in_process(served):
