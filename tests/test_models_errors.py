@@ -105,3 +105,46 @@ def test_gguf_corrupt_file(tmp_path):
 def test_unknown_alias(tmp_path):
   with pytest.raises(FileNotFoundError, match="not a known alias"):
     load_numpy("smollm9-1t")
+
+
+def _edit_config(path, **changes):
+  cfg = json.loads((path / "config.json").read_text())
+  cfg.update(changes)
+  (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_extra_tensor_is_refused_but_rotary_buffers_pass(tmp_path):
+  make_hf_model("llama", tmp_path)
+  f = tmp_path / "model.safetensors"
+  sd = {k: np.array(v) for k, v in read_safetensors(f).items()}
+  sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # known unused buffer
+  write_safetensors(sd, f)
+  load_numpy(tmp_path)
+  sd["model.layers.1.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+  write_safetensors(sd, f)
+  with pytest.raises(ValueError, match=r"1 checkpoint tensor\(s\) not used.*layers.1.self_attn.o_proj.bias"):
+    load_numpy(tmp_path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"logit_scale": 2.0}, r"field logit_scale=2.0 is not understood by fineflax for model_type 'llama'"),
+    ({"quantization_config": {"quant_method": "gptq"}}, r"field quantization_config="),
+    ({"hidden_act": "swiglu"}, r"hidden_act='swiglu' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+     r"rope_parameters.rope_type='longrope' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     r"partial_rotary_factor=0.5"),
+    ({"sliding_window": 8}, r"field sliding_window=8 is not understood by fineflax for model_type 'llama'"),
+    ({"use_cache": True, "pretraining_tp": 1, "attention_dropout": 0.1, "unknown_flag": False}, None),
+])
+def test_math_changing_config_fields_are_refused_at_load(tmp_path, changes, message):
+  make_hf_model("llama", tmp_path)
+  _edit_config(tmp_path, **changes)
+  if message is None:  # bookkeeping / training-only fields and empty values pass
+    load_numpy(tmp_path)
+    return
+  with pytest.raises(ValueError, match=message):
+    load_numpy(tmp_path)
+  from fineflax.models import load_config
+  with pytest.raises(ValueError, match=message):  # the config alone (--dry_run) already refuses
+    load_config(tmp_path)
