@@ -148,3 +148,22 @@ def test_math_changing_config_fields_are_refused_at_load(tmp_path, changes, mess
   from fineflax.models import load_config
   with pytest.raises(ValueError, match=message):  # the config alone (--dry_run) already refuses
     load_config(tmp_path)
+
+
+def test_gguf_truncated_file_says_expected_and_found_bytes(tmp_path):
+  import re
+  import shutil
+  from fineflax.models import load_config
+  from fineflax.models.load import resolve_source
+  src = resolve_source("smollm2-135m-instruct")
+  size = src.stat().st_size
+  cut = tmp_path / "cut.gguf"
+  with open(src, "rb") as a, open(cut, "wb") as b:
+    shutil.copyfileobj(a, b)
+    b.truncate(size // 2)
+  with pytest.raises(ValueError, match=rf"cut.gguf: truncated: expected \d+ bytes, found {size // 2}") as e:
+    load_numpy(cut)
+  expected = int(re.search(r"expected (\d+) bytes", str(e.value)).group(1))
+  assert size // 2 < expected <= size
+  with pytest.raises(ValueError, match="truncated: expected"):
+    load_config(cut)  # --dry_run reads the same tensor table

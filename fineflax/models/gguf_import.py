@@ -55,16 +55,44 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
   return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def open_gguf(path: str | pathlib.Path):
+  """A `gguf.GGUFReader` of `path`; a file shorter than its tensor table says raises
+  "truncated: expected N bytes, found M", other unreadable files "not a readable GGUF file"."""
+  import gguf
+
+  class _Truncated(Exception):
+    pass
+
+  class _CheckedReader(gguf.GGUFReader):
+    def _build_tensors(self, start_offs, fields):
+      need = 0
+      for field in fields:
+        dims, raw_dtype, offset = field.parts[3], field.parts[4], field.parts[5]
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_dtype[0]))]
+        n_bytes = int(np.prod(dims.astype(np.int64))) * type_size // block
+        need = max(need, int(start_offs) + int(offset[0]) + n_bytes)
+      if need > len(self.data):
+        raise _Truncated(need, len(self.data))
+      super()._build_tensors(start_offs, fields)
+
+  try:
+    return _CheckedReader(str(path))
+  except _Truncated as e:
+    raise ValueError(f"{path}: truncated: expected {e.args[0]} bytes, found {e.args[1]} (the tensor "
+                     "table needs more data than the file holds; re-download or re-convert it)") from None
+  except Exception as e:  # gguf raises bare ValueErrors / struct errors on corrupt files
+    size = pathlib.Path(path).stat().st_size
+    raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}; {size} bytes, "
+                     "truncated or corrupt header?)") from e
+
+
 def load_gguf(path: str | pathlib.Path, dtype=np.float32) -> tuple[dict, ModelConfig]:
   """(params as NumPy, config) from a GGUF file; every tensor dequantised to `dtype`."""
   import gguf  # deferred: only GGUF users need it
   path = pathlib.Path(path)
   if not path.exists():
     raise FileNotFoundError(f"{path}: GGUF file not found")
-  try:
-    reader = gguf.GGUFReader(str(path))
-  except Exception as e:  # gguf raises bare ValueErrors / struct errors on corrupt files
-    raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+  reader = open_gguf(path)
   hf = hf_config_from_gguf(reader, str(path))
   config = ModelConfig.from_hf(hf, source=str(path))
   sd = {}
