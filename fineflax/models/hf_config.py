@@ -240,7 +240,9 @@ def hf_from_config(c: ModelConfig) -> dict[str, Any]:
   if mt == "llama":
     d["mlp_bias"] = c.mlp_bias
   if gemma:
-    d.update(query_pre_attn_scalar=c.query_pre_attn_scalar, attn_logit_softcapping=c.attn_logit_softcapping,
+    q = c.query_pre_attn_scalar
+    d.update(query_pre_attn_scalar=int(q) if q is not None and float(q).is_integer() else q,
+             attn_logit_softcapping=c.attn_logit_softcapping,
              final_logit_softcapping=c.final_logit_softcapping)
   if mt in ("qwen2", "qwen3"):
     d.update(use_sliding_window=c.has_sliding, sliding_window=c.sliding_window, max_window_layers=0)
