@@ -167,3 +167,40 @@ def test_gguf_truncated_file_says_expected_and_found_bytes(tmp_path):
   assert size // 2 < expected <= size
   with pytest.raises(ValueError, match="truncated: expected"):
     load_config(cut)  # --dry_run reads the same tensor table
+
+
+def _tiny_gguf(path, kv=(), extra=()):
+  """A 1-layer F32 llama GGUF (random weights) with extra metadata `kv` and tensors `extra`."""
+  import gguf
+  rng = np.random.default_rng(0)
+  w = gguf.GGUFWriter(str(path), "llama")
+  for add, v in ((w.add_block_count, 1), (w.add_embedding_length, 32), (w.add_feed_forward_length, 48),
+                 (w.add_head_count, 2), (w.add_head_count_kv, 2), (w.add_vocab_size, 8)):
+    add(v)
+  for key, value in kv:
+    w.add_string(key, value) if isinstance(value, str) else w.add_uint32(key, value)
+  shapes = {"token_embd.weight": (8, 32), "output_norm.weight": (32,), "blk.0.attn_norm.weight": (32,),
+            "blk.0.ffn_norm.weight": (32,), "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (32, 32),
+            "blk.0.attn_v.weight": (32, 32), "blk.0.attn_output.weight": (32, 32),
+            "blk.0.ffn_gate.weight": (48, 32), "blk.0.ffn_up.weight": (48, 32),
+            "blk.0.ffn_down.weight": (32, 48), **dict(extra)}
+  for name, shape in shapes.items():
+    w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+def test_gguf_strict_metadata_and_tensors(tmp_path):
+  params, config = load_numpy(_tiny_gguf(tmp_path / "ok.gguf"))
+  assert config.num_layers == 1 and config.tie_word_embeddings
+  with pytest.raises(ValueError, match=r"GGUF metadata llama.rope.scaling.type='yarn' is not supported"):
+    load_numpy(_tiny_gguf(tmp_path / "yarn.gguf", kv=[("llama.rope.scaling.type", "yarn")]))
+  with pytest.raises(ValueError, match=r"llama.attention.sliding_window=8 is not supported"):
+    load_numpy(_tiny_gguf(tmp_path / "swa.gguf", kv=[("llama.attention.sliding_window", 8)]))
+  with pytest.raises(ValueError, match=r"rope_freqs.weight .*not supported from GGUF"):
+    load_numpy(_tiny_gguf(tmp_path / "rf.gguf", extra=[("rope_freqs.weight", (8,))]))
+  with pytest.raises(ValueError, match=r"not used by the llama import.*blk.0.attn_sinks.weight"):
+    load_numpy(_tiny_gguf(tmp_path / "x.gguf", extra=[("blk.0.attn_sinks.weight", (2,))]))
