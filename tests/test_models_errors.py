@@ -135,7 +135,10 @@ def test_extra_tensor_is_refused_but_rotary_buffers_pass(tmp_path):
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      r"partial_rotary_factor=0.5"),
     ({"sliding_window": 8}, r"field sliding_window=8 is not understood by fineflax for model_type 'llama'"),
-    ({"use_cache": True, "pretraining_tp": 1, "attention_dropout": 0.1, "unknown_flag": False}, None),
+    ({"use_cache": True, "pretraining_tp": 1, "attention_dropout": 0.1, "unknown_flag": False,
+      "is_llama_config": True, "rope_interleaved": False,  # as in SmolLM2's config.json
+      "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16"}}}, None),
+    ({"rope_interleaved": True}, r"field rope_interleaved=True is not understood"),
 ])
 def test_math_changing_config_fields_are_refused_at_load(tmp_path, changes, message):
   make_hf_model("llama", tmp_path)

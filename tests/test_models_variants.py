@@ -87,3 +87,13 @@ def test_nf4_forward_of_new_families(family, tmp_path):
     assert np.linalg.norm(wq - w) / np.linalg.norm(w) < 0.12
   rel = np.linalg.norm(nf4 - exact) / np.linalg.norm(exact)
   assert 0 < rel < 0.5, rel  # tiny random models amplify it: 10-31% on the logits
+
+
+def test_raw_output_kernel_refuses_soft_capped_models():
+  from fineflax.models import ModelConfig, init_params, output_kernel
+  config = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+                       num_kv_heads=1, head_dim=4, final_logit_softcapping=30.0)
+  params = init_params(config, jax.random.key(0))
+  with pytest.raises(ValueError, match=r"final_logit_softcapping=30.0: raw h @ output_kernel"):
+    output_kernel(params, config, jnp.float32)  # chunked log-prob paths would silently drop the cap
+  assert output_kernel(params, config, jnp.float32, softcap_applied=True).shape == (8, 16)

@@ -253,8 +253,17 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   return x, {"k": ck, "v": cv, "mask": kv_mask, "pos": key_pos, "index": index + t}
 
 
-def output_kernel(params: Params, config: ModelConfig, dtype) -> jnp.ndarray:
-  """The [H, V] output projection (embedding transposed when tied)."""
+def output_kernel(params: Params, config: ModelConfig, dtype, softcap_applied: bool = False) -> jnp.ndarray:
+  """The [H, V] output projection (embedding transposed when tied).
+
+  For a model with final-logit soft-capping (Gemma 2) h @ kernel is not the model's logits: callers must
+  apply `final_logit_softcap` and say so with `softcap_applied=True`, else this raises (so no chunked
+  log-prob path silently drops the cap).
+  """
+  if config.final_logit_softcapping is not None and not softcap_applied:
+    raise ValueError(f"{config.model_type}: final_logit_softcapping={config.final_logit_softcapping}: raw "
+                     "h @ output_kernel are not the logits; apply final_logit_softcap(logits, config) and "
+                     "pass output_kernel(..., softcap_applied=True)")
   if config.tie_word_embeddings:
     return params["embed"].astype(dtype).T
   return materialize(params["lm_head"]["kernel"], dtype)
@@ -287,7 +296,8 @@ project_logits.defvjp(_project_fwd, _project_bwd)
 
 def logits_from_hidden(params: Params, config: ModelConfig, h: jnp.ndarray) -> jnp.ndarray:
   """f32 logits [..., V] = final_logit_softcap(h @ output_kernel) (f32 accumulation)."""
-  return final_logit_softcap(project_logits(h, output_kernel(params, config, h.dtype)), config)
+  w = output_kernel(params, config, h.dtype, softcap_applied=True)
+  return final_logit_softcap(project_logits(h, w), config)
 
 
 def forward(params: Params, config: ModelConfig, tokens: jnp.ndarray, **kwargs) -> jnp.ndarray:

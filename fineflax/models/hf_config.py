@@ -22,6 +22,9 @@ diversity_penalty do_sample early_stopping encoder_no_repeat_ngram_size exponent
 forced_bos_token_id forced_eos_token_id length_penalty max_length min_length no_repeat_ngram_size
 num_beam_groups num_beams num_return_sequences remove_invalid_values repetition_penalty suppress_tokens
 temperature tie_encoder_decoder top_k top_p typical_p max_position_embeddings
+is_llama_config transformers.js_config unsloth_version unsloth_fixed model_name _attn_implementation_autoset
+attn_implementation _attn_implementation use_flash_attn use_flash_attention_2 keys_to_ignore_at_inference
+gradient_checkpointing
 """.split())
 _COMMON = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
            "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
