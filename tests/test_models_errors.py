@@ -207,3 +207,14 @@ def test_gguf_strict_metadata_and_tensors(tmp_path):
     load_numpy(_tiny_gguf(tmp_path / "rf.gguf", extra=[("rope_freqs.weight", (8,))]))
   with pytest.raises(ValueError, match=r"not used by the llama import.*blk.0.attn_sinks.weight"):
     load_numpy(_tiny_gguf(tmp_path / "x.gguf", extra=[("blk.0.attn_sinks.weight", (2,))]))
+
+
+def test_explicit_null_fields_keep_their_meaning():
+  from fineflax.models import ModelConfig
+  base = dict(model_type="gemma2", vocab_size=8, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
+              num_attention_heads=2)
+  c = ModelConfig.from_hf(base)  # omitted: transformers' Gemma2Config defaults
+  assert (c.final_logit_softcapping, c.attn_logit_softcapping, c.sliding_window) == (30.0, 50.0, 4096)
+  c = ModelConfig.from_hf({**base, "final_logit_softcapping": None, "sliding_window": None,
+                           "rope_theta": None})  # null: no cap, no window; null rope_theta: the default
+  assert (c.final_logit_softcapping, c.sliding_window, c.layer_types, c.rope_theta) == (None, None, (), 1e4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model
-from fineflax.models import forward, load
+from fineflax.models import ModelConfig, forward, load
 
 ROPE = {"rope_theta": 10000.0}
 # case -> (family, transformers overrides, sequence length, fineflax config change that must break parity,
@@ -51,6 +51,7 @@ def test_logits_match_transformers(case, tmp_path):
   family, overrides, length, knockout = CASES[case]
   model = make_hf_model(family, tmp_path, **overrides)
   params, config, _ = load(tmp_path, with_tokenizer=False)
+  assert ModelConfig.from_hf(config.to_hf()) == config  # export_merged writes config.to_hf()
   tokens = np.random.RandomState(1).randint(0, config.vocab_size, (3, length))
   mask = np.ones_like(tokens)
   mask[1, :5] = 0  # left padding

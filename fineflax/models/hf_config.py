@@ -55,6 +55,7 @@ _DEFAULTS = {  # transformers' config-class defaults for fields a config.json ma
     "mistral": {"sliding_window": 4096},
     "phi3": {"rms_norm_eps": 1e-5},
 }
+_NULL_MEANS_NONE = {"sliding_window", "final_logit_softcapping", "attn_logit_softcapping"}
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 _ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
               "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
@@ -119,9 +120,8 @@ def config_kwargs_from_hf(hf: Mapping[str, Any], source: str) -> dict[str, Any]:
     if k not in known and not _empty(v):
       raise ValueError(f"{source}: field {k}={v!r} is not understood by fineflax for model_type {mt!r}; "
                        "refusing to load rather than compute something else than transformers")
-  hf = {**_DEFAULTS.get(mt, {}), **{k: v for k, v in hf.items() if v is not None or k == "sliding_window"}}
-  if "sliding_window" in hf and hf["sliding_window"] is None and "sliding_window" not in _DEFAULTS.get(mt, {}):
-    hf.pop("sliding_window")
+  # an explicit null keeps its meaning (no window, no soft-cap) except where it stands for the default
+  hf = {**_DEFAULTS.get(mt, {}), **{k: v for k, v in hf.items() if v is not None or k in _NULL_MEANS_NONE}}
 
   def need(key):
     if key not in hf:
