@@ -129,9 +129,10 @@ def test_scale_and_target_patterns():
 
 
 def test_bad_input(params):
-  with pytest.raises(ValueError, match=r"'qkv_proj' matches no linear layer; available: \['q', 'k', 'v', 'o', "
+  # (Phi-3's fused "qkv_proj" is a valid target: it selects q, k and v)
+  with pytest.raises(ValueError, match=r"'c_attn' matches no linear layer; available: \['q', 'k', 'v', 'o', "
                                         r"'gate', 'up', 'down'\]"):
-    init_lora(params, CFG, LoraConfig(target_modules=("q", "qkv_proj")), jax.random.key(0))
+    init_lora(params, CFG, LoraConfig(target_modules=("q", "c_attn")), jax.random.key(0))
   with pytest.raises(ValueError, match="rank must be a positive integer"):
     LoraConfig(r=0)
   other = ModelConfig(**{**CFG.__dict__, "intermediate_size": 96})

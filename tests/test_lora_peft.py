@@ -22,6 +22,9 @@ from fineflax.quant import quantize_params  # noqa: E402
 CASES = {  # family -> LoRA settings (the Qwen2 case: a subset of targets, HF names, rsLoRA)
     "llama": LoraConfig(r=4, alpha=8.0),
     "qwen2": LoraConfig(r=8, alpha=16.0, target_modules=("q_proj", "v_proj", "down_proj"), use_rslora=True),
+    "gemma2": LoraConfig(r=4, alpha=8.0),
+    # Phi-3's fused modules: all of qkv_proj (exported at rank 3r), only the gate half of gate_up_proj
+    "phi3": LoraConfig(r=4, alpha=8.0, target_modules=("qkv_proj", "o_proj", "gate"), use_rslora=True),
 }
 TOKENS = np.random.default_rng(0).integers(0, 160, (2, 11))
 
@@ -65,9 +68,17 @@ def test_peft_loads_exported_adapter_with_same_logits(case, tmp_path):
 
 
 def test_import_of_export_is_identity(case, tmp_path):
-  _, _, _, config, lora, cfg = case
+  family, _, params, config, lora, cfg = case
   out = export_peft(lora, cfg, config, tmp_path / "adapter")
   lora2, cfg2 = import_peft(out, config)
+  if family == "phi3":  # q, k, v come back as one rank-3r adapter each (shared a): same function
+    saved = json.loads((out / "adapter_config.json").read_text())
+    assert saved["target_modules"] == ["gate_up_proj", "o_proj", "qkv_proj"]
+    assert saved["rank_pattern"] == {"qkv_proj": 3 * cfg.r} and cfg2.r == 3 * cfg.r
+    assert set(lora2) == set(lora) | {"up"} and not np.asarray(lora2["up"]["b"]).any()  # gate_up's up half
+    np.testing.assert_allclose(_fineflax_logits(params, config, lora2, lora_scale(cfg2)),
+                               _fineflax_logits(params, config, lora, lora_scale(cfg)), atol=1e-5, rtol=0)
+    return
   assert cfg2.r == cfg.r and cfg2.alpha == cfg.alpha and cfg2.use_rslora == cfg.use_rslora
   assert set(cfg2.target_modules) == set(lora)
   assert jax.tree_util.tree_structure(lora2) == jax.tree_util.tree_structure(lora)
@@ -86,7 +97,7 @@ def test_merged_export_loads_in_transformers(case, tmp_path):
   ours = _fineflax_logits(params, config, lora, lora_scale(cfg))
   np.testing.assert_allclose(_torch_logits(model), ours, atol=1e-4, rtol=0)
   assert transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("t7") == 7
-  if family == "llama":  # an NF4 base is dequantised on export, then merged
+  if family in ("llama", "gemma2", "phi3"):  # an NF4 base is dequantised on export, then merged
     q = quantize_params(params)
     out_q = export_merged(q, lora, cfg, config, None, tmp_path / "merged_nf4")
     model = transformers.AutoModelForCausalLM.from_pretrained(out_q, dtype=torch.float32).eval()

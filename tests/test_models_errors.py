@@ -105,3 +105,116 @@ def test_gguf_corrupt_file(tmp_path):
 def test_unknown_alias(tmp_path):
   with pytest.raises(FileNotFoundError, match="not a known alias"):
     load_numpy("smollm9-1t")
+
+
+def _edit_config(path, **changes):
+  cfg = json.loads((path / "config.json").read_text())
+  cfg.update(changes)
+  (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_extra_tensor_is_refused_but_rotary_buffers_pass(tmp_path):
+  make_hf_model("llama", tmp_path)
+  f = tmp_path / "model.safetensors"
+  sd = {k: np.array(v) for k, v in read_safetensors(f).items()}
+  sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # known unused buffer
+  write_safetensors(sd, f)
+  load_numpy(tmp_path)
+  sd["model.layers.1.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+  write_safetensors(sd, f)
+  with pytest.raises(ValueError, match=r"1 checkpoint tensor\(s\) not used.*layers.1.self_attn.o_proj.bias"):
+    load_numpy(tmp_path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"logit_scale": 2.0}, r"field logit_scale=2.0 is not understood by fineflax for model_type 'llama'"),
+    ({"quantization_config": {"quant_method": "gptq"}}, r"field quantization_config="),
+    ({"hidden_act": "swiglu"}, r"hidden_act='swiglu' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+     r"rope_parameters.rope_type='longrope' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     r"partial_rotary_factor=0.5"),
+    ({"sliding_window": 8}, r"field sliding_window=8 is not understood by fineflax for model_type 'llama'"),
+    ({"use_cache": True, "pretraining_tp": 1, "attention_dropout": 0.1, "unknown_flag": False,
+      "is_llama_config": True, "rope_interleaved": False,  # as in SmolLM2's config.json
+      "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16"}}}, None),
+    ({"rope_interleaved": True}, r"field rope_interleaved=True is not understood"),
+])
+def test_math_changing_config_fields_are_refused_at_load(tmp_path, changes, message):
+  make_hf_model("llama", tmp_path)
+  _edit_config(tmp_path, **changes)
+  if message is None:  # bookkeeping / training-only fields and empty values pass
+    load_numpy(tmp_path)
+    return
+  with pytest.raises(ValueError, match=message):
+    load_numpy(tmp_path)
+  from fineflax.models import load_config
+  with pytest.raises(ValueError, match=message):  # the config alone (--dry_run) already refuses
+    load_config(tmp_path)
+
+
+def test_gguf_truncated_file_says_expected_and_found_bytes(tmp_path):
+  import re
+  import shutil
+  from fineflax.models import load_config
+  from fineflax.models.load import resolve_source
+  src = resolve_source("smollm2-135m-instruct")
+  size = src.stat().st_size
+  cut = tmp_path / "cut.gguf"
+  with open(src, "rb") as a, open(cut, "wb") as b:
+    shutil.copyfileobj(a, b)
+    b.truncate(size // 2)
+  with pytest.raises(ValueError, match=rf"cut.gguf: truncated: expected \d+ bytes, found {size // 2}") as e:
+    load_numpy(cut)
+  expected = int(re.search(r"expected (\d+) bytes", str(e.value)).group(1))
+  assert size // 2 < expected <= size
+  with pytest.raises(ValueError, match="truncated: expected"):
+    load_config(cut)  # --dry_run reads the same tensor table
+
+
+def _tiny_gguf(path, kv=(), extra=()):
+  """A 1-layer F32 llama GGUF (random weights) with extra metadata `kv` and tensors `extra`."""
+  import gguf
+  rng = np.random.default_rng(0)
+  w = gguf.GGUFWriter(str(path), "llama")
+  for add, v in ((w.add_block_count, 1), (w.add_embedding_length, 32), (w.add_feed_forward_length, 48),
+                 (w.add_head_count, 2), (w.add_head_count_kv, 2), (w.add_vocab_size, 8)):
+    add(v)
+  for key, value in kv:
+    w.add_string(key, value) if isinstance(value, str) else w.add_uint32(key, value)
+  shapes = {"token_embd.weight": (8, 32), "output_norm.weight": (32,), "blk.0.attn_norm.weight": (32,),
+            "blk.0.ffn_norm.weight": (32,), "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (32, 32),
+            "blk.0.attn_v.weight": (32, 32), "blk.0.attn_output.weight": (32, 32),
+            "blk.0.ffn_gate.weight": (48, 32), "blk.0.ffn_up.weight": (48, 32),
+            "blk.0.ffn_down.weight": (32, 48), **dict(extra)}
+  for name, shape in shapes.items():
+    w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+def test_gguf_strict_metadata_and_tensors(tmp_path):
+  params, config = load_numpy(_tiny_gguf(tmp_path / "ok.gguf"))
+  assert config.num_layers == 1 and config.tie_word_embeddings
+  with pytest.raises(ValueError, match=r"GGUF metadata llama.rope.scaling.type='yarn' is not supported"):
+    load_numpy(_tiny_gguf(tmp_path / "yarn.gguf", kv=[("llama.rope.scaling.type", "yarn")]))
+  with pytest.raises(ValueError, match=r"llama.attention.sliding_window=8 is not supported"):
+    load_numpy(_tiny_gguf(tmp_path / "swa.gguf", kv=[("llama.attention.sliding_window", 8)]))
+  with pytest.raises(ValueError, match=r"rope_freqs.weight .*not supported from GGUF"):
+    load_numpy(_tiny_gguf(tmp_path / "rf.gguf", extra=[("rope_freqs.weight", (8,))]))
+  with pytest.raises(ValueError, match=r"not used by the llama import.*blk.0.attn_sinks.weight"):
+    load_numpy(_tiny_gguf(tmp_path / "x.gguf", extra=[("blk.0.attn_sinks.weight", (2,))]))
+
+
+def test_explicit_null_fields_keep_their_meaning():
+  from fineflax.models import ModelConfig
+  base = dict(model_type="gemma2", vocab_size=8, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
+              num_attention_heads=2)
+  c = ModelConfig.from_hf(base)  # omitted: transformers' Gemma2Config defaults
+  assert (c.final_logit_softcapping, c.attn_logit_softcapping, c.sliding_window) == (30.0, 50.0, 4096)
+  c = ModelConfig.from_hf({**base, "final_logit_softcapping": None, "sliding_window": None,
+                           "rope_theta": None})  # null: no cap, no window; null rope_theta: the default
+  assert (c.final_logit_softcapping, c.sliding_window, c.layer_types, c.rope_theta) == (None, None, (), 1e4)

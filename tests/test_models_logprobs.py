@@ -66,3 +66,19 @@ def test_chunked_logp_and_entropy_equal_dense_values_and_gradients():
   jaxpr = jax.make_jaxpr(jax.grad(obj(chunked), argnums=(0, 1)))(hidden, kernel).jaxpr
   assert _max_intermediate_size(jaxpr) <= b * chunk * v < b * t * v
   assert _max_intermediate_size(jax.make_jaxpr(jax.grad(obj(dense)))(hidden, kernel).jaxpr) >= b * t * v
+
+
+def test_chunked_logp_applies_the_final_logit_softcap():
+  """Gemma 2: logits = c * tanh(h @ W / c); the chunked path must give the capped distribution."""
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.normal(size=(2, 5, 8)) * 3, jnp.float32)
+  w = jnp.asarray(rng.normal(size=(8, 11)) * 3, jnp.float32)
+  tok = jnp.asarray(rng.integers(0, 11, (2, 5)))
+  cap = 4.0
+  capped = cap * np.tanh(np.asarray(h @ w) / cap)
+  lsm = capped - np.log(np.exp(capped).sum(-1, keepdims=True))
+  want = np.take_along_axis(lsm, np.asarray(tok)[..., None], -1)[..., 0]
+  got, _ = L.chunked_token_logp_and_entropy(h, w, tok, chunk=2, logit_softcap=cap)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  plain, _ = L.chunked_token_logp_and_entropy(h, w, tok, chunk=2)
+  assert np.abs(np.asarray(plain) - want).max() > 1e-2

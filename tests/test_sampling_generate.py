@@ -79,5 +79,7 @@ def test_bad_inputs_give_clear_errors():
     _greedy([[3]], 4, stop_strings=("x",))
   with pytest.raises(ValueError, match="pass rng"):
     generate(params, config, [[3]], max_new_tokens=4, temperature=1.0)
+  with pytest.raises(ValueError, match=r"max_new_tokens=0\): must be an integer >= 1"):
+    generate(params, config, [[3]], max_new_tokens=0)
   with pytest.raises(ValueError, match="top_p=0"):
     generate(params, config, [[3]], max_new_tokens=4, top_p=0.0, rng=jax.random.key(0))

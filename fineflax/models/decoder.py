@@ -1,12 +1,14 @@
-"""One pure-functional decoder for the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2).
+"""One pure-functional decoder for the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2), Gemma 2 /
+Gemma 3 text and Phi-3.
 
 Parameter pytree (layers stacked on a leading axis L and run under `jax.lax.scan`):
 
   embed            [V, H]
   layers/attn_norm [L, H]          layers/mlp_norm [L, H]
   layers/{q,k,v,o,gate,up,down}/kernel  [L, in, out]    (y = x @ kernel)
-  layers/{q,k,v}/bias  [L, out]    (Qwen2)
-  layers/{q_norm,k_norm} [L, Dh]   (Qwen3)
+  layers/{name}/bias   [L, out]    (per `config.bias_names()`: q/k/v Qwen2, o attention_bias, MLP mlp_bias)
+  layers/{q_norm,k_norm} [L, Dh]   (Qwen3, Gemma 3)
+  layers/{post_attn_norm,post_mlp_norm} [L, H]  (Gemma sandwich norms; mlp_norm is pre-feed-forward)
   final_norm       [H]
   lm_head/kernel   [H, V]          (absent when embeddings are tied)
 
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.rope import apply_rope, inv_frequencies
+from fineflax.models.rope import apply_rope, layer_rope
 
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 _NEG = -1e30
@@ -39,26 +41,26 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32, std: flo
   keys = iter(jax.random.split(rng, len(shapes) + 2))
   normal = lambda shape: (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
   layers: Params = {n: {"kernel": normal((L, *s))} for n, s in shapes.items()}
-  if c.attention_bias:
-    for n in ("q", "k", "v"):
-      layers[n]["bias"] = jnp.zeros((L, shapes[n][1]), dtype)
-  layers["attn_norm"] = jnp.ones((L, c.hidden_size), dtype)
-  layers["mlp_norm"] = jnp.ones((L, c.hidden_size), dtype)
-  if c.qk_norm:
-    layers["q_norm"] = jnp.ones((L, c.head_dim), dtype)
-    layers["k_norm"] = jnp.ones((L, c.head_dim), dtype)
+  for n in c.bias_names():
+    layers[n]["bias"] = jnp.zeros((L, shapes[n][1]), dtype)
+  one = 1.0 - c.norm_offset  # a unit norm scale: w = 1, or w = 0 under (1 + w)
+  for n in c.vector_names():
+    layers[n] = jnp.full((L, c.head_dim if n in ("q_norm", "k_norm") else c.hidden_size), one, dtype)
   params = {"embed": normal((c.vocab_size, c.hidden_size)), "layers": layers,
-            "final_norm": jnp.ones((c.hidden_size,), dtype)}
+            "final_norm": jnp.full((c.hidden_size,), one, dtype)}
   if not c.tie_word_embeddings:
     params["lm_head"] = {"kernel": normal((c.hidden_size, c.vocab_size))}
   return params
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> dict:
-  """KV cache: k, v [L, B, S, Hkv, Dh]; mask [B, S] (slot holds a real token); index (next slot)."""
+  """KV cache: k, v [L, B, S, Hkv, Dh]; mask [B, S] (slot holds a real token); pos [B, S] (the slot's
+  position, for sliding windows); index (next slot). Sliding layers mask keys outside their window (the
+  cache is not a ring buffer: memory is max_len for every layer)."""
   shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "mask": jnp.zeros((batch, max_len), jnp.bool_), "index": jnp.zeros((), jnp.int32)}
+          "mask": jnp.zeros((batch, max_len), jnp.bool_), "pos": jnp.zeros((batch, max_len), jnp.int32),
+          "index": jnp.zeros((), jnp.int32)}
 
 
 def materialize(w, dtype) -> jnp.ndarray:
@@ -66,11 +68,27 @@ def materialize(w, dtype) -> jnp.ndarray:
   return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)
 
 
-def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
-  """x / sqrt(mean(x^2) + eps) * weight, statistics in f32."""
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float, offset: float = 0.0) -> jnp.ndarray:
+  """x / sqrt(mean(x^2) + eps) * (offset + weight), in f32 (offset 1 for Gemma's (1 + w) norms)."""
   xf = x.astype(jnp.float32)
   xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-  return (weight.astype(jnp.float32) * xf).astype(x.dtype)
+  return ((offset + weight.astype(jnp.float32)) * xf).astype(x.dtype)
+
+
+ACTIVATIONS = {"silu": jax.nn.silu, "relu": jax.nn.relu,
+               "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+               "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def softcap(x: jnp.ndarray, cap: float | None) -> jnp.ndarray:
+  """cap * tanh(x / cap) (Gemma 2 soft-capping); x unchanged when cap is None."""
+  return x if cap is None else jnp.tanh(x / cap) * cap
+
+
+def final_logit_softcap(logits: jnp.ndarray, config: ModelConfig) -> jnp.ndarray:
+  """The model's final logits from the raw h @ output_kernel ones (soft-capped for Gemma 2). Every
+  consumer of raw projected logits (chunked log-probs included) must apply this."""
+  return softcap(logits, config.final_logit_softcapping)
 
 
 def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
@@ -110,18 +128,20 @@ def attention_impl(dtype, preference: str = "auto") -> str:
   return "cudnn" if jax.default_backend() == "gpu" and low_precision else "xla"
 
 
-def _attention(q, k, v, mask, impl: str = "xla"):
+def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap: float | None = None):
   """Grouped-query attention. q [B,T,Hq,D], k/v [B,S,Hkv,D], mask [B,T,S] bool -> [B,T,Hq,D].
 
-  Every query row must attend to at least one key (the callers always allow the token itself).
+  scores = softcap(q.k * scale, cap), scale default D^-0.5. Every query row must attend to at least one
+  key (the callers always allow the token itself).
   """
-  if impl == "cudnn":
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
   b, t, hq, d = q.shape
+  scale = d ** -0.5 if scale is None else scale
+  if impl == "cudnn" and cap is None:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
   hkv = k.shape[2]
   q = q.reshape(b, t, hkv, hq // hkv, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
-  scores = jnp.where(mask[:, None, None], scores, _NEG)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask[:, None, None], softcap(scores, cap), _NEG)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
   return out.reshape(b, t, hq, d)
@@ -152,15 +172,18 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   attention_mask = attention_mask.astype(jnp.bool_)
   if positions is None:
     positions = default_positions(attention_mask)
-  inv_freq = jnp.asarray(inv_frequencies(c))
+  positions = positions.astype(jnp.int32)
   x = params["embed"][tokens].astype(dtype)
+  if c.embed_scale:
+    x = x * jnp.asarray(c.hidden_size ** 0.5, dtype)
 
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
     mask = causal[None] & attention_mask[:, None, :]
     if segment_ids is not None:
       mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    mask = mask | jnp.eye(t, dtype=jnp.bool_)[None]  # padding queries see themselves: no empty rows
+    self_mask = jnp.eye(t, dtype=jnp.bool_)[None]  # padding queries see themselves: no empty rows
+    key_pos = positions
     index = None
     impl = attention_impl(dtype, config.attention)
   else:
@@ -168,11 +191,19 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
     index = cache["index"]
     kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
+    key_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
     slots = jnp.arange(kv_mask.shape[1])
     causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
     mask = causal[None] & kv_mask[:, None, :]
-    mask = mask | (slots[None, :] == (index + jnp.arange(t))[:, None])[None]  # each token sees itself
+    self_mask = (slots[None, :] == (index + jnp.arange(t))[:, None])[None]  # each token sees itself
     impl = "xla"
+  # sliding layers: a query at position p sees keys at positions (p - window, p]
+  windows = jnp.asarray(c.layer_windows(), jnp.int32)
+  dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
+  inv_freqs, rope_factors = layer_rope(c, positions)
+  scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
+  act = ACTIVATIONS[c.hidden_act]
+  norm = lambda x_, w_: rms_norm(x_, w_, c.rms_norm_eps, c.norm_offset)
 
   layers = params["layers"]
   keys = (jax.random.split(dropout_rng, c.num_layers) if (dropout_rng is not None and lora_dropout > 0)
@@ -180,21 +211,21 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
 
   def layer(carry, xs):
     x, ck, cv = carry
-    i, lp, ll, key = xs
+    i, lp, ll, key, window, inv_freq, rope_factor = xs
     lin_keys = iter(jax.random.split(key, len(LINEAR_NAMES))) if key is not None else None
     def lin(name, inp):
       k_ = next(lin_keys) if lin_keys is not None else None
       return _linear(inp, lp[name], None if ll is None else ll.get(name), lora_scale, dtype,
                      lora_dropout, k_)
-    h = rms_norm(x, lp["attn_norm"], c.rms_norm_eps)
+    h = norm(x, lp["attn_norm"])
     q = lin("q", h).reshape(b, t, c.num_heads, c.head_dim)
     k = lin("k", h).reshape(b, t, c.num_kv_heads, c.head_dim)
     v = lin("v", h).reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-      q = rms_norm(q, lp["q_norm"], c.rms_norm_eps)
-      k = rms_norm(k, lp["k_norm"], c.rms_norm_eps)
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
+      q = norm(q, lp["q_norm"])
+      k = norm(k, lp["k_norm"])
+    q = apply_rope(q, positions, inv_freq, rope_factor)
+    k = apply_rope(k, positions, inv_freq, rope_factor)
     if ck is not None:
       ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (i, 0, index, 0, 0))
       cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (i, 0, index, 0, 0))
@@ -202,10 +233,16 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
     else:
       k_all, v_all = k, v
-    attn = _attention(q, k_all, v_all, mask, impl).reshape(b, t, c.num_heads * c.head_dim)
-    x = x + lin("o", attn)
-    h = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
-    x = x + lin("down", jax.nn.silu(lin("gate", h)) * lin("up", h))
+    m = mask
+    if dist is not None:
+      m = m & ((window == 0) | (dist < window))
+    m = m | self_mask
+    attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
+    o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
+    x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
+    h = norm(x, lp["mlp_norm"])
+    y = lin("down", act(lin("gate", h)) * lin("up", h))
+    x = x + (norm(y, lp["post_mlp_norm"]) if c.sandwich_norms else y)
     return (x, ck, cv), None
 
   policy = REMAT_POLICIES.get(remat, "unknown")
@@ -215,16 +252,25 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     layer = jax.checkpoint(layer, policy=policy)
   ck = cv = None if cache is None else cache["k"]
   cv = None if cache is None else cache["v"]
-  xs = (jnp.arange(c.num_layers), layers, lora, keys)
+  xs = (jnp.arange(c.num_layers), layers, lora, keys, windows, inv_freqs, rope_factors)
   (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), xs)
-  x = rms_norm(x, params["final_norm"], c.rms_norm_eps)
+  x = norm(x, params["final_norm"])
   if cache is None:
     return x
-  return x, {"k": ck, "v": cv, "mask": kv_mask, "index": index + t}
+  return x, {"k": ck, "v": cv, "mask": kv_mask, "pos": key_pos, "index": index + t}
 
 
-def output_kernel(params: Params, config: ModelConfig, dtype) -> jnp.ndarray:
-  """The [H, V] output projection (embedding transposed when tied)."""
+def output_kernel(params: Params, config: ModelConfig, dtype, softcap_applied: bool = False) -> jnp.ndarray:
+  """The [H, V] output projection (embedding transposed when tied).
+
+  For a model with final-logit soft-capping (Gemma 2) h @ kernel is not the model's logits: callers must
+  apply `final_logit_softcap` and say so with `softcap_applied=True`, else this raises (so no chunked
+  log-prob path silently drops the cap).
+  """
+  if config.final_logit_softcapping is not None and not softcap_applied:
+    raise ValueError(f"{config.model_type}: final_logit_softcapping={config.final_logit_softcapping}: raw "
+                     "h @ output_kernel are not the logits; apply final_logit_softcap(logits, config) and "
+                     "pass output_kernel(..., softcap_applied=True)")
   if config.tie_word_embeddings:
     return params["embed"].astype(dtype).T
   return materialize(params["lm_head"]["kernel"], dtype)
@@ -256,8 +302,9 @@ project_logits.defvjp(_project_fwd, _project_bwd)
 
 
 def logits_from_hidden(params: Params, config: ModelConfig, h: jnp.ndarray) -> jnp.ndarray:
-  """f32 logits [..., V] = h @ output_kernel (f32 accumulation)."""
-  return project_logits(h, output_kernel(params, config, h.dtype))
+  """f32 logits [..., V] = final_logit_softcap(h @ output_kernel) (f32 accumulation)."""
+  w = output_kernel(params, config, h.dtype, softcap_applied=True)
+  return final_logit_softcap(project_logits(h, w), config)
 
 
 def forward(params: Params, config: ModelConfig, tokens: jnp.ndarray, **kwargs) -> jnp.ndarray:

@@ -19,9 +19,8 @@ def load_config(source: str | os.PathLike) -> ModelConfig:
     if not cfg.exists():
       raise FileNotFoundError(f"{path}: no config.json")
     return ModelConfig.from_hf(read_json(cfg), source=str(cfg))
-  import gguf
-  from fineflax.models.gguf_import import hf_config_from_gguf
-  return ModelConfig.from_hf(hf_config_from_gguf(gguf.GGUFReader(str(path)), str(path)), source=str(path))
+  from fineflax.models.gguf_import import hf_config_from_gguf, open_gguf
+  return ModelConfig.from_hf(hf_config_from_gguf(open_gguf(path), str(path)), source=str(path))
 
 
 def linear_params(config: ModelConfig) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fineflax.models.decoder import project_logits
+from fineflax.models.decoder import project_logits, softcap
 
 def token_logp(logits, tokens):
   """log pi(token) = log_softmax(logits)[token], in f32. logits [..., V], tokens [...] -> [...]."""
@@ -22,13 +22,14 @@ def entropy_from_logits(logits):
   return -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
 
 
-def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128):
+def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128, logit_softcap=None):
   """(token_logp [B, T], entropy [B, T]) of logits = hidden @ out_kernel, one T-chunk at a time.
 
   hidden [B, T, H], out_kernel [H, V], tokens [B, T]. Equals `token_logp` / `entropy_from_logits` of
   the dense f32 logits, but at most [B, chunk, V] logits live at once: the chunks run under
   `lax.map` with a `jax.checkpoint`ed body, so the backward pass recomputes each chunk's logits
   instead of storing them. T is padded up to a multiple of `chunk` (padding is dropped).
+  logit_softcap: the model's final-logit soft-cap c (Gemma 2): logits = c · tanh(h @ W / c).
   """
   b, t, h = hidden.shape
   chunk = max(1, min(int(chunk), t))
@@ -40,7 +41,7 @@ def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128)
   @jax.checkpoint
   def one_chunk(args):
     hc, tc = args
-    logits = project_logits(hc, out_kernel.astype(hc.dtype))
+    logits = softcap(project_logits(hc, out_kernel.astype(hc.dtype)), logit_softcap)
     return token_logp(logits, tc), entropy_from_logits(logits)
 
   logp, ent = jax.lax.map(one_chunk, (hs, ts))

@@ -39,8 +39,9 @@ def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="n
   h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
   if temperature != 1.0:
     h = h / jnp.asarray(temperature, h.dtype)
-  return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype), batch["completion"],
-                                        chunk=logits_chunk)
+  return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+                                        batch["completion"], chunk=logits_chunk,
+                                        logit_softcap=model_config.final_logit_softcapping)
 
 
 def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):

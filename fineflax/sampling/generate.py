@@ -37,6 +37,8 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   EOS. stop_strings need `tokenizer`; rows end at their first stop string (see `SamplerSession`).
   Prompts: token lists of any lengths (left-padded internally), or an array with `prompt_mask`.
   """
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"generate(max_new_tokens={max_new_tokens!r}): must be an integer >= 1")
   if stop_strings and tokenizer is None:
     raise ValueError(f"stop_strings={tuple(stop_strings)} need a tokenizer (generate(tokenizer=...))")
   session = SamplerSession(params, config, max_total_len=max_new_tokens, tokenizer=tokenizer,

@@ -24,8 +24,9 @@ def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, 
                      attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
                      dropout_rng=dropout_rng, remat=remat, dtype=dtype)
-  logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype),
-                                           batch["targets"], chunk=logits_chunk)
+  logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+                                           batch["targets"], chunk=logits_chunk,
+                                           logit_softcap=model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
