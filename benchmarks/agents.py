@@ -1,5 +1,5 @@
 """Agent rollouts: wall time of N calculator-agent rollouts run by 1 thread (each LLM call its own `generate`)
-vs N threads (concurrent calls batched by `fineflax.agents.batcher`), after a warm-up of both.
+vs N threads (concurrent calls batched by `fineflax.agents.batcher`), each after two warm-up runs (compilation).
 
   python benchmarks/agents.py --model smollm2-135m-instruct --rollouts 32 --out DIR     # GPU
   python benchmarks/agents.py --model /path/tiny --rollouts 8 --max-tokens 8 --out DIR  # CPU
@@ -41,7 +41,7 @@ def main():
   agent = CalculatorAgent(args.max_calls)
   rows = {}
   for workers in (1, args.rollouts):
-    for phase in ("warm-up", "timed"):
+    for phase in ("warm-up", "warm-up 2", "timed"):  # two warm-ups: thread timing varies the batch shapes
       llm = LocalLLM(policy, jax.random.key(0), max_batch=args.rollouts)
       t0 = time.time()
       recs = run_rollouts(agent, tasks, llm, {}, Store(), num_workers=workers)
