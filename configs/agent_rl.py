@@ -31,11 +31,9 @@ def _discounted(config):  # later calls get more of the final reward: r_i = gamm
   config.agent.gamma = 0.9
 
 
-def _dr_grpo(config):  # Dr. GRPO's loss without the seq-mean (rows are calls of different lengths)
-  common.RL_PRESETS["dr_grpo"](config)
-
-
-PRESETS = {"grpo": common.RL_PRESETS["grpo"], "dr_grpo": _dr_grpo, "discounted": _discounted, "smoke": _smoke}
+# RL presets that add no off-policy rows and no refill (dapo's dynamic sampling, luffy and exgrpo do)
+PRESETS = {"grpo": common.RL_PRESETS["grpo"], "dr_grpo": common.RL_PRESETS["dr_grpo"], "discounted": _discounted,
+           "smoke": _smoke}
 
 
 def get_config(arg: str = ""):
