@@ -71,7 +71,8 @@ def record_llm(kind: str, model: str, request, settings: dict, out, start: float
   tracer = current()
   if tracer is None:
     return
-  req = request if isinstance(request, str) else [dict(m) if isinstance(m, dict) else int(m) for m in request]
+  req = request if isinstance(request, str) else _jsonable([dict(m) if isinstance(m, dict) else
+                                                            int(m) if hasattr(m, "__index__") else m for m in request])
   tracer.record("llm", model, {
       "call": kind, "request": req, "settings": {k: list(v) if isinstance(v, tuple) else v
                                                  for k, v in settings.items()},
