@@ -2,7 +2,8 @@
 
   python launch.py --config configs/agent_rl.py --workdir runs/agent_rl              # GPU run
   python launch.py --config configs/agent_rl.py:smoke --workdir runs/agent_smoke    # CPU smoke test
-  Presets: grpo, dr_grpo (the RL presets of configs/common.py without off-policy rows or refill),
+  python launch.py --config configs/agent_rl.py:search_r1 ...   # the Search-R1 agent function instead
+  Presets: search_r1, grpo, dr_grpo (the RL presets of configs/common.py without off-policy rows or refill),
   discounted (credit gamma^(n-1-i) R instead of R to every call), smoke.
 The agent is `fineflax.agents.calculator.CalculatorAgent`; its traces go to WORKDIR/agent_store.sqlite.
 """
@@ -31,9 +32,33 @@ def _discounted(config):  # later calls get more of the final reward: r_i = gamm
   config.agent.gamma = 0.9
 
 
+def _search_r1(config):  # the Search-R1 agent function on the generated knowledge base (configs/search_r1.py)
+  config.agent.name = "search_r1"
+  config.agent.merge = True  # its calls continue each other: one row per rollout, as the built-in rollout
+  config.rl.max_new_tokens = 448  # completion budget per rollout (model turns + inserted passages)
+  config.rl.temperature = 1.0
+  config.task.num_eval = 128  # held-out questions (half two-hop)
+  config.kb = ml_collections.ConfigDict()
+  config.kb.num_people = 300  # people (each founds one company): 7 questions each
+  config.kb.num_cities = 60  # cities (one question each)
+  config.kb.num_countries = 12  # countries
+  config.kb.test_fraction = 0.2  # share of anchor entities held out
+  config.kb.seed = 0  # seed of names, facts and the split
+  config.search = ml_collections.ConfigDict()
+  config.search.engine = "bm25"  # in-process engine kind: bm25, vector or hybrid
+  config.search.url = ""  # Search-R1 /retrieve URL; when set, used instead of the in-process engine
+  config.search.topk = 3  # passages inserted per search
+  config.search.timeout_s = 30.0  # a slower search call is reported to the model as failed (0 = no limit)
+  config.search.max_turns = 4  # turns that may search before the final (no-search) turn
+  config.search.max_turn_tokens = 96  # new tokens per model turn
+  config.search.max_obs_tokens = 192  # inserted information block cut to this many tokens
+  config.search.info_tag = "information"  # tag of inserted passages (classic variant: context)
+  config.search.format_weight = 0.1  # reward = EM + format_weight * well-formed trace
+
+
 # RL presets that add no off-policy rows and no refill (dapo's dynamic sampling, luffy and exgrpo do)
 PRESETS = {"grpo": common.RL_PRESETS["grpo"], "dr_grpo": common.RL_PRESETS["dr_grpo"], "discounted": _discounted,
-           "smoke": _smoke}
+           "search_r1": _search_r1, "smoke": _smoke}
 
 
 def get_config(arg: str = ""):
@@ -61,6 +86,7 @@ def get_config(arg: str = ""):
   config.agent.name = "calculator"  # the agent (fineflax.jobs.agent_rl.AGENTS)
   config.agent.prompt_template = CALC_PROMPT  # system prompt (the resource "prompt_template"; APO tunes it)
   config.agent.max_calls = 4  # LLM calls per rollout (each may make one calculator call)
+  config.agent.merge = False  # true: merge a rollout's calls into one row (needs calls that continue each other)
   config.agent.credit = "final"  # reward of each call: final (R) or discounted (gamma^(n-1-i) R)
   config.agent.gamma = 1.0  # discount of the discounted credit
   config.agent.num_workers = 32  # rollout threads; their LLM calls are batched

@@ -34,6 +34,18 @@ def test_config_errors_name_the_field(over, message):
   assert message in str(e.value)
 
 
+def test_search_r1_preset_builds_its_tasks_and_checks_its_sections():
+  c = _config(preset="search_r1,smoke", **{"kb.num_people": 12, "kb.num_cities": 6, "kb.num_countries": 3,
+                                           "task.num_eval": 4})
+  agent_rl.validate(c)
+  assert c.agent.merge and c.agent.name == "search_r1"
+  train, held = agent_rl.make_tasks(c)
+  assert len(held) == 4 and not {t["question"] for t in train} & {t["question"] for t in held}
+  c = _config(**{"agent.name": "search_r1"})
+  with pytest.raises(ConfigError, match="config.kb is missing: agent.name='search_r1' needs it"):
+    agent_rl.validate(c)
+
+
 def two_calls(task, llm, resources):
   """Two calls; reward 1 iff the first reply's first token id is even (varies within a group)."""
   first = llm.chat([{"role": "system", "content": resources["prompt_template"]},
@@ -44,7 +56,9 @@ def two_calls(task, llm, resources):
 
 @pytest.mark.slow
 def test_agent_rl_job_trains_from_traces(tiny_smol, tmp_path, monkeypatch):
-  monkeypatch.setattr(agent_rl, "make_agent", lambda config: two_calls)
+  from fineflax.agents.calculator import CalculatorAgent
+  monkeypatch.setattr(agent_rl, "make_agent",
+                      lambda config, tok=None, greedy=False: CalculatorAgent(1, temperature=0.0) if greedy else two_calls)
   c = _config(tiny_smol, **{"rl.group_size": 4, "num_steps": 1, "eval_every": 1, "eval_at_start": False,
                              "task.num_eval": 2, "agent.max_calls": 1})
   out = agent_rl.run(c, str(tmp_path))

@@ -21,7 +21,7 @@ import numpy as np
 from fineflax import lora as lora_lib
 from fineflax.agents import LocalLLM, Store, group_advantages, rollout_transitions, run_rollouts, transition_batch
 from fineflax.agents.calculator import CalculatorAgent, calculator_tasks
-from fineflax.agents.transitions import CREDITS
+from fineflax.agents.transitions import CREDITS, merge_transitions
 from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
 from fineflax.envs.word_problems import generate_problems
 from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
@@ -33,17 +33,37 @@ from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.optim import make_optimizer
 from fineflax.train.state import init_state
 
-AGENTS = ("calculator",)
+AGENTS = ("calculator", "search_r1")
 ROW_BUCKET = 16  # transitions are padded with empty rows to a multiple of this (token-mean / sum losses)
 
 
-def make_agent(config):
+def make_agent(config, tokenizer=None, greedy: bool = False):
+  """The configured agent; greedy=True: its evaluation variant (temperature 0)."""
   a = config.agent
-  return CalculatorAgent(max_calls=a.max_calls)
+  temperature = 0.0 if greedy else None
+  if a.name == "search_r1":
+    from fineflax.agents.search_r1 import SearchR1Agent
+    from fineflax.envs.search_r1 import make_search_tool, rollout_config
+    kb = search_kb(config)
+    return SearchR1Agent(tokenizer, make_search_tool(config, kb.documents), rollout_config(config),
+                         temperature=temperature, format_weight=config.search.format_weight)
+  return CalculatorAgent(max_calls=a.max_calls, temperature=temperature)
+
+
+def search_kb(config):
+  from fineflax.search_r1 import make_kb
+  k = config.kb
+  return make_kb(k.num_people, k.num_cities, k.num_countries, k.test_fraction, k.seed)
 
 
 def make_tasks(config):
-  """(train tasks, held-out tasks) of the arithmetic word problems (`config.task`)."""
+  """(train tasks, held-out tasks): arithmetic word problems (`config.task`) or, for the search_r1 agent,
+  questions of the generated knowledge base (`config.kb`; held-out half two-hop, as the search_r1 env)."""
+  if config.agent.name == "search_r1":
+    from fineflax.envs.search_r1 import held_out
+    kb = search_kb(config)
+    as_task = lambda q: {"question": q.question, "answer": q.answer}
+    return [as_task(q) for q in kb.split("train")], [as_task(q) for q in held_out(kb, config.task.num_eval, config.seed + 100)]
   t = config.task
   sizes = dict(max_start=t.max_start, max_addend=t.max_addend)
   train = generate_problems(t.num_train, "train", tuple(t.num_steps), config.seed, **sizes)
@@ -75,7 +95,8 @@ class AgentRLJob:
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=fwd)
     self.state = init_state(lora, self.optimizer, config.seed)
-    self.agent = make_agent(config)
+    self.agent = make_agent(config, self.tok)
+    self.eval_agent = make_agent(config, self.tok, greedy=True)
     self.train_tasks, self.eval_tasks = make_tasks(config)
     self.order = np.random.default_rng(config.seed).permutation(len(self.train_tasks))
     self.rng = jax.random.PRNGKey(config.seed + 7)
@@ -101,7 +122,7 @@ class AgentRLJob:
     llm = LocalLLM(self.policy(lora), rng, max_batch=self.config.agent.max_batch)
     a = self.config.agent
     try:
-      agent = CalculatorAgent(a.max_calls, temperature=0.0) if greedy else self.agent
+      agent = self.eval_agent if greedy else self.agent
       recs = run_rollouts(agent, tasks, llm, self.resources, self.store, num_workers=a.num_workers,
                           max_attempts=a.max_attempts, mode=mode, group_ids=group_ids)
     finally:
@@ -117,6 +138,11 @@ class AgentRLJob:
     recs, sizes = self.rollouts(state["lora"], tasks, jax.random.fold_in(self.rng, step), "train", groups)
     t_roll = time.time() - t0
     ts = [t for r in recs for t in rollout_transitions(r, a.credit, a.gamma)]
+    if a.merge:  # calls that continue each other -> one row per rollout, inserted text masked
+      by_rollout: dict = {}
+      for t in ts:
+        by_rollout.setdefault(t.rollout_id, []).append(t)
+      ts = [merge_transitions(v) for v in by_rollout.values()]
     if not ts:
       raise RuntimeError(f"step {step}: every rollout failed (see the attempts table of {self.store.path})")
     adv = group_advantages([t.reward for t in ts], [t.group_id for t in ts], rl.advantage_scale)
@@ -131,7 +157,8 @@ class AgentRLJob:
     tools = [s for s in spans if s.kind == "tool"]
     return state, {
         **metrics, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-        "transitions": float(len(ts)), "calls_per_rollout": len(ts) / max(len(rewards), 1),
+        "transitions": float(len(ts)),
+        "calls_per_rollout": sum(s.kind == "llm" for s in spans) / max(len(rewards), 1),
         "failed_rollouts": float(sum(r.reward is None for r in recs)),
         "tool_errors": float(np.mean([str(s.attributes.get("result", "")).startswith("error") for s in tools]))
         if tools else 0.0,
@@ -163,11 +190,16 @@ def validate(config) -> None:
     require(config, f"rl.{key}", lambda v: not v, f"must be off ({why})")
   one_of(config, "agent.name", AGENTS)
   one_of(config, "agent.credit", CREDITS)
+  require(config, "agent.merge", lambda v: isinstance(v, bool), "true or false")
   in_range(config, "agent.gamma", 0.0, 1.0)
   for key in ("agent.max_calls", "agent.num_workers", "agent.max_attempts", "agent.max_batch", "num_steps",
               "task.num_train", "task.num_eval"):
     positive_int(config, key)
   require(config, "agent.prompt_template", lambda v: isinstance(v, str) and v.strip(), "a non-empty string")
+  if config.agent.name == "search_r1":
+    for section in ("kb", "search"):
+      if section not in config:
+        raise ConfigError(f"config.{section} is missing: agent.name='search_r1' needs it (use the :search_r1 preset)")
 
 
 def run(config, workdir: str | None) -> dict:
