@@ -6,7 +6,7 @@ import importlib
 
 from fineflax.config_checks import ConfigError
 
-JOBS = ("chat", "sft", "rl", "distill")
+JOBS = ("chat", "sft", "rl", "distill", "agent_rl", "apo")
 
 
 def get_job(name: str):

@@ -1,0 +1,105 @@
+"""Agents: RL of the calculator-tool agent from its traces (held-out accuracy before/after, >= 3 seeds) and APO
+of its system prompt with the local model as agent, critic and editor.
+
+  python experiments/agents/run.py --out experiments/agents/out                       # GPU (~1 h on one H100)
+  python experiments/agents/run.py --smoke --model /path/tiny --out /tmp/agents         # CPU smoke test
+  options: --seeds 0 1 2, --skip-rl / --skip-apo, --rl-set / --apo-set key=value overrides
+
+Runs `fineflax.jobs.agent_rl` (configs/agent_rl.py) once per seed and `fineflax.jobs.apo` (configs/apo.py),
+then writes results.json, accuracy_curve.png and RESULTS.md (command, device, wall time, tables) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+
+
+def rl_runs(args, presets):
+  from fineflax.jobs import agent_rl
+  out = {}
+  for seed in args.seeds:
+    config = load_config(f"configs/agent_rl.py:{presets}", [f"model.source={args.model}", f"seed={seed}", *args.rl_set])
+    t0 = time.time()
+    res = agent_rl.run(config, os.path.join(args.out, f"rl_seed{seed}"))
+    evals = [h for h in res["history"] if "eval_accuracy" in h]
+    out[seed] = {"history": res["history"], "before": evals[0]["eval_accuracy"], "after": evals[-1]["eval_accuracy"],
+                 "wall_s": time.time() - t0, "num_eval": config.task.num_eval, "num_steps": config.num_steps,
+                 "prompts_per_step": config.rl.prompts_per_step, "group_size": config.rl.group_size}
+  return out
+
+
+def apo_run(args, presets):
+  from fineflax.jobs import apo
+  config = load_config(f"configs/apo.py:{presets}", [f"model.source={args.model}", *args.apo_set])
+  t0 = time.time()
+  res = apo.run(config, os.path.join(args.out, "apo"))["result"]
+  res["wall_s"] = time.time() - t0
+  res["settings"] = {k: config.apo[k] for k in ("val_batch_size", "gradient_batch_size", "beam_width",
+                                                 "branch_factor", "beam_rounds")}
+  return res
+
+
+def report(args, rl, ap, wall) -> str:
+  from fineflax.runs import mean_ci95
+  lines = [f"## Agents ({time.strftime('%Y-%m-%d')})", "", f"- command: `{command_line()}`",
+           f"- device: {device_name()}; wall time {wall:.0f} s", f"- model: {args.model}", ""]
+  if rl:
+    first = next(iter(rl.values()))
+    b, a = [r["before"] for r in rl.values()], [r["after"] for r in rl.values()]
+    (mb, cb), (ma, ca) = mean_ci95(b), mean_ci95(a)
+    lines += ["### RL of the calculator agent (fineflax.jobs.agent_rl)", "",
+              f"{first['num_steps']} steps x {first['prompts_per_step']} problems x {first['group_size']} rollouts; "
+              f"held-out accuracy = greedy rollouts on {first['num_eval']} test-split problems.", "",
+              "| seed | before | after | wall (s) |", "|---|---|---|---|"]
+    lines += [f"| {s} | {r['before']:.3f} | {r['after']:.3f} | {r['wall_s']:.0f} |" for s, r in rl.items()]
+    lines += [f"| mean ± 95% CI | {mb:.3f} ± {cb:.3f} | {ma:.3f} ± {ca:.3f} | |", "", "![accuracy](accuracy_curve.png)", ""]
+  if ap:
+    lines += ["### APO of the calculator agent's prompt (fineflax.jobs.apo)", "",
+              f"settings {ap['settings']}; split {ap['split']} (gradient / validation from the train split, test "
+              "from the held-out split).", "",
+              "| prompt | validation (full) | test (greedy) |", "|---|---|---|",
+              f"| seed | {ap['seed_val']} | {ap['seed_test_greedy']:.3f} |",
+              f"| best (candidate {ap['best_id']}) | {ap['best_val']:.3f} | {ap['best_test_greedy']:.3f} |", "",
+              "Best prompt:", "", "```", ap["best_prompt"], "```", ""]
+  return "\n".join(lines)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
+  ap.add_argument("--out", default="experiments/agents/out")
+  ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of both configs")
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  ap.add_argument("--skip-rl", action="store_true")
+  ap.add_argument("--skip-apo", action="store_true")
+  ap.add_argument("--rl-set", nargs="*", default=[], help="configs/agent_rl.py overrides a.b=value")
+  ap.add_argument("--apo-set", nargs="*", default=[], help="configs/apo.py overrides a.b=value")
+  args = ap.parse_args()
+  presets = "smoke" if args.smoke else ""
+  os.makedirs(args.out, exist_ok=True)
+  t0 = time.time()
+  rl = {} if args.skip_rl else rl_runs(args, presets)
+  apo = None if args.skip_apo else apo_run(args, presets)
+  wall = time.time() - t0
+  with open(os.path.join(args.out, "results.json"), "w") as f:
+    json.dump({"rl": rl, "apo": apo, "command": command_line(), "device": device_name()}, f, indent=1)
+  if rl:
+    series = {f"seed {s}": [([h["step"] for h in r["history"] if "eval_accuracy" in h],
+                             [h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h])] for s, r in rl.items()}
+    plot_curves(series, "held-out accuracy (greedy)", os.path.join(args.out, "accuracy_curve.png"),
+                title=f"calculator agent RL ({device_name()})")
+  md = report(args, rl, apo, wall)
+  pathlib.Path(args.out, "RESULTS.md").write_text(md)
+  print(md)
+
+
+if __name__ == "__main__":
+  main()
