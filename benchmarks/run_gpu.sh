@@ -2,7 +2,7 @@
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
-#                                          cudnn exgrpo masking serve pack
+#                                          cudnn exgrpo masking agents serve pack
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -29,6 +29,11 @@ for stage in "$@"; do
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
     luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
+    agents) python3 experiments/compare.py --config configs/agent_rl.py --out /root/work/agents \
+              --method calculator_agent= --seeds 0 1 2 --per-gpu 1 --run-timeout ${RUN_TIMEOUT:-300} \
+              --title "Calculator-tool agent trained by RL from its traces, SmolLM2-135M QLoRA" \
+              --extra-metrics reward_mean \
+              --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
     cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;
