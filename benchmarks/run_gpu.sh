@@ -2,6 +2,7 @@
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy pack
+#                                          scaling mp2 (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -28,6 +29,17 @@ for stage in "$@"; do
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
     luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
+    scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
+    mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
+            MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=3"
+            rm -rf /root/work/mp2 && mkdir -p /root/work/mp2
+            CUDA_VISIBLE_DEVICES=0,1 $MP --workdir /root/work/mp2/one > /root/work/mp2/one.log 2>&1
+            for pid in 0 1; do
+              CUDA_VISIBLE_DEVICES=$pid $MP --workdir /root/work/mp2/two --config.distributed.num_processes=2 \
+                --config.distributed.coordinator_address=localhost:12355 --config.distributed.process_id=$pid \
+                > /root/work/mp2/two-$pid.log 2>&1 &
+            done; wait
+            python3 -c "import json; h=lambda d: [r.get('loss') for r in json.load(open(f'/root/work/mp2/{d}/history.json'))]; print('1x2 losses', h('one')); print('2x1 losses', h('two'))" | tee "$OUT/mp2.txt" ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -75,8 +75,16 @@ PARITY = SETUP + textwrap.dedent("""
     a = generate(base, c, prompts, max_new_tokens=6, temperature=0.0, lora=lora, lora_scale=2.0,
                  dtype=jnp.float32, eos_ids=())
     b = generate(base4, c, prompts, max_new_tokens=6, temperature=0.0, lora=replicate(lora, mesh),
-                 lora_scale=2.0, dtype=jnp.float32, eos_ids=())
+                 lora_scale=2.0, dtype=jnp.float32, eos_ids=(), mesh=mesh)
     np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    from fineflax.sampling.session import SamplerSession
+    sess = SamplerSession(base4, c, max_total_len=6, lora=replicate(lora, mesh), lora_scale=2.0,
+                          dtype=jnp.float32, eos_ids=(), mesh=mesh)
+    sess.start(prompts)
+    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding  # rows split
+    sess.decode(3)
+    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding
     print("OK")
 """)
 
@@ -113,7 +121,7 @@ RESHARD = SETUP + textwrap.dedent("""
 def _run(script, *args):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=300)
+                     text=True, timeout=1200)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
   return r.stdout
 
@@ -121,7 +129,7 @@ def _run(script, *args):
 def test_mesh_rl_update_equals_one_device_for_every_objective():
   """advantages, loss, KL, grad norm and the LoRA after 2 updates agree to 1e-5 for grpo, luffy and
   exgrpo; a batch of 6 rows padded to 8 keeps the seq-mean loss; greedy rollouts with the base split
-  over fsdp give the same tokens."""
+  over fsdp and the rows + KV cache split over all devices give the same tokens and log-probs."""
   _run(PARITY)
 
 

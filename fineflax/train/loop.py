@@ -89,9 +89,11 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
   """
   t_start = time.time()
   ck = config.checkpoint
-  if is_writer():
+  check_resumable(config, workdir, write=False)  # every process refuses a changed config alike
+  barrier("fineflax_config_checked")
+  if is_writer():  # then process 0 moves an old run aside (resume=False) and saves config.json
     check_resumable(config, workdir)
-  barrier("fineflax_check_resumable")
+  barrier("fineflax_config_saved")
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=ck.keep_last, keep_best=ck.keep_best,
                       best_metric=hooks.eval_metric, best_mode=hooks.eval_mode)
   restored = ckpt.restore(state)
