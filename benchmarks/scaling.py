@@ -12,7 +12,8 @@ Weights are random of the named shape, bf16 compute (f32 on CPU), LoRA r=16 on e
   sft    Llama-3.2-1B shape, seq 1024, `--sft_batch` rows per device: `make_sft_fns` train step
          (fineflax.jobs.sft's), batch split over the mesh. tokens/s = rows * seq * steps / time.
   grpo   SmolLM2-135M and Llama-3.2-1B shapes, NF4 base (QLoRA): one RL step = rollouts (fineflax
-         generate, group 8, 128 new tokens, no early EOS, prompts of 64 random tokens) + random rewards
+         generate, rows and KV cache split over the mesh, group 8, 128 new tokens, no early EOS,
+         prompts of 64 random tokens) + random rewards
          + group advantages + old log-probs + one update (fineflax.rl.update.rl_update on the mesh).
          `--grpo_prompts` groups per device. samples/s = rows * steps / time (rollouts included).
   fits   Llama-3.1-70B shape (then smaller published shapes until one fits), NF4 base split over
@@ -164,7 +165,7 @@ def grpo_worker(spec: dict) -> dict:
     nonlocal state
     t0 = time.perf_counter()
     out = generate(base, mc, rows_prompts, max_new_tokens=new, temperature=1.0, rng=jax.random.PRNGKey(i),
-                   lora=state["lora"], lora_scale=scale, dtype=dtype, eos_ids=())
+                   lora=state["lora"], lora_scale=scale, dtype=dtype, eos_ids=(), mesh=mesh)
     comps = [list(out.tokens[j, :out.lengths[j]]) for j in range(len(rows_prompts))]
     rows = R.make_rows(rows_prompts, comps, [[1.0] * len(c) for c in comps], [""] * len(comps),
                        off_policy=False)
@@ -222,8 +223,9 @@ def _table(results: list[dict]) -> str:
   rows = []
   for r in results:
     if r["kind"] == "fits":
-      rows.append([r["kind"], r["model"], r.get("devices", "-"), r.get("rows", "-"), "-", "-", "-",
-                   r.get("peak_gib", "-") if "error" not in r else "error: " + r["error"][:80]])
+      peak = r.get("peak_gib")
+      rows.append([r["kind"], r["model"], r.get("devices", "-"), r.get("rows", "-"), "runs" if "error" not in r
+                   else "error: " + r["error"][:80], "-", "-", "-" if peak is None else peak])
       continue
     if "error" in r:
       rows.append([r["kind"], r["model"], r["n"], "-", "-", "-", "-", "error: " + r["error"][:80]])

@@ -79,8 +79,8 @@ PARITY = SETUP + textwrap.dedent("""
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     from fineflax.sampling.session import SamplerSession
-    sess = SamplerSession(base4, c, max_total_len=6, lora=replicate(lora, mesh), lora_scale=2.0,
-                          dtype=jnp.float32, eos_ids=(), mesh=mesh)
+    sess = SamplerSession(base4, c, max_total_len=6, temperature=0.0, lora=replicate(lora, mesh),
+                          lora_scale=2.0, dtype=jnp.float32, eos_ids=(), mesh=mesh)
     sess.start(prompts)
     assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding  # rows split
     sess.decode(3)
