@@ -83,3 +83,18 @@ def test_settings_from_config_environment_or_single_process():
     settings(_cfg(coordinator_address="h:1234", num_processes=2), env={})
   with pytest.raises(ConfigError, match="process_id=2 must be < num_processes=2"):
     settings(_cfg(coordinator_address="h:1234", num_processes=2, process_id=2), env={})
+
+
+def test_processes_other_than_0_check_a_changed_config_but_write_nothing(tmp_path):
+  from fineflax.jobs.resolve import load_config
+  from fineflax.train.run_config import ConfigChanged, check_resumable
+  config = load_config("configs/grpo_arith.py:smoke")
+  check_resumable(config, str(tmp_path), write=False)
+  assert not os.path.exists(tmp_path / "config.json")
+  check_resumable(config, str(tmp_path))
+  (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+  with pytest.raises(ConfigChanged, match="rl.group_size"):
+    check_resumable(load_config("configs/grpo_arith.py:smoke", ["rl.group_size=3"]), str(tmp_path), write=False)
+  check_resumable(load_config("configs/grpo_arith.py:smoke", ["rl.group_size=3", "resume=False"]), str(tmp_path),
+                  write=False)
+  assert os.path.exists(tmp_path / "checkpoints" / "1")  # only process 0 moves the old run aside
