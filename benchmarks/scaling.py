@@ -210,7 +210,8 @@ def cases(args) -> list[dict]:
   common = dict(dtype="float32" if tiny else "bfloat16", warmup=1 if tiny else 2, steps=2 if tiny else 5)
   sft_shape = TINY if tiny else SHAPES["Llama-3.2-1B"]
   out = [dict(common, kind="sft", model="tiny" if tiny else "Llama-3.2-1B", shape=sft_shape,
-              seq=64 if tiny else 1024, per_device=2 if tiny else args.sft_batch, remat="none" if tiny else "dots")]
+              seq=64 if tiny else 1024, per_device=2 if tiny else args.sft_batch,
+              remat="none" if tiny else "dots")]
   for name in (("tiny",) if tiny else ("SmolLM2-135M", "Llama-3.2-1B")):
     out.append(dict(common, kind="grpo", model=name, shape=TINY if tiny else SHAPES[name],
                     group=4 if tiny else 8, new_tokens=8 if tiny else 128, prompt_len=16 if tiny else 64,
