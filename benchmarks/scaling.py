@@ -80,7 +80,7 @@ def random_params(mc, mesh, dtype, quant: str):
     def gen(key, x=x):
       if jnp.issubdtype(x.dtype, jnp.integer):
         return jax.random.randint(key, x.shape, 0, 16 if x.dtype == jnp.uint8 else 127).astype(x.dtype)
-      return jax.random.uniform(key, x.shape, jnp.float32, 0.01, 0.03).astype(x.dtype)
+      return (0.02 * jax.random.normal(key, x.shape, jnp.float32)).astype(x.dtype)  # zero-mean: no drift
     out.append(jax.jit(gen, out_shardings=sharding)(jax.random.PRNGKey(i)))
   return jax.tree.unflatten(tree, out)
 
