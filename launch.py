@@ -52,6 +52,8 @@ def main(argv) -> int:
       raise jobs.ConfigError("--config is required, e.g. --config configs/quickstart.py")
     config = _CONFIG.value
     validate(config)
+    from fineflax.train import distributed
+    distributed.initialize(config.get("distributed"))  # before anything touches a device
     logging.set_verbosity(logging.INFO if _VERBOSE.value else logging.WARNING)
     if _DRY_RUN.value:
       print(jobs.dry_run_report(config))

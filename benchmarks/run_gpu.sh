@@ -3,6 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
+#                                          scaling mp2 (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -41,13 +42,26 @@ for stage in "$@"; do
               --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
               --run-timeout ${RUN_TIMEOUT:-420} --title "GRPO vs ExGRPO, SmolLM2-135M QLoRA, 1-2 step arithmetic" \
               --extra-metrics solve_rate reward_mean replay_share buffer_questions buffer_retired \
-              --set model.source=$GGUF num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} ;;
+              --set model.source=$GGUF num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} \
+              model.remat=full model.logits_chunk=32 ;;
     masking) python3 experiments/compare.py --config configs/search_r1.py --out /root/work/masking \
               --method masked= --method "unmasked=;search.mask_info=false" --seeds 0 1 2 3 \
               --per-gpu ${PER_GPU:-2} --run-timeout ${RUN_TIMEOUT:-420} --metric eval_em \
               --title "Search-R1 info-token masking ablation, SmolLM2-135M QLoRA" \
               --extra-metrics eval_em_2hop eval_searches reward_mean \
-              --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} ;;
+              --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} \
+              model.remat=full model.logits_chunk=32 ;;
+    scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
+    mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
+            MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=3"
+            rm -rf /root/work/mp2 && mkdir -p /root/work/mp2
+            CUDA_VISIBLE_DEVICES=0,1 $MP --workdir /root/work/mp2/one > /root/work/mp2/one.log 2>&1
+            for pid in 0 1; do
+              CUDA_VISIBLE_DEVICES=$pid $MP --workdir /root/work/mp2/two --config.distributed.num_processes=2 \
+                --config.distributed.coordinator_address=localhost:12355 --config.distributed.process_id=$pid \
+                > /root/work/mp2/two-$pid.log 2>&1 &
+            done; wait
+            python3 -c "import json; h=lambda d: [r.get('loss') for r in json.load(open(f'/root/work/mp2/{d}/history.json'))]; print('1x2 losses', h('one')); print('2x1 losses', h('two'))" | tee "$OUT/mp2.txt" ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -54,9 +54,15 @@ def checkpoint(config, every, keep_last=2, keep_best=1):
 
 
 def mesh(config, data=-1, fsdp=1):
+  """Where the run computes: the device mesh over every visible device (of every process) and the
+  jax.distributed settings of a multi-process run (fineflax.train.distributed)."""
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = data  # data-parallel devices (-1: all that fsdp leaves)
   config.mesh.fsdp = fsdp  # devices the frozen base weights are split over
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.coordinator_address = ""  # host:port of process 0; "" = from the environment or one process
+  config.distributed.num_processes = 0  # processes of the run (0 = from the environment)
+  config.distributed.process_id = -1  # this process's index (-1 = from the environment)
   return config
 
 

@@ -40,6 +40,7 @@ def get_config(arg: str = ""):
   common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
   common.checkpoint(config, every=config.get_ref("eval_every"))
+  common.mesh(config)
 
   config.task = ml_collections.ConfigDict()
   config.task.num_train = 4000  # distinct training problems

@@ -10,7 +10,7 @@ import optax
 from fineflax.train.checkpoint import Checkpointer
 from fineflax.train.metric_writer import MetricWriter, read_jsonl
 from fineflax.train.optim import make_optimizer, make_schedule
-from fineflax.train.sft_step import init_state
+from fineflax.train.state import init_state
 
 
 def _state(seed=0):

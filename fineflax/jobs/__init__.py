@@ -43,4 +43,32 @@ def dry_run_report(config) -> str:
     lines.append(f"trainable LoRA parameters (r={rank}): {lora_params(mc, rank, resolve_targets(tuple(lora.targets))):,}")
   lines.append(f"# memory estimate (quant={quant}, batch {batch} x {seq} tokens)")
   lines += [f"{k}: {v:.3f}" for k, v in est.items()]
+  if config.get("mesh") is not None:
+    lines += mesh_report(config.mesh, est)
   return "\n".join(lines)
+
+
+def per_device_gib(est: dict, data: int, fsdp: int) -> dict:
+  """GiB per device on a (data, fsdp) mesh: frozen weights / fsdp, LoRA + optimizer replicated, KV cache
+  and activations / (data * fsdp) (the batch is split over every device)."""
+  out = {"weights_gib": est["weights_gib"] / fsdp, "lora_and_optimizer_gib": est["lora_and_optimizer_gib"],
+         "kv_cache_gib": est["kv_cache_gib"] / (data * fsdp),
+         "activation_checkpoints_gib": est["activation_checkpoints_gib"] / (data * fsdp)}
+  return dict(out, total_gib=sum(out.values()))
+
+
+def mesh_report(mesh_cfg, est: dict) -> list[str]:
+  """The mesh `fineflax.train.mesh.make_mesh` would build on the visible devices, and the estimate per
+  device on it."""
+  import jax
+  from fineflax.train.mesh import make_mesh
+  try:
+    mesh = make_mesh(mesh_cfg.data, mesh_cfg.fsdp)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh (data={mesh_cfg.data}, fsdp={mesh_cfg.fsdp}): {e}") from None
+  data, fsdp = mesh.shape["data"], mesh.shape["fsdp"]
+  dev = jax.devices()[0]
+  lines = [f"# mesh: data={data} x fsdp={fsdp} over {mesh.devices.size} {dev.platform} device(s) "
+           f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))",
+           "# memory estimate per device"]
+  return lines + [f"{k}: {v:.3f}" for k, v in per_device_gib(est, data, fsdp).items()]

@@ -54,8 +54,12 @@ def setup_model(config):
 
 
 def export_adapter(lora, lora_cfg, model_config, config, workdir: str) -> str:
-  """The LoRA as a PEFT adapter in WORKDIR/adapter (loadable by `peft` onto the transformers model)."""
+  """The LoRA as a PEFT adapter in WORKDIR/adapter (loadable by `peft` onto the transformers model);
+  written by process 0 only (`fineflax.train.distributed.is_writer`)."""
+  from fineflax.train.distributed import is_writer
   path = os.path.join(workdir, "adapter")
+  if not is_writer():
+    return path
   lora_lib.export_peft(lora, lora_cfg, model_config, path, base_model_name_or_path=str(config.model.source))
   return path
 

@@ -27,6 +27,7 @@ from fineflax.rl.replay import Replay
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
 from fineflax.train.loop import Hooks, train_loop
+from fineflax.train.mesh import make_mesh, replicate, shard_params
 from fineflax.train.optim import make_optimizer
 from fineflax.train.state import init_state
 
@@ -41,13 +42,15 @@ class RLJob:
     self.objective = validate_rl(rl)
     self.dtype = compute_dtype(config)
     self.base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
+    self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)  # rows over every device, base over fsdp
+    self.base = shard_params(self.base, self.mesh)
     self.scale = lora_lib.lora_scale(self.lora_cfg)
     self.optimizer = make_optimizer(config.optimizer)
     fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
                dtype=self.dtype, logits_chunk=config.model.logits_chunk, temperature=rl.temperature)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=fwd)
-    self.state = init_state(lora, self.optimizer, config.seed)
+    self.state = replicate(init_state(lora, self.optimizer, config.seed), self.mesh)
     self.env = make_env(config, self.tok)
     self.guidance = (Guidance(rl.luffy.n_off, rl.luffy.traces_path)
                      if self.objective.off_policy == "guidance" else None)
@@ -60,7 +63,7 @@ class RLJob:
   def policy(self, lora) -> Policy:
     rl = self.rl
     return Policy(self.base, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
-                  rl.top_p, rl.max_new_tokens)
+                  rl.top_p, rl.max_new_tokens, self.mesh)
 
   def mean_entropy(self, lora, prompt, trajectories) -> np.ndarray:
     """Mean token entropy of stored trajectories under the current policy (ExGRPO selection)."""
@@ -88,7 +91,7 @@ class RLJob:
                          max_new_tokens=rl.max_new_tokens, advantage_scale=rl.advantage_scale,
                          fields=self.objective.batch_fields)
     state, metrics = rl_update(state, self.base, batch, step_fn=self.step_fn, logp_fn=self.logp_fn,
-                               beta=rl.beta, num_iterations=rl.num_iterations)
+                               beta=rl.beta, num_iterations=rl.num_iterations, mesh=self.mesh)
     on_examples = [e for e, o in zip(g.examples, on) if o]
     return state, {
         **metrics, "reward_mean": float(g.rewards[on].mean()), "reward_std": float(g.rewards[on].std()),

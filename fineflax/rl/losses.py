@@ -115,7 +115,7 @@ def exgrpo_replay_weight(logp, recorded_logp, beta: float = 0.1):
 
 # ----------------------------------------------------------------------------- aggregation
 
-def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None):
+def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None, num_rows=None):
   """Scalar loss from [B, T] per-token losses (verl `agg_loss`; L = per_token_loss, m = mask).
 
   "token-mean"              sum_bt L·m / sum_bt m                          (DAPO)
@@ -125,19 +125,22 @@ def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None):
   "sum"                     sum_bt L·m / max_len                           (LUFFY released code,
                             `loss_remove_token_mean`; verl < 0.5's seq-mean-token-sum-norm)
   max_len defaults to T. Empty rows / an empty batch give 0, not NaN (verl: 1e-8 guard).
+  num_rows (default B) is the B of the seq-mean modes: a batch padded with all-masked rows to split
+  evenly over devices passes its real row count, so the padding changes nothing.
   """
   m = jnp.asarray(mask, jnp.float32)
   lm = per_token_loss * m
   b, t = m.shape
   norm = float(t if max_len is None else max_len)
+  row_mean = jnp.mean if num_rows is None else (lambda x: jnp.sum(x) / num_rows)
   if mode == "token-mean":
     return jnp.sum(lm) / jnp.maximum(jnp.sum(m), 1.0)
   if mode == "seq-mean-token-mean":
-    return jnp.mean(jnp.sum(lm, -1) / jnp.maximum(jnp.sum(m, -1), 1.0))
+    return row_mean(jnp.sum(lm, -1) / jnp.maximum(jnp.sum(m, -1), 1.0))
   if mode == "seq-mean-token-sum":
-    return jnp.mean(jnp.sum(lm, -1))
+    return row_mean(jnp.sum(lm, -1))
   if mode == "seq-mean-token-sum-norm":
-    return jnp.mean(jnp.sum(lm, -1) / norm)
+    return row_mean(jnp.sum(lm, -1) / norm)
   if mode == "sum":
     return jnp.sum(lm) / norm
   raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
@@ -145,7 +148,8 @@ def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None):
 
 # ----------------------------------------------------------------------------- full objectives
 
-def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len):
+def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len,
+            num_rows=None):
   """loss = aggregate(pg + beta·kl_k3, agg_mode) - entropy_coef · token-mean(H).
 
   The entropy bonus is always a masked token mean, whatever `agg_mode` (LUFFY's released code:
@@ -153,14 +157,14 @@ def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, en
   """
   per_token = pg_per_token
   metrics = dict(pg_stats)
-  metrics["pg_loss"] = aggregate(pg_per_token, mask, agg_mode, max_len)
+  metrics["pg_loss"] = aggregate(pg_per_token, mask, agg_mode, max_len, num_rows)
   if beta:
     if ref_logp is None:
       raise ValueError(f"beta={beta} needs ref_logp")
     kl = kl_k3(logp, ref_logp)
     per_token = per_token + beta * kl
     metrics["kl"] = masked_mean(kl, mask)
-  loss = aggregate(per_token, mask, agg_mode, max_len)
+  loss = aggregate(per_token, mask, agg_mode, max_len, num_rows)
   if entropy_coef:
     if entropy is None:
       raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy")
@@ -174,7 +178,7 @@ def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, en
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float = 0.2,
               epsilon_high: float = 0.2, dual_clip: Optional[float] = None, beta: float = 0.0,
               entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-              max_len: Optional[int] = None, clip: bool = True):
+              max_len: Optional[int] = None, clip: bool = True, num_rows=None):
   """GRPO / DAPO / Dr. GRPO objective -> (scalar loss, metrics).
 
   per token: l = -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) [dual clip]   (or -r·A when clip=False)
@@ -186,7 +190,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float 
     pg, stats = clipped_surrogate(logp, old_logp, advantages, mask, epsilon_low, epsilon_high, dual_clip)
   else:
     pg, stats = unclipped_surrogate(logp, old_logp, advantages, mask)
-  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len)
+  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows)
 
 
 def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float = 0.1,
@@ -194,7 +198,7 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
                on_policy_clip: bool = True, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                dual_clip: Optional[float] = None, ref_logp=None, beta: float = 0.0,
                entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-               max_len: Optional[int] = None):
+               max_len: Optional[int] = None, num_rows=None):
   """LUFFY mixed-policy objective (Yan et al. 2025) -> (scalar loss, metrics).
 
   rows with is_off_policy [B] False: on-policy surrogate (clipped, or -r·A when on_policy_clip=False
@@ -220,7 +224,7 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
   stats["off_policy_prob"] = masked_mean(jnp.exp(jax.lax.stop_gradient(logp)), off_mask)
   stats["off_pg_loss"] = masked_mean(off, off_mask)
   stats["on_pg_loss"] = masked_mean(on, m * (1.0 - is_off))
-  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len)
+  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows)
 
 
 def exgrpo_loss(logp, old_logp, recorded_logp, advantages, mask, is_replayed, *, replay_beta: float = 0.1,

@@ -4,7 +4,8 @@ Adding an objective = one `Objective` entry here + its loss function in `finefla
 
 Every loss is called as loss(logp, entropy, batch, **kwargs(config.rl)) -> (scalar, metrics), where
 logp / entropy [B, N] are the current policy's, and batch holds the common fields of
-`fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0) plus `batch_fields`.
+`fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0; num_rows when the
+batch was padded to split over devices) plus `batch_fields`.
 `off_policy` names the rows the RL job adds to each group: "guidance" (LUFFY: `rl.luffy.n_off`
 demonstrations) or "replay" (ExGRPO: one stored trajectory per replayed question).
 """
@@ -36,17 +37,18 @@ def common_kwargs(rl) -> dict:
 
 def _grpo(logp, entropy, batch, **kw):
   return grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"], batch["mask"],
-                   entropy=entropy, **kw)
+                   entropy=entropy, num_rows=batch.get("num_rows"), **kw)
 
 
 def _luffy(logp, entropy, batch, **kw):
   return luffy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"], batch["is_off_policy"],
-                    ref_logp=batch.get("ref_logp"), entropy=entropy, **kw)
+                    ref_logp=batch.get("ref_logp"), entropy=entropy, num_rows=batch.get("num_rows"), **kw)
 
 
 def _exgrpo(logp, entropy, batch, **kw):
   return exgrpo_loss(logp, batch["old_logp"], batch["behaviour_logp"], batch["advantages"], batch["mask"],
-                     batch["is_off_policy"], ref_logp=batch.get("ref_logp"), entropy=entropy, **kw)
+                     batch["is_off_policy"], ref_logp=batch.get("ref_logp"), entropy=entropy,
+                     num_rows=batch.get("num_rows"), **kw)
 
 
 def _check_luffy(rl) -> None:

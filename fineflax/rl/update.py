@@ -4,15 +4,22 @@
   old_logp = logp of the completions under the current LoRA (before any update of this step)
   ref_logp = logp under the base with LoRA off (only when beta > 0)
   then `num_iterations` jitted updates of the objective (fineflax.rl.step) on the same batch.
+
+On a device mesh (`fineflax.train.mesh`) the batch rows are split over every device (`shard_update_batch`)
+and the LoRA/optimizer state is replicated: the jitted functions compute the same global sums as on one
+device. Advantages are computed on the host over the whole batch before it is split, so a group may
+straddle two shards without changing them.
 """
 from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import group_advantages
 from fineflax.rl.batch import build_rl_batch, pad_ragged, round_up
+from fineflax.train.mesh import batch_sharding, put
 
 
 def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, max_new_tokens: int,
@@ -30,11 +37,43 @@ def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, ma
   return batch
 
 
-def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int):
-  """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates."""
-  batch = dict(batch, old_logp=np.asarray(logp_fn(state["lora"], base, batch)[0]))
+def pad_rows(batch: dict, multiple: int) -> dict:
+  """The batch with copies of row 0 appended up to a multiple of `multiple` rows; the copies have mask 0,
+  advantage 0 and are on-policy, and `num_rows` (the real B) keeps the seq-mean losses unchanged."""
+  b = batch["tokens"].shape[0]
+  extra = -b % multiple
+  if not extra:
+    return batch
+  out = {k: np.concatenate([np.asarray(v), np.repeat(np.asarray(v)[:1], extra, axis=0)])
+         for k, v in batch.items()}
+  for k in ("mask", "advantages", "is_off_policy"):
+    if k in out:
+      out[k][b:] = 0
+  out["num_rows"] = np.float32(b)
+  return out
+
+
+def shard_update_batch(batch: dict, mesh) -> dict:
+  """The batch padded to a multiple of the mesh's devices (`pad_rows`) and split row-wise over all of
+  them; 0-d fields are replicated. Across processes every process passes the same host batch."""
+  if jax.process_count() > 1:  # replicated rollouts must agree, or the global batch is silently wrong
+    from jax.experimental import multihost_utils
+    multihost_utils.assert_equal(batch["tokens"], "the processes' RL batches differ")
+  batch = pad_rows(batch, mesh.devices.size)
+  return {k: put(v, batch_sharding(mesh, 0, np.ndim(v)) if np.ndim(v) else NamedSharding(mesh, P()))
+          for k, v in batch.items()}
+
+
+def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None):
+  """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
+
+  With `mesh` the batch is split over its devices first (`shard_update_batch`); `state` and `base` are
+  expected placed already (`fineflax.train.mesh.replicate` / `shard_params`)."""
+  if mesh is not None:
+    batch = shard_update_batch(batch, mesh)
+  batch = dict(batch, old_logp=logp_fn(state["lora"], base, batch)[0])
   if beta:
-    batch["ref_logp"] = np.asarray(logp_fn(None, base, batch)[0])
+    batch["ref_logp"] = logp_fn(None, base, batch)[0]
   for _ in range(num_iterations):
     state, metrics = step_fn(state, base, batch)
   return state, {k: float(v) for k, v in jax.device_get(metrics).items()}

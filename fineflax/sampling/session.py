@@ -66,8 +66,9 @@ class SamplerSession:
 
   def __init__(self, params, config, *, max_total_len: int, tokenizer=None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
-               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32):
+               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None):
     self.params, self.config, self.tokenizer = params, config, tokenizer
+    self.mesh = mesh
     self.sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
     if rng is None:
       if not self.sampling.greedy:
@@ -102,6 +103,7 @@ class SamplerSession:
     block = bucket(max(len(p) for p in prompts) - 1)
     self.cache_len = block + bucket(self.max_total_len, minimum=16, multiple=64)
     self.cache = init_cache(self.config, self.batch, self.cache_len, self.dtype)
+    self.cache = {k: self._put(v, 1 if k in ("k", "v") else 0) for k, v in self.cache.items()}
     self.index = 0
     self.rows = [_Row(prompt_len=len(p)) for p in prompts]
     self.rows += [_Row(prompt_len=1, status="pad") for _ in range(self.batch - len(prompts))]
@@ -167,8 +169,8 @@ class SamplerSession:
     num_steps = self.chunk_size if stop_strings else bucket(max_new_tokens)
     while active.any():
       self.rng, key = jax.random.split(self.rng)
-      state = {"pending": jnp.asarray(self.pending), "pos": jnp.asarray(self.pos),
-               "active": jnp.asarray(active), "budget": jnp.asarray(budget)}
+      state = {"pending": self._put(self.pending), "pos": self._put(self.pos),
+               "active": self._put(active), "budget": self._put(budget)}
       self.cache, state, eos, out = decode_chunk(
           self.params, self.cache, state, key, self._eos_arr, self.lora, self.lora_scale,
           config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps)
@@ -191,7 +193,7 @@ class SamplerSession:
           keep = np.ones((self.batch, self.cache_len), bool) if keep is None else keep
           keep[b, row.slot[-1] + 1:] = False
       if keep is not None:
-        self.cache["mask"] = self.cache["mask"] & jnp.asarray(keep)
+        self.cache["mask"] = self.cache["mask"] & self._put(keep)
 
   def result(self, width: int | None = None) -> SampleOutput:
     """The completions so far (model and appended tokens), right-padded to `width` (default: longest)."""
@@ -228,10 +230,19 @@ class SamplerSession:
         mask[b, width - len(x):] = True
         first = 0 if start_pos is None else int(start_pos[b])
         positions[b, width - len(x):] = np.arange(first, first + len(x))
-    self.cache = feed_block(self.params, self.cache, jnp.asarray(tokens), jnp.asarray(mask),
-                            jnp.asarray(positions), self.lora, self.lora_scale, config=self.config,
+    self.cache = feed_block(self.params, self.cache, self._put(tokens), self._put(mask),
+                            self._put(positions), self.lora, self.lora_scale, config=self.config,
                             dtype=self.dtype)
     self.index += width
+
+  def _put(self, x, batch_axis: int = 0):
+    """x as a device array; with a mesh (one process) split along `batch_axis` over every device when
+    the bucketed batch divides evenly, so the KV cache and every per-row input are sharded alike."""
+    n = 1 if self.mesh is None else self.mesh.devices.size
+    if n == 1 or jax.process_count() > 1 or np.ndim(x) <= batch_axis or np.shape(x)[batch_axis] % n:
+      return jnp.asarray(x)
+    from fineflax.train.mesh import batch_sharding
+    return jax.device_put(x, batch_sharding(self.mesh, batch_axis, np.ndim(x)))
 
   def _truncate_at_stop(self, b: int, stop_strings) -> bool:
     """Cuts row b after the shortest segment prefix whose text holds a stop string; True if cut."""

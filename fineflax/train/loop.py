@@ -13,6 +13,8 @@ it checkpoints beside the train state (`meta` / `restore_meta`: data position, e
   non-finite  a step whose loss is NaN/inf is discarded; the run stops with the previous state (the last
               good checkpoint stays on disk).
   metrics     WORKDIR/logs/metrics.jsonl + TensorBoard events, a tqdm bar, WORKDIR/history.json.
+  processes   with several (`fineflax.train.distributed`) every process steps and checkpoints (orbax
+              writes collectively); only process 0 writes config.json, metrics, history and summary.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tqdm import tqdm
 
 from fineflax.io import atomic_write_text
 from fineflax.train.checkpoint import Checkpointer
+from fineflax.train.distributed import barrier, is_writer
 from fineflax.train.metric_writer import MetricWriter, read_jsonl
 from fineflax.train.run_config import check_resumable
 from fineflax.train.signals import StopRequested
@@ -62,6 +65,12 @@ class LoopResult:
   elapsed_s: float = 0.0
 
 
+class _NoWriter:
+  """The metric writer of processes other than 0: writes nothing."""
+  write_scalars = write_text = lambda self, *args: None
+  flush = close = lambda self: None
+
+
 def read_history(workdir: str) -> list[dict]:
   """The per-step records a run logged (WORKDIR/logs/metrics.jsonl), the latest record per step."""
   path = os.path.join(workdir, "logs", "metrics.jsonl")
@@ -80,7 +89,11 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
   """
   t_start = time.time()
   ck = config.checkpoint
-  check_resumable(config, workdir)
+  check_resumable(config, workdir, write=False)  # every process refuses a changed config alike
+  barrier("fineflax_config_checked")
+  if is_writer():  # then process 0 moves an old run aside (resume=False) and saves config.json
+    check_resumable(config, workdir)
+  barrier("fineflax_config_saved")
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=ck.keep_last, keep_best=ck.keep_best,
                       best_metric=hooks.eval_metric, best_mode=hooks.eval_mode)
   restored = ckpt.restore(state)
@@ -95,7 +108,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
     return LoopResult(state, read_history(workdir), "already complete", start, 0, start, 0.0)
   if start:
     print(f"resuming from step {start} of {num_steps} ({ckpt.directory})", flush=True)
-  writer = MetricWriter(os.path.join(workdir, "logs"))
+  writer = MetricWriter(os.path.join(workdir, "logs")) if is_writer() else _NoWriter()
   history = [] if not start else read_history(workdir)
   save = lambda step, metrics=None: ckpt.save(step, state, {"job": hooks.meta()}, metrics=metrics)
   if start == 0 and eval_at_start:
@@ -104,7 +117,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
     history.append({"step": 0, "time_s": time.time() - t_start, **m})
     print(f"[step 0] " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()), flush=True)
   status, exit_code, failed_writes, step = "completed", 0, 0, start
-  bar = tqdm(total=num_steps, initial=start, desc=desc, dynamic_ncols=True)
+  bar = tqdm(total=num_steps, initial=start, desc=desc, dynamic_ncols=True, disable=not is_writer())
   with StopRequested() as stop:
     for step in range(start + 1, num_steps + 1):
       new_state, scalars = hooks.step(state, step)
@@ -138,7 +151,8 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
   ckpt.close()
   if status != "completed":
     print(f"\n{status}; the last good checkpoint is step {latest} in {ckpt.directory}", flush=True)
-  atomic_write_text(os.path.join(workdir, "history.json"), json.dumps(history, indent=1))
+  if is_writer():
+    atomic_write_text(os.path.join(workdir, "history.json"), json.dumps(history, indent=1))
   return LoopResult(state, history, status, step, exit_code, start, time.time() - t_start)
 
 
@@ -151,6 +165,8 @@ def write_summary(workdir: str, result: LoopResult, **extra) -> dict:
              "elapsed_s": round(result.elapsed_s, 1), "workdir": workdir, "final_metrics": final,
              "logs": os.path.join(workdir, "logs"), "checkpoints": os.path.join(workdir, "checkpoints"),
              **extra}
+  if not is_writer():
+    return summary
   atomic_write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2, default=str))
   lines = [f"status: {result.status} (step {result.step})", f"time: {result.elapsed_s:.0f} s"]
   if final:

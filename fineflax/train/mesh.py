@@ -2,6 +2,8 @@
 
 One device and many run the same jitted steps: arrays are placed with these shardings before the call
 and XLA's sharding propagation does the rest (gradients of the replicated LoRA are all-reduced).
+With several processes (`fineflax.train.distributed`) the mesh spans every process's devices; each
+process passes the same global host array and places only its own shards (`put`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices=None) -> Mesh:
   return Mesh(devices.reshape(data, fsdp), BATCH_AXES)
 
 
+def put(x, sharding: NamedSharding):
+  """jax.device_put of one array; across processes, every process gives the same global host value `x`
+  and places the shards of its own devices (jax.make_array_from_callback)."""
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
 def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedSharding:
   """Split dimension `batch_axis` of an `ndim`-array over every device of the mesh."""
   spec = [None] * ndim
@@ -40,7 +51,7 @@ def shard_batch(batch: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
     if v.shape[batch_axis] % size:
       raise ValueError(f"batch field {k!r}: dimension {batch_axis} = {v.shape[batch_axis]} is not "
                        f"divisible by the {size} devices of the mesh")
-    out[k] = jax.device_put(v, batch_sharding(mesh, batch_axis, v.ndim))
+    out[k] = put(v, batch_sharding(mesh, batch_axis, v.ndim))
   return out
 
 
@@ -63,9 +74,9 @@ def shard_params(params, mesh: Mesh):
   Quantised tensors are pytrees too; their array leaves (codes, scales) are placed the same way.
   """
   fsdp = mesh.shape["fsdp"]
-  return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, _fsdp_spec(x, fsdp))), params)
+  return jax.tree.map(lambda x: put(x, NamedSharding(mesh, _fsdp_spec(x, fsdp))), params)
 
 
 def replicate(tree, mesh: Mesh):
   """device_put a pytree (LoRA, optimizer state) fully replicated over the mesh."""
-  return jax.device_put(tree, NamedSharding(mesh, P()))
+  return jax.tree.map(lambda x: put(x, NamedSharding(mesh, P())), tree)

@@ -46,13 +46,16 @@ def config_diff(saved: dict, current: dict) -> list[tuple[str, object, object]]:
           if not allowed(k) and a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
-def check_resumable(config, workdir: str) -> None:
+def check_resumable(config, workdir: str, write: bool = True) -> None:
   """Raise `ConfigChanged` when WORKDIR holds checkpoints of a run with a different config; with
-  `config.resume=False` move that run's outputs aside instead. Then save the current config."""
+  `config.resume=False` move that run's outputs aside instead. Then save the current config.
+  write=False only checks (the processes other than 0 of a multi-process run)."""
   path = os.path.join(workdir, "config.json")
   current = config.to_dict()
   has_ckpt = os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
       os.path.join(workdir, "checkpoints"))
+  if not write and not (has_ckpt and config.get("resume", True)):
+    return
   if has_ckpt and not config.get("resume", True):
     aside = os.path.join(workdir, time.strftime("replaced-%Y%m%d-%H%M%S"))
     os.makedirs(aside)
@@ -68,4 +71,6 @@ def check_resumable(config, workdir: str) -> None:
       raise ConfigChanged(
           f"{workdir} holds checkpoints of a run with another config ({len(diff)} field(s) differ: {shown}). "
           f"Use a new --workdir, or --config.resume=false to move that run aside and start afresh.")
+  if not write:
+    return
   atomic_write_text(path, json.dumps(current, indent=1, default=str))

@@ -1,0 +1,23 @@
+"""`--dry_run` names the mesh it would build and the memory estimate per device."""
+import pytest
+
+from fineflax.config_checks import ConfigError
+from fineflax.jobs import dry_run_report, per_device_gib
+from fineflax.jobs.resolve import load_config
+
+
+def test_dry_run_prints_the_mesh_and_per_device_memory():
+  import jax
+  n = jax.device_count()
+  report = dry_run_report(load_config("configs/grpo_arith.py:smoke"))
+  assert f"# mesh: data={n} x fsdp=1 over {n} " in report and "# memory estimate per device" in report
+  with pytest.raises(ConfigError, match=r"config.mesh \(data=-1, fsdp=3\)"):
+    dry_run_report(load_config("configs/grpo_arith.py:smoke", ["mesh.fsdp=3"]))
+
+
+def test_per_device_estimate_splits_weights_over_fsdp_and_the_batch_over_all():
+  est = {"weights_gib": 8.0, "lora_and_optimizer_gib": 1.0, "kv_cache_gib": 4.0,
+         "activation_checkpoints_gib": 2.0}
+  out = per_device_gib(est, data=2, fsdp=4)
+  assert out == {"weights_gib": 2.0, "lora_and_optimizer_gib": 1.0, "kv_cache_gib": 0.5,
+                 "activation_checkpoints_gib": 0.25, "total_gib": 3.75}
