@@ -130,11 +130,11 @@ def test_cli_end_to_end_against_an_openai_stub(stub, tmp_path, capsys):
   assert rc == 0
   res = json.loads((out / "results.json").read_text())
   assert res["n"] == 6
-  assert res["metrics"]["exact_match"]["a"]["value"] == 1.0 and res["metrics"]["exact_match"]["b"]["value"] == 0.0
+  assert res["metrics"]["exact_match_lenient"]["a"]["value"] == 1.0 and res["metrics"]["exact_match_lenient"]["b"]["value"] == 0.0
   assert res["metrics"]["math_last_number"]["a_minus_b"]["value"] == 1.0
   assert res["judge"]["win"] == {"value": 1.0, "lo": 1.0, "hi": 1.0} and res["judge"]["order_disagreements"] == 0
   md = (out / "report.md").read_text()
-  assert "![A/B](ab.png)" in md and "| exact_match | 1.000 [1.000, 1.000]" in md
+  assert "![A/B](ab.png)" in md and "| exact_match_lenient | 1.000 [1.000, 1.000]" in md
   assert (out / "ab.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   examples = [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
   assert examples[0]["a"] == "3" and examples[0]["b"] == "4" and examples[0]["judge"]["verdicts"] == ["1", "2"]

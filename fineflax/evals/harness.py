@@ -6,7 +6,7 @@ Eval rows (JSONL or JSON list), each one of
   {"prompt": str | messages, "completion"?: str}
   {"question": str, "answer"?: str}     (the `from_feedback --holdout-out` and arithmetic eval files)
 Other fields of the row go to the reward functions as the example (`answer` is set to the reference when
-the row has none). Metrics: `exact_match` (when references exist) and any registry rewards named in
+the row has none). Metrics: `exact_match_lenient` (the <answer> if any, else the whole reply; when references exist) and any registry rewards named in
 `rewards`; per metric the mean of A and of B and the bootstrap CI of the paired difference A - B.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def run_ab(rows: Sequence[dict], variant_a, variant_b, *, judge=None, rewards: S
   """Answers of both variants, per-example metrics, judge outcomes and the summary (see module docstring)."""
   prompts = [r["prompt"] for r in rows]
   answers_a, answers_b = variant_a(prompts), variant_b(prompts)
-  metrics = list(dict.fromkeys((["exact_match"] if all(r["reference"] is not None for r in rows) else [])
+  metrics = list(dict.fromkeys((["exact_match_lenient"] if all(r["reference"] is not None for r in rows) else [])
                                + list(rewards)))
   per_example = [{"prompt": r["prompt"], "reference": r["reference"], "a": a, "b": b}
                  for r, a, b in zip(rows, answers_a, answers_b)]
