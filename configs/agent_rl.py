@@ -38,21 +38,7 @@ def _search_r1(config):  # the Search-R1 agent function on the generated knowled
   config.rl.max_new_tokens = 448  # completion budget per rollout (model turns + inserted passages)
   config.rl.temperature = 1.0
   config.task.num_eval = 128  # held-out questions (half two-hop)
-  config.kb = ml_collections.ConfigDict()
-  config.kb.num_people = 300  # people (each founds one company): 7 questions each
-  config.kb.num_cities = 60  # cities (one question each)
-  config.kb.num_countries = 12  # countries
-  config.kb.test_fraction = 0.2  # share of anchor entities held out
-  config.kb.seed = 0  # seed of names, facts and the split
-  config.search = ml_collections.ConfigDict()
-  config.search.engine = "bm25"  # in-process engine kind: bm25, vector or hybrid
-  config.search.url = ""  # Search-R1 /retrieve URL; when set, used instead of the in-process engine
-  config.search.topk = 3  # passages inserted per search
-  config.search.timeout_s = 30.0  # a slower search call is reported to the model as failed (0 = no limit)
-  config.search.max_turns = 4  # turns that may search before the final (no-search) turn
-  config.search.max_turn_tokens = 96  # new tokens per model turn
-  config.search.max_obs_tokens = 192  # inserted information block cut to this many tokens
-  config.search.info_tag = "information"  # tag of inserted passages (classic variant: context)
+  common.search_r1_sections(config)
   config.search.format_weight = 0.1  # reward = EM + format_weight * well-formed trace
 
 

@@ -66,6 +66,28 @@ def mesh(config, data=-1, fsdp=1):
   return config
 
 
+def search_r1_sections(config):
+  """The generated knowledge base and the search tool of Search-R1 rollouts (fineflax/envs/search_r1.py)."""
+  config.kb = ml_collections.ConfigDict()
+  config.kb.num_people = 300  # people (each founds one company): 7 questions each
+  config.kb.num_cities = 60  # cities (one question each)
+  config.kb.num_countries = 12  # countries
+  config.kb.test_fraction = 0.2  # share of anchor entities held out
+  config.kb.seed = 0  # seed of names, facts and the split
+
+  config.search = ml_collections.ConfigDict()
+  config.search.engine = "bm25"  # in-process engine kind: bm25, vector or hybrid
+  config.search.url = ""  # Search-R1 /retrieve URL; when set, used instead of the in-process engine
+  config.search.topk = 3  # passages inserted per search
+  config.search.timeout_s = 30.0  # a search call slower than this is reported as failed (0 = no limit)
+  config.search.max_turns = 4  # turns that may search before the final (no-search) turn
+  config.search.max_turn_tokens = 96  # new tokens per model turn
+  config.search.max_obs_tokens = 192  # inserted information block cut to this many tokens
+  config.search.info_tag = "information"  # tag of inserted passages (classic variant: context)
+  config.search.mask_info = True  # inserted passages out of the loss (False: the paper's ablation)
+  return config
+
+
 def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, objective="grpo"):
   """The settings every RL objective shares; objective-specific ones come with their preset."""
   config.rl = r = ml_collections.ConfigDict()

@@ -54,23 +54,7 @@ def get_config(arg: str = ""):
   common.checkpoint(config, every=config.get_ref("eval_every"))
   common.mesh(config)
 
-  config.kb = ml_collections.ConfigDict()
-  config.kb.num_people = 300  # people (each founds one company): 7 questions each
-  config.kb.num_cities = 60  # cities (one question each)
-  config.kb.num_countries = 12  # countries
-  config.kb.test_fraction = 0.2  # share of anchor entities held out
-  config.kb.seed = 0  # seed of names, facts and the split
-
-  config.search = ml_collections.ConfigDict()
-  config.search.engine = "bm25"  # in-process engine kind: bm25, vector or hybrid
-  config.search.url = ""  # Search-R1 /retrieve URL; when set, used instead of the in-process engine
-  config.search.topk = 3  # passages inserted per search
-  config.search.timeout_s = 30.0  # a search call slower than this is reported as failed (0 = no limit)
-  config.search.max_turns = 4  # turns that may search before the final (no-search) turn
-  config.search.max_turn_tokens = 96  # new tokens per model turn
-  config.search.max_obs_tokens = 192  # inserted information block cut to this many tokens
-  config.search.info_tag = "information"  # tag of inserted passages (classic variant: context)
-  config.search.mask_info = True  # inserted passages out of the loss (False: the paper's ablation)
+  common.search_r1_sections(config)
 
   config.rewards = ml_collections.ConfigDict()
   config.rewards.search_r1_em = 1.0  # exact match of the final answer (the Search-R1 reward)
