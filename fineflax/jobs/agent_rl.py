@@ -18,20 +18,17 @@ import time
 import jax
 import numpy as np
 
-from fineflax import lora as lora_lib
 from fineflax.agents import LocalLLM, Store, group_advantages, rollout_transitions, run_rollouts, transition_batch
 from fineflax.agents.calculator import CalculatorAgent, calculator_tasks
 from fineflax.agents.transitions import CREDITS, merge_transitions
 from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
 from fineflax.envs.word_problems import generate_problems
-from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
+from fineflax.jobs.common import export_adapter, finish_run, make_workdir
+from fineflax.jobs.rl import setup_learner
 from fineflax.rl.objectives import validate_rl
 from fineflax.rl.policy import Policy
-from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.train.optim import make_optimizer
-from fineflax.train.state import init_state
 
 AGENTS = ("calculator", "search_r1")
 ROW_BUCKET = 16  # transitions are padded with empty rows to a multiple of this (token-mean / sum losses)
@@ -83,18 +80,7 @@ def pad_rows(batch: dict, multiple: int) -> dict:
 class AgentRLJob:
   def __init__(self, config):
     validate(config)
-    self.config, self.rl = config, config.rl
-    rl = config.rl
-    self.objective = validate_rl(rl)
-    self.dtype = compute_dtype(config)
-    self.base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
-    self.scale = lora_lib.lora_scale(self.lora_cfg)
-    self.optimizer = make_optimizer(config.optimizer)
-    fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
-               dtype=self.dtype, logits_chunk=config.model.logits_chunk, temperature=rl.temperature)
-    self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
-                                             loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=fwd)
-    self.state = init_state(lora, self.optimizer, config.seed)
+    setup_learner(self, config)  # one device: the agents' LLM calls run on the in-process sampler
     self.agent = make_agent(config, self.tok)
     self.eval_agent = make_agent(config, self.tok, greedy=True)
     self.train_tasks, self.eval_tasks = make_tasks(config)

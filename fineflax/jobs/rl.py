@@ -32,25 +32,36 @@ from fineflax.train.optim import make_optimizer
 from fineflax.train.state import init_state
 
 
+def setup_learner(job, config, mesh=None) -> None:
+  """Sets on `job` what every RL job shares: config, rl, objective (validated), dtype, the frozen base
+  (split over the mesh's `fsdp` axis when a mesh is given), model config, tokenizer, LoRA config and
+  scale, optimizer, the jitted `step_fn` / `logp_fn` of the objective, and the train state (replicated
+  over the mesh)."""
+  rl = config.rl
+  job.config, job.rl, job.mesh = config, rl, mesh
+  job.objective = validate_rl(rl)
+  job.dtype = compute_dtype(config)
+  job.base, job.model_config, job.tok, job.lora_cfg, lora = setup_model(config)
+  if mesh is not None:
+    job.base = shard_params(job.base, mesh)
+  job.scale = lora_lib.lora_scale(job.lora_cfg)
+  job.optimizer = make_optimizer(config.optimizer)
+  fwd = dict(model_config=job.model_config, lora_scale=job.scale, remat=config.model.remat,
+             dtype=job.dtype, logits_chunk=config.model.logits_chunk, temperature=rl.temperature)
+  job.step_fn, job.logp_fn = make_rl_fns(job.optimizer, objective=rl.objective,
+                                         loss_kwargs=job.objective.kwargs(rl), fwd_kwargs=fwd)
+  job.state = init_state(lora, job.optimizer, config.seed)
+  if mesh is not None:
+    job.state = replicate(job.state, mesh)
+
+
 class RLJob:
   """The frozen base, jitted functions, environment and components of one RL run."""
 
   def __init__(self, config):
-    self.config, self.rl = config, config.rl
-    rl = config.rl
     validate(config)
-    self.objective = validate_rl(rl)
-    self.dtype = compute_dtype(config)
-    self.base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
-    self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)  # rows over every device, base over fsdp
-    self.base = shard_params(self.base, self.mesh)
-    self.scale = lora_lib.lora_scale(self.lora_cfg)
-    self.optimizer = make_optimizer(config.optimizer)
-    fwd = dict(model_config=self.model_config, lora_scale=self.scale, remat=config.model.remat,
-               dtype=self.dtype, logits_chunk=config.model.logits_chunk, temperature=rl.temperature)
-    self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
-                                             loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=fwd)
-    self.state = replicate(init_state(lora, self.optimizer, config.seed), self.mesh)
+    rl = config.rl
+    setup_learner(self, config, make_mesh(config.mesh.data, config.mesh.fsdp))  # rows over every device
     self.env = make_env(config, self.tok)
     self.guidance = (Guidance(rl.luffy.n_off, rl.luffy.traces_path)
                      if self.objective.off_policy == "guidance" else None)
