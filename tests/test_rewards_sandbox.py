@@ -25,6 +25,9 @@ from fineflax.rewards.sandbox import SandboxUnavailableError, run_python
 sys.path.insert(0, os.path.dirname(__file__))
 import sandbox_hostile  # noqa: E402
 
+# hostile programs as uid 65534 share that uid's process limit: never run two of them at once (xdist)
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
