@@ -174,8 +174,9 @@ def test_hostile_programs_are_contained(user, mode, request):
       if user == "root" and _cgroup_memory_writable():  # 4 x 90 MB > the run's 128 MB cgroup
         assert allocated < 4, res["memory_bomb_forked"]
       assert "refused" in res["network"][1] and "CONNECTED" not in res["network"][1], res["network"]
-      assert "parent done" in res["setsid_escape"][1]
-      if not (weak and user != "root"):  # documented: rlimits without root cannot find setsid escapees
+      if not (weak and user != "root"):  # documented: rlimits without root cannot find setsid escapees,
+        # and uid 65534's leftover processes count against its RLIMIT_NPROC there, so its fork may fail
+        assert "parent done" in res["setsid_escape"][1]
         assert not escaped, f"setsid escapee still alive: {escaped}"
       if not weak:
         assert not os.path.exists(os.path.join(outside, "escaped.txt"))
