@@ -44,17 +44,7 @@ class RunCgroup:
     """SIGKILL every member (repeatedly: the pid cap bounds each refill) and rmdir; True if all removed."""
     for path in self.kill_files:
       _write(path, "1")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-      pids = self.members()
-      if not pids:
-        break
-      for pid in pids:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except OSError:
-          pass
-      time.sleep(0.005)
+    kill_until_empty(self.members, timeout_s)
     removed = True
     for path in reversed(self.dirs):
       for _ in range(200):  # exiting tasks leave the cgroup a moment after SIGKILL
@@ -173,3 +163,19 @@ def create(max_pids: int, memory_bytes: int) -> RunCgroup | None:
 def open_join_fds(cg: RunCgroup | None) -> list[int]:
   """Write-only fds of `cg.procs`, opened in the parent; the child joins with os.write(fd, b"0")."""
   return [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in cg.procs] if cg else []
+
+
+def kill_until_empty(list_pids, timeout_s: float) -> None:
+  """SIGKILL every pid of `list_pids()` until it returns none or `timeout_s` passes (a fork bomb may
+  refill between scans; a process cap bounds each round)."""
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    pids = list_pids()
+    if not pids:
+      break
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
+        pass
+    time.sleep(0.005)

@@ -233,16 +233,7 @@ def _kill_all(proc: subprocess.Popen, mode: str, uid: int, cg: cgroups.RunCgroup
   if cg is not None:
     cg.kill_and_remove()
   if mode == "root":
-    for _ in range(100):  # a fork bomb may refill between scans; RLIMIT_NPROC bounds each round
-      pids = _uids_processes(uid)
-      if not pids:
-        break
-      for pid in pids:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except OSError:
-          pass
-      time.sleep(0.005)
+    cgroups.kill_until_empty(lambda: _uids_processes(uid), timeout_s=2.0)
 
 
 def _read_capped(path: str, limit: int) -> str:
