@@ -32,7 +32,22 @@ WORKER = textwrap.dedent("""
     from fineflax.jobs import rl
     out = rl.run(config, workdir)
     h = out["history"][-1]
-    print("RESULT " + json.dumps({k: h[k] for k in ("loss", "grad_norm", "reward_mean", "eval_accuracy")}))
+    # the sampler splits the rows over every device of all processes: each process computes its half
+    import jax.numpy as jnp
+    from fineflax.jobs.common import setup_model
+    from fineflax.sampling import SamplerSession
+    from fineflax.train.mesh import make_mesh, shard_params
+    mesh = make_mesh(data=2, fsdp=1)
+    base, mc, tok, _, _ = setup_model(config)
+    sess = SamplerSession(shard_params(base, mesh), mc, max_total_len=6, temperature=1.0, rng=jax.random.key(3),
+                          dtype=jnp.float32, eos_ids=(), mesh=mesh)
+    sess.start([[5, 6, 7], [8, 9], [10], [11, 12, 13, 14]])
+    local_rows = sum(s.data.shape[1] for s in sess.cache["k"].addressable_shards)
+    assert local_rows * n == sess.cache["k"].shape[1] == 4, (local_rows, sess.cache["k"].shape)
+    sess.decode(6)
+    sampled = [list(map(int, r)) for r in sess.result().tokens]
+    print("RESULT " + json.dumps({**{k: h[k] for k in ("loss", "grad_norm", "reward_mean", "eval_accuracy")},
+                                  "sampled": sampled}))
 """)
 
 
@@ -59,6 +74,7 @@ def test_two_processes_agree_with_one(tiny_smol, tmp_path):
   procs = [_spawn([tiny_smol, tmp_path / "two", 2, pid, port], devices=1) for pid in (0, 1)]
   one = _result(_spawn([tiny_smol, tmp_path / "one", 1, 0, 0], devices=2))
   r0, r1 = [_result(p) for p in procs]
+  assert r0.pop("sampled") == r1.pop("sampled") == one.pop("sampled")  # same tokens, rows split 2 ways
   for k in one:
     assert r0[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
     assert r1[k] == pytest.approx(r0[k], rel=1e-6, abs=1e-8), k

@@ -100,6 +100,9 @@ class SamplerSession:
       self._check_ids(p, f"prompt {i}")
     self.num_rows = len(prompts)
     self.batch = bucket(len(prompts), minimum=1)
+    if self.mesh is not None:  # rows split evenly over every device of the mesh (all processes')
+      n = self.mesh.devices.size
+      self.batch = -(-self.batch // n) * n
     block = bucket(max(len(p) for p in prompts) - 1)
     self.cache_len = block + bucket(self.max_total_len, minimum=16, multiple=64)
     self.cache = init_cache(self.config, self.batch, self.cache_len, self.dtype)
@@ -174,7 +177,7 @@ class SamplerSession:
       self.cache, state, eos, out = decode_chunk(
           self.params, self.cache, state, key, self._eos_arr, self.lora, self.lora_scale,
           config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps)
-      state, eos, out = jax.device_get((state, eos, out))
+      state, eos, out = _fetch((state, eos, out))
       chunk_start, self.index = self.index, self.index + int(out["steps"])
       self.pending, self.pos = np.array(state["pending"]), np.array(state["pos"])
       active, budget = np.array(state["active"]), np.array(state["budget"])
@@ -236,13 +239,13 @@ class SamplerSession:
     self.index += width
 
   def _put(self, x, batch_axis: int = 0):
-    """x as a device array; with a mesh (one process) split along `batch_axis` over every device when
-    the bucketed batch divides evenly, so the KV cache and every per-row input are sharded alike."""
-    n = 1 if self.mesh is None else self.mesh.devices.size
-    if n == 1 or jax.process_count() > 1 or np.ndim(x) <= batch_axis or np.shape(x)[batch_axis] % n:
+    """x as a device array; with a mesh, split along `batch_axis` over every device, so the KV cache
+    and every per-row input are sharded alike. Across processes every process runs this session on the
+    same global rows (same host control flow) and computes only its devices' rows."""
+    if self.mesh is None or self.mesh.devices.size == 1 or np.ndim(x) <= batch_axis:
       return jnp.asarray(x)
-    from fineflax.train.mesh import batch_sharding
-    return jax.device_put(x, batch_sharding(self.mesh, batch_axis, np.ndim(x)))
+    from fineflax.train.mesh import batch_sharding, put
+    return put(x, batch_sharding(self.mesh, batch_axis, np.ndim(x)))
 
   def _truncate_at_stop(self, b: int, stop_strings) -> bool:
     """Cuts row b after the shortest segment prefix whose text holds a stop string; True if cut."""
@@ -274,3 +277,14 @@ class SamplerSession:
   def _need_started(self):
     if not self.rows:
       raise RuntimeError("call start(prompts) first")
+
+
+def _fetch(tree):
+  """jax.device_get of a pytree; arrays split over several processes are all-gathered first, so every
+  process sees every row."""
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+  return jax.tree.map(get, tree)
