@@ -3,7 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
-#                                          scaling mp2 (multi-GPU machines: nvidia-h100-x2 / -x4)
+#                                          scaling mp2 fits (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -61,7 +61,10 @@ for stage in "$@"; do
                 --config.distributed.coordinator_address=localhost:12355 --config.distributed.process_id=$pid \
                 > /root/work/mp2/two-$pid.log 2>&1 &
             done; wait
-            python3 -c "import json; h=lambda d: [r.get('loss') for r in json.load(open(f'/root/work/mp2/{d}/history.json'))]; print('1x2 losses', h('one')); print('2x1 losses', h('two'))" | tee "$OUT/mp2.txt" ;;
+            python3 -c "import json; h=lambda d, k: [round(r[k], 4) for r in json.load(open(f'/root/work/mp2/{d}/history.json')) if k in r]
+for k in ('loss', 'reward_mean', 'time_rollout_s', 'time_update_s'): print(k, '1x2:', h('one', k), '2x1:', h('two', k))" | tee "$OUT/mp2.txt"
+            tail -3 /root/work/mp2/*.log ;;
+    fits)   python3 benchmarks/scaling.py --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;

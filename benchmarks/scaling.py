@@ -246,7 +246,9 @@ def main() -> None:
   p.add_argument("--devices", default="1,2,4")
   p.add_argument("--sft_batch", type=int, default=4, help="SFT rows per device")
   p.add_argument("--grpo_prompts", type=int, default=2, help="GRPO groups (prompts) per device")
-  p.add_argument("--skip_fits", action="store_true", help="skip the largest-model-on-fsdp=4 search")
+  p.add_argument("--skip_fits", action="store_true", help="skip the largest-model search")
+  p.add_argument("--fits_fsdp", type=int, default=4, help="devices (= fsdp) of the largest-model search")
+  p.add_argument("--only", default="", help="comma list of cases to run, e.g. grpo:Llama-3.2-1B,sft (default all)")
   p.add_argument("--results", action="store_true", help="write the multi-GPU section of RESULTS.md")
   p.add_argument("--timeout", type=float, default=1800)
   p.add_argument("--worker")
@@ -276,17 +278,21 @@ def main() -> None:
     return text
 
   text = ""
+  only = [c for c in args.only.split(",") if c]
   for spec in cases(args):
+    if only and not any(c in (spec["kind"], f"{spec['kind']}:{spec['model']}") for c in only):
+      continue
     for n in devices:
       r = run_case(spec, n, args.tiny, args.timeout)
       text = record({"kind": spec["kind"], "model": spec["model"], "n": n, **r})
   if not args.skip_fits:
     for model in (("tiny",) if args.tiny else FITS_ORDER):
-      spec = dict(kind="grpo", model=model, shape=TINY if args.tiny else SHAPES[model], group=8, fsdp=4,
+      k = args.fits_fsdp
+      spec = dict(kind="grpo", model=model, shape=TINY if args.tiny else SHAPES[model], group=8, fsdp=k,
                   new_tokens=8 if args.tiny else 128, prompt_len=16 if args.tiny else 64, per_device=1,
                   remat="full", dtype="float32" if args.tiny else "bfloat16", warmup=1, steps=1)
-      r = run_case(spec, 4, args.tiny, args.timeout)
-      text = record({"kind": "fits", "model": f"{model} (fsdp=4)", "n": 4, **r})
+      r = run_case(spec, k, args.tiny, args.timeout)
+      text = record({"kind": "fits", "model": f"{model} (fsdp={k})", "n": k, **r})
       if "error" not in r:
         break
   if args.results:
