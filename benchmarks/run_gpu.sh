@@ -53,7 +53,7 @@ for stage in "$@"; do
               model.remat=full model.logits_chunk=32 ;;
     scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
     mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
-            MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=3"
+            MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=4 --config.rl.prompts_per_step=16 --config.rl.group_size=8 --config.rl.max_new_tokens=96 --config.task.num_eval=32"
             rm -rf /root/work/mp2 && mkdir -p /root/work/mp2
             CUDA_VISIBLE_DEVICES=0,1 $MP --workdir /root/work/mp2/one > /root/work/mp2/one.log 2>&1
             for pid in 0 1; do
@@ -62,8 +62,8 @@ for stage in "$@"; do
                 > /root/work/mp2/two-$pid.log 2>&1 &
             done; wait
             python3 -c "import json; h=lambda d, k: [round(r[k], 4) for r in json.load(open(f'/root/work/mp2/{d}/history.json')) if k in r]
-for k in ('loss', 'reward_mean', 'time_rollout_s', 'time_update_s'): print(k, '1x2:', h('one', k), '2x1:', h('two', k))" | tee "$OUT/mp2.txt"
-            tail -3 /root/work/mp2/*.log ;;
+for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s'): print(k, '1x2:', h('one', k), '2x1:', h('two', k))" | tee "$OUT/mp2.txt"
+            tail -n 3 /root/work/mp2/*.log ;;
     fits)   python3 benchmarks/scaling.py --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
