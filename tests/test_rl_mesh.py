@@ -85,6 +85,17 @@ PARITY = SETUP + textwrap.dedent("""
     assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding  # rows split
     sess.decode(3)
     assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding
+    outs = []  # a multi-turn session (tool text appended between decodes, as Search-R1 does), split or not
+    for params, lo, m in ((base, lora, None), (base4, replicate(lora, mesh), mesh)):
+      s = SamplerSession(params, c, max_total_len=24, temperature=0.0, lora=lo, lora_scale=2.0,
+                         dtype=jnp.float32, eos_ids=(), mesh=m)
+      s.start(prompts[:3])
+      s.decode(3)
+      s.append({0: [20, 21], 2: [22]})
+      s.decode(4)
+      outs.append(s.result())
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_array_equal(outs[0].valid, outs[1].valid)
     print("OK")
 """)
 

@@ -97,7 +97,7 @@ class SearchR1Env:
     return rollout_batch(policy.base, policy.model_config, self.tok, self.search_fn,
                          [q.question for q in items], self.rollout_cfg, lora=policy.lora,
                          lora_scale=policy.lora_scale, temperature=0.0 if greedy else policy.temperature,
-                         top_p=policy.top_p, rng=rng, dtype=policy.dtype)
+                         top_p=policy.top_p, rng=rng, dtype=policy.dtype, mesh=policy.mesh)
 
   def rollout(self, policy, items, rng, mask_truncated: bool = False):
     """(rows, examples): one multi-turn rollout per item."""
