@@ -3,7 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
-#                                          scaling mp2 fits (multi-GPU machines: nvidia-h100-x2 / -x4)
+#                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -64,6 +64,17 @@ for stage in "$@"; do
             python3 -c "import json; h=lambda d, k: [round(r[k], 4) for r in json.load(open(f'/root/work/mp2/{d}/history.json')) if k in r]
 for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s'): print(k, '1x2:', h('one', k), '2x1:', h('two', k))" | tee "$OUT/mp2.txt"
             tail -n 3 /root/work/mp2/*.log ;;
+    distill) # teacher = NF4 base + a GRPO adapter trained here; student = a fresh rank-4 LoRA (experiments/distill)
+            D=/root/work/distill; mkdir -p $D; M="--config.model.source=$GGUF --config.model.remat=full --config.model.logits_chunk=32"
+            python3 launch.py --config configs/grpo_arith.py $M --config.num_steps=${GRPO_STEPS:-100} \
+              --config.eval_every=${GRPO_STEPS:-100} --workdir $D/teacher_grpo > $D/teacher.log 2>&1; tail -n 2 $D/teacher.log
+            for v in ${DISTILL_VARIANTS:-full top20}; do
+              extra=""; [ $v = top20 ] && extra="--config.distill.top_k=20"
+              python3 launch.py --config configs/distill.py $M --config.teacher.adapter=$D/teacher_grpo/adapter \
+                --config.num_steps=${DISTILL_STEPS:-60} --config.eval_every=${DISTILL_STEPS:-60} $extra \
+                --workdir $D/student_$v > $D/student_$v.log 2>&1; tail -n 2 $D/student_$v.log
+            done
+            cp $D/*.log "$OUT/" ; for d in $D/*/; do cp $d/summary.json "$OUT/$(basename $d)_summary.json"; done ;;
     fits)   python3 benchmarks/scaling.py --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
