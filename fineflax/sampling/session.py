@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.models.decoder import init_cache
 from fineflax.sampling.decode import bucket, decode_chunk, feed_block
@@ -105,8 +106,7 @@ class SamplerSession:
       self.batch = -(-self.batch // n) * n
     block = bucket(max(len(p) for p in prompts) - 1)
     self.cache_len = block + bucket(self.max_total_len, minimum=16, multiple=64)
-    self.cache = init_cache(self.config, self.batch, self.cache_len, self.dtype)
-    self.cache = {k: self._put(v, 1 if k in ("k", "v") else 0) for k, v in self.cache.items()}
+    self.cache = self._new_cache()
     self.index = 0
     self.rows = [_Row(prompt_len=len(p)) for p in prompts]
     self.rows += [_Row(prompt_len=1, status="pad") for _ in range(self.batch - len(prompts))]
@@ -237,6 +237,18 @@ class SamplerSession:
                             self._put(positions), self.lora, self.lora_scale, config=self.config,
                             dtype=self.dtype)
     self.index += width
+
+  def _new_cache(self) -> dict:
+    """An empty KV cache; with a mesh, created directly split over its devices (rows of k/v/mask/pos),
+    so no device (or process) ever holds the whole cache."""
+    make = lambda: init_cache(self.config, self.batch, self.cache_len, self.dtype)
+    if self.mesh is None or self.mesh.devices.size == 1:
+      return make()
+    from fineflax.train.mesh import batch_sharding
+    shapes = jax.eval_shape(make)
+    shardings = {k: batch_sharding(self.mesh, 1 if k in ("k", "v") else 0, len(v.shape)) if v.shape
+                 else NamedSharding(self.mesh, P()) for k, v in shapes.items()}
+    return jax.jit(make, out_shardings=shardings)()
 
   def _put(self, x, batch_axis: int = 0):
     """x as a device array; with a mesh, split along `batch_axis` over every device, so the KV cache
