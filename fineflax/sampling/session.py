@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.decoder import init_cache
-from fineflax.sampling.decode import bucket, decode_chunk, feed_block
+from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
+from fineflax.sampling.decode import bucket, decode_chunk, decode_impl, feed_block
 from fineflax.sampling.processors import SamplingConfig
 
 
@@ -66,7 +67,13 @@ class SamplerSession:
 
   def __init__(self, params, config, *, max_total_len: int, tokenizer=None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
-               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None):
+               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None,
+               impl: str | None = "auto"):
+    """impl: the decoder (see `decode_impl`): "unrolled" (default; the weights re-laid out once here by
+    `prepare_unrolled`, an extra copy of the dense weights while the session lives) or "scan"."""
+    self.impl = decode_impl(impl)
+    if self.impl == "unrolled":
+      params = prepare_unrolled(params, config, dtype)
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.mesh = mesh
     self.sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
@@ -102,8 +109,13 @@ class SamplerSession:
     self.batch = bucket(len(prompts), minimum=1)
     block = bucket(max(len(p) for p in prompts) - 1)
     self.cache_len = block + bucket(self.max_total_len, minimum=16, multiple=64)
-    self.cache = init_cache(self.config, self.batch, self.cache_len, self.dtype)
-    self.cache = {k: self._put(v, 1 if k in ("k", "v") else 0) for k, v in self.cache.items()}
+    if self.impl == "unrolled":  # per-layer k / v [B, Hkv, S, Dh]
+      cache = init_unrolled_cache(self.config, self.batch, self.cache_len, self.dtype)
+      self.cache = {k: tuple(self._put(x) for x in v) if k in ("k", "v") else self._put(v)
+                    for k, v in cache.items()}
+    else:  # k / v [L, B, S, Hkv, Dh]
+      cache = init_cache(self.config, self.batch, self.cache_len, self.dtype)
+      self.cache = {k: self._put(v, 1 if k in ("k", "v") else 0) for k, v in cache.items()}
     self.index = 0
     self.rows = [_Row(prompt_len=len(p)) for p in prompts]
     self.rows += [_Row(prompt_len=1, status="pad") for _ in range(self.batch - len(prompts))]
@@ -173,7 +185,7 @@ class SamplerSession:
                "active": self._put(active), "budget": self._put(budget)}
       self.cache, state, eos, out = decode_chunk(
           self.params, self.cache, state, key, self._eos_arr, self.lora, self.lora_scale,
-          config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps)
+          config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps, impl=self.impl)
       state, eos, out = jax.device_get((state, eos, out))
       chunk_start, self.index = self.index, self.index + int(out["steps"])
       self.pending, self.pos = np.array(state["pending"]), np.array(state["pos"])
@@ -232,7 +244,7 @@ class SamplerSession:
         positions[b, width - len(x):] = np.arange(first, first + len(x))
     self.cache = feed_block(self.params, self.cache, self._put(tokens), self._put(mask),
                             self._put(positions), self.lora, self.lora_scale, config=self.config,
-                            dtype=self.dtype)
+                            dtype=self.dtype, impl=self.impl)
     self.index += width
 
   def _put(self, x, batch_axis: int = 0):
