@@ -14,9 +14,9 @@ per decoded token). Here the weights are re-laid out once, at sampler setup, by 
 
 `kernel_t` is a dense kernel transposed to [out, in] (y = x @ kernel_t.T, the layout of torch's Linear):
 at M = 1 row a dot XLA strength-reduces to multiply + reduce then reduces over the contiguous minor
-axis. With `transpose=False` the key is `kernel` [in, out] instead. A group whose kernels are quantised
-(NF4 / int8, anything with `.dequantize`) is not fused: its linears stay `{name: {"kernel": per-layer
-quantised tensor}}` and are dequantised per layer inside the step.
+axis. With `transpose=False` the key is `kernel` [in, out] instead. A group with a quantised kernel
+(NF4 / int8, anything with `.dequantize`) is not fused and not copied: its linears stay stacked under
+"quantized" {name: {"kernel": [L, ...] quantised, "bias"?}} and layer i is dequantised inside the step.
 
 The KV cache of this path (`init_unrolled_cache`) is per layer, in the layout the attention dots read
 without a transpose: k, v = tuples of L arrays [B, Hkv, S, Dh]; mask, pos [B, S]; index as
@@ -47,41 +47,48 @@ def _cast(x, dtype):
   return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "transpose"))
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True) -> dict:
   """The decode weights (see the module docstring) from a stacked `decoder` parameter pytree.
 
   Dense kernels are cast to `dtype`, concatenated per group along the output axis and (transpose=True)
-  transposed; quantised kernels are sliced per layer and kept quantised. One jitted call: the result is
-  a fresh copy of the dense weights (the caller's stacked params are not modified).
+  transposed, in one jitted call: a fresh copy of the dense linear weights (the caller's params are not
+  modified). Quantised kernels are not copied: they stay stacked under "quantized" {name: {"kernel",
+  "bias"?}} and `forward_unrolled` indexes layer i inside its jitted step, where the slice fuses into
+  the dequantisation. embed / final_norm / lm_head are cast (no copy when already `dtype`).
   """
   layers = params["layers"]
-  out_layers = []
+  quantized = {n: layers[n] for _, names in GROUPS for n in names
+               if n in layers and any(_is_quantized(layers[m]["kernel"]) for m in names if m in layers)}
+  dense = {n: p for n, p in layers.items() if n not in quantized}
+  out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
+         "layers": _prepare_layers(dense, config, dtype, transpose)}
+  if quantized:
+    out["quantized"] = {n: {k: v if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
+                        for n, p in quantized.items()}
+  if "lm_head" in params:
+    k = params["lm_head"]["kernel"]
+    out["lm_head"] = {"kernel": k if _is_quantized(k) else _cast(k, dtype)}
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "transpose"))
+def _prepare_layers(layers, config: ModelConfig, dtype, transpose: bool) -> list:
+  """Per-layer dicts of the vectors and the fused dense groups (groups absent from `layers` skipped)."""
+  out = []
   for i in range(config.num_layers):
     lp = {n: _cast(layers[n][i], dtype) for n in config.vector_names()}
     for group, names in GROUPS:
       names = [n for n in names if n in layers]
-      kernels = [layers[n]["kernel"] for n in names]
-      if any(_is_quantized(k) for k in kernels):
-        for n in names:
-          entry = {"kernel": jax.tree.map(lambda a: a[i], layers[n]["kernel"])}
-          if "bias" in layers[n]:
-            entry["bias"] = _cast(layers[n]["bias"][i], dtype)
-          lp[n] = entry
+      if not names:
         continue
-      w = jnp.concatenate([k[i].astype(dtype) for k in kernels], axis=1)
+      w = jnp.concatenate([layers[n]["kernel"][i].astype(dtype) for n in names], axis=1)
       entry = {"kernel_t": w.T} if transpose else {"kernel": w}
       if any("bias" in layers[n] for n in names):
         entry["bias"] = jnp.concatenate(
             [layers[n]["bias"][i].astype(dtype) if "bias" in layers[n]
              else jnp.zeros((layers[n]["kernel"].shape[-1],), dtype) for n in names])
       lp[group] = entry
-    out_layers.append(lp)
-  out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
-         "layers": out_layers}
-  if "lm_head" in params:
-    k = params["lm_head"]["kernel"]
-    out["lm_head"] = {"kernel": k if _is_quantized(k) else k.astype(dtype)}
+    out.append(lp)
   return out
 
 
@@ -103,10 +110,10 @@ def _project(x, lp, group, names, sizes, lora, scale, dtype):
     p = lp[group]
     if "kernel_t" in p:
       y = jax.lax.dot_general(x2, p["kernel_t"], (((1,), (1,)), ((), ())))
-    else:
-      y = x2 @ p["kernel"]
+    else:  # [in, out]: a dense fused group, or the one quantised linear of a group ("o", "down")
+      y = x2 @ materialize(p["kernel"], dtype)
     if "bias" in p:
-      y = y + p["bias"]
+      y = y + p["bias"].astype(dtype)
     ys = jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1) if len(names) > 1 else [y]
   else:
     ys = []
@@ -166,7 +173,10 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
   norm = lambda x_, w_: rms_norm(x_, w_, c.rms_norm_eps, c.norm_offset)
   nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   ks, vs = list(cache["k"]), list(cache["v"])
+  quantized = dparams.get("quantized", {})
   for i, (lp, window) in enumerate(zip(dparams["layers"], c.layer_windows())):
+    if quantized:  # layer i of the stacked quantised linears (the slice fuses into the dequantisation)
+      lp = {**lp, **{n: jax.tree.map(lambda a: a[i], p) for n, p in quantized.items()}}
     ll = None if lora is None else {n: {"a": ab["a"][i], "b": ab["b"][i]} for n, ab in lora.items()}
     h = norm(x, lp["attn_norm"])
     q, k, v = _project(h, lp, "qkv", ("q", "k", "v"), (nq, nkv, nkv), ll, lora_scale, dtype)
