@@ -32,19 +32,32 @@ TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def _params(config, seed=0):
-  params = init_params(config, jax.random.key(seed), jnp.float32, std=0.2)
-  # non-trivial biases and norm weights, so a misplaced one changes the answer
-  noise = lambda x, k: x + 0.1 * jax.random.normal(k, x.shape)
-  layers = {n: ({**p, "bias": noise(p["bias"], jax.random.key(7))} if isinstance(p, dict) and "bias" in p
-                else (noise(p, jax.random.key(8)) if not isinstance(p, dict) else p))
-            for n, p in params["layers"].items()}
-  return {**params, "layers": layers}
+  """Random f32 weights in the `init_params` layout: N(0, 0.2) kernels, noisy biases and norm weights
+  (so a misplaced one changes the answer). NumPy-drawn: no per-shape random-op compiles."""
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape, std=0.2: jnp.asarray(std * rng.standard_normal(shape), jnp.float32)
+  c, n_layers = config, config.num_layers
+  layers = {n: {"kernel": normal(n_layers, *shape)} for n, shape in c.linear_shapes().items()}
+  for n in c.bias_names():
+    layers[n]["bias"] = normal(n_layers, layers[n]["kernel"].shape[-1], std=0.1)
+  for n in c.vector_names():
+    width = c.head_dim if n in ("q_norm", "k_norm") else c.hidden_size
+    layers[n] = 1.0 - c.norm_offset + normal(n_layers, width, std=0.1)
+  params = {"embed": normal(c.vocab_size, c.hidden_size), "layers": layers,
+            "final_norm": 1.0 - c.norm_offset + normal(c.hidden_size, std=0.1)}
+  if not c.tie_word_embeddings:
+    params["lm_head"] = {"kernel": normal(c.hidden_size, c.vocab_size)}
+  return params
 
 
-def _lora(base, config, seed=1):
+def _lora(config, seed=1):
   cfg = L.LoraConfig(r=4, alpha=8.0, target_modules=TARGETS)
-  lora = L.init_lora(base, config, cfg, jax.random.key(0))
-  lora = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.key(seed), x.shape), lora)
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
+  shapes = config.linear_shapes()
+  lora = {n: {"a": normal(config.num_layers, shapes[n][0], cfg.r),
+              "b": normal(config.num_layers, cfg.r, shapes[n][1])} for n in TARGETS}
+  L.check_lora(lora, config, cfg)
   return lora, L.lora_scale(cfg)
 
 
@@ -71,7 +84,7 @@ def _assert_same(params, config, append=False, **kw):
 
 def test_unrolled_greedy_equals_scan_every_numerics_switch_with_lora():
   params = _params(EVERYTHING)
-  lora, scale = _lora(params, EVERYTHING)
+  lora, scale = _lora(EVERYTHING)
   _assert_same(params, EVERYTHING, lora=lora, lora_scale=scale)
 
 
@@ -85,7 +98,7 @@ def test_unrolled_on_nf4_base_with_lora_equals_scan():
   layer = dparams["layers"][1]
   assert "qkv" not in layer and "gate_up" not in layer
   np.testing.assert_array_equal(layer["down"]["kernel_t"], params["layers"]["down"]["kernel"][1].T)
-  lora, scale = _lora(base, LLAMA)
+  lora, scale = _lora(LLAMA)
   _assert_same(base, LLAMA, append=True, lora=lora, lora_scale=scale)
 
 
