@@ -106,11 +106,15 @@ def jax_worker(spec: dict) -> dict:
       t2 = time.perf_counter()
       return s.result(width=n), t1 - t0, t2 - t1
 
-    t = time.perf_counter()
-    res, _, _ = run()
-    first_s = time.perf_counter() - t
-    assert res.mask.all(), "a row stopped early"
-    _, prefill_s, decode_s = run()
+    try:
+      t = time.perf_counter()
+      res, _, _ = run()
+      first_s = time.perf_counter() - t
+      assert res.mask.all(), "a row stopped early"
+      _, prefill_s, decode_s = run()
+    except Exception as e:  # e.g. out of memory: keep the other rows
+      out.setdefault("errors", []).append(f"{impl} {name} B={batch}: {type(e).__name__}: {str(e)[:200]}")
+      continue
     if batch == spec["batches"][0]:
       greedy[name, impl] = res.tokens
     same = None
@@ -171,15 +175,19 @@ def torch_worker(spec: dict) -> dict:
     else:
       kw.update(disable_compile=True)
       warm = dict(kw, max_new_tokens=8, min_new_tokens=8)
-    with torch.no_grad():
-      t = time.perf_counter()
-      model.generate(ids, **warm)
-      sync()
-      first_s = time.perf_counter() - t
-      t = time.perf_counter()
-      model.generate(ids, **kw)
-      sync()
-      dt = time.perf_counter() - t
+    try:
+      with torch.no_grad():
+        t = time.perf_counter()
+        model.generate(ids, **warm)
+        sync()
+        first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, **kw)
+        sync()
+        dt = time.perf_counter() - t
+    except Exception as e:  # e.g. torch.compile failing on this machine: keep the rows measured so far
+      out["error"] = f"{name} B={batch}: {type(e).__name__}: {str(e)[:300]}"
+      break
     out["rows"].append({"model": name, "batch": batch, "cache": cache, "tok_s": batch * n / dt,
                         "first_call_s": first_s})
     print(f"transformers ({cache}) {name} B={batch}: {batch * n / dt:.0f} tok/s (first call {first_s:.0f} s)",
@@ -243,7 +251,7 @@ def report(spec: dict, ours: dict, hf: list[dict], argv) -> str:
                    fmt(u["tok_s"] / s["tok_s"] if s and u else None, 2), fmt(dyn), fmt(sta),
                    fmt(u["tok_s"] / best if u and best else None, 2)])
   notes = [f"{k}: {v}" for r in [ours] + spec.get("hf_raw", []) for k, v in r.items()
-           if k in ("error", "note", "skipped")]
+           if k in ("error", "errors", "note", "skipped")]
   lines = [f"Device: {dev} (transformers: {spec.get('hf_device', '-')}). "
            f"Command: `python {shlex.join(['benchmarks/decode.py'] + list(argv))}`.",
            f"Prompt {spec['prompt_len']} random tokens, {spec['new_tokens']} new tokens, greedy, EOS ignored, "

@@ -1,4 +1,4 @@
-"""The unrolled decoder (`fineflax.models.unrolled`, the sampler's default) against the scan decoder it
+"""The unrolled decoder (`fineflax.models.unrolled`, the sampler's default on GPUs) against the scan decoder it
 replaces: greedy tokens identical and log-probs equal to f32 rounding for tiny random f32 models (plain,
 with LoRA, on an NF4 base, across the Llama / Qwen2 / Qwen3 / Gemma 2 numerics), and its compiled decode
 step reads weights in place (no per-layer dynamic-slice copies of weights)."""
@@ -114,9 +114,10 @@ def test_prepare_unrolled_fuses_qkv_and_gate_up():
 
 def test_decode_impl_choice(monkeypatch):
   monkeypatch.delenv("FINEFLAX_DECODE", raising=False)
-  assert decode_impl("auto") == "unrolled" and decode_impl(None) == "unrolled"
+  assert decode_impl("auto", backend="gpu") == "unrolled" and decode_impl(None, backend="gpu") == "unrolled"
+  assert decode_impl("auto", backend="cpu") == "scan" and decode_impl("unrolled", backend="cpu") == "unrolled"
   monkeypatch.setenv("FINEFLAX_DECODE", "scan")
-  assert decode_impl("auto") == "scan" and decode_impl("unrolled") == "unrolled"
+  assert decode_impl("auto", backend="gpu") == "scan" and decode_impl("unrolled") == "unrolled"
   with pytest.raises(ValueError, match="'loop'.*choose one of"):
     decode_impl("loop")
 

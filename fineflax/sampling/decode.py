@@ -36,12 +36,14 @@ def bucket(n: int, minimum: int = 16, multiple: int = 256) -> int:
 DECODE_IMPLS = ("auto", "unrolled", "scan")
 
 
-def decode_impl(preference: str | None = "auto") -> str:
+def decode_impl(preference: str | None = "auto", backend: str | None = None) -> str:
   """The decoder of the sampler: `preference` when "unrolled" or "scan"; for "auto" / None the
-  environment variable FINEFLAX_DECODE=unrolled|scan if set, else "unrolled"."""
+  environment variable FINEFLAX_DECODE=unrolled|scan if set, else "unrolled" on GPUs (`backend`,
+  default `jax.default_backend()`) and "scan" elsewhere (on CPU the scan measured faster)."""
   preference = preference or "auto"
   if preference == "auto":
-    preference = os.environ.get("FINEFLAX_DECODE") or "unrolled"
+    backend = backend or jax.default_backend()
+    preference = os.environ.get("FINEFLAX_DECODE") or ("unrolled" if backend == "gpu" else "scan")
   if preference not in DECODE_IMPLS[1:]:
     raise ValueError(f"decode impl {preference!r}; choose one of {DECODE_IMPLS}")
   return preference

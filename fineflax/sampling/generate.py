@@ -37,7 +37,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   EOS. stop_strings need `tokenizer`; rows end at their first stop string (see `SamplerSession`).
   Prompts: token lists of any lengths (left-padded internally), or an array with `prompt_mask`.
   mesh: a `fineflax.train.mesh` mesh; the rows (and KV cache) are split over its devices.
-  impl: the decoder, "unrolled" (default) or "scan" (see `fineflax.sampling.decode.decode_impl`).
+  impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `sampling.decode.decode_impl`).
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"generate(max_new_tokens={max_new_tokens!r}): must be an integer >= 1")

@@ -69,8 +69,9 @@ class SamplerSession:
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
                lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None,
                impl: str | None = "auto"):
-    """impl: the decoder (see `decode_impl`): "unrolled" (default; the weights re-laid out once here by
-    `prepare_unrolled`, an extra copy of the dense weights while the session lives) or "scan"."""
+    """impl: the decoder (see `decode_impl`; "auto": "unrolled" on GPUs, else "scan"). "unrolled"
+    re-lays the weights out once here (`prepare_unrolled`): an extra copy of the dense weights while the
+    session lives."""
     self.impl = decode_impl(impl)
     if self.impl == "unrolled":
       params = prepare_unrolled(params, config, dtype)
