@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler decode sweep grpo search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
@@ -26,6 +26,7 @@ for stage in "$@"; do
     bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
             python3 benchmarks/qlora.py ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
+    decode) python3 benchmarks/decode.py ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;

@@ -7,16 +7,21 @@ new pending token. Prefill and `append` feed everything but the last token as a 
 becomes pending. So no logits are carried between calls and the prompt's logits are never materialised.
 
 Both functions donate the cache (updated in place) and are compiled once per (static settings, shapes);
-callers round shapes up to buckets (`bucket`).
+callers round shapes up to buckets (`bucket`). `impl` (static) picks the decoder: "scan" runs
+`decoder.forward_hidden` (layers scanned over the stacked params, cache of `decoder.init_cache`);
+"unrolled" runs `unrolled.forward_unrolled` (params from `prepare_unrolled`, cache of
+`init_unrolled_cache`): the layers unrolled over per-layer weights read in place, fused q/k/v and gate/up.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 
-from fineflax.models.decoder import forward_cached, forward_hidden
+from fineflax.models.decoder import forward_hidden, logits_from_hidden
+from fineflax.models.unrolled import forward_unrolled
 from fineflax.sampling.processors import SamplingConfig, sample_tokens
 
 
@@ -28,6 +33,29 @@ def bucket(n: int, minimum: int = 16, multiple: int = 256) -> int:
   return -(-n // multiple) * multiple
 
 
+DECODE_IMPLS = ("auto", "unrolled", "scan")
+
+
+def decode_impl(preference: str | None = "auto", backend: str | None = None) -> str:
+  """The decoder of the sampler: `preference` when "unrolled" or "scan"; for "auto" / None the
+  environment variable FINEFLAX_DECODE=unrolled|scan if set, else "unrolled" on GPUs (`backend`,
+  default `jax.default_backend()`) and "scan" elsewhere (on CPU the scan measured faster)."""
+  preference = preference or "auto"
+  if preference == "auto":
+    backend = backend or jax.default_backend()
+    preference = os.environ.get("FINEFLAX_DECODE") or ("unrolled" if backend == "gpu" else "scan")
+  if preference not in DECODE_IMPLS[1:]:
+    raise ValueError(f"decode impl {preference!r}; choose one of {DECODE_IMPLS}")
+  return preference
+
+
+def _hidden(impl, params, config, tokens, cache, **kwargs):
+  """(hidden [B, T, H], cache) of the chosen decoder."""
+  if impl == "unrolled":
+    return forward_unrolled(params, config, tokens, cache, **kwargs)
+  return forward_hidden(params, config, tokens, cache=cache, **kwargs)
+
+
 def cast_params(params, dtype):
   """Floating arrays cast to `dtype`; quantised tensors (with `.dequantize`) left as they are."""
   def cast(x):
@@ -37,22 +65,23 @@ def cast_params(params, dtype):
   return jax.tree.map(cast, params, is_leaf=lambda x: hasattr(x, "dequantize"))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype"), donate_argnames=("cache",))
-def feed_block(params, cache, tokens, attention_mask, positions, lora, lora_scale, *, config, dtype):
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl"), donate_argnames=("cache",))
+def feed_block(params, cache, tokens, attention_mask, positions, lora, lora_scale, *, config, dtype,
+               impl: str = "scan"):
   """Writes tokens [B, T] at slots [index, index + T) of the cache; returns the new cache.
 
   attention_mask [B, T]: 1 = real token (0 slots stay invisible forever); positions [B, T].
   """
   params = cast_params(params, dtype)
-  _, cache = forward_hidden(params, config, tokens, cache=cache, positions=positions,
-                            attention_mask=attention_mask, lora=lora, lora_scale=lora_scale, dtype=dtype)
+  _, cache = _hidden(impl, params, config, tokens, cache, positions=positions,
+                     attention_mask=attention_mask, lora=lora, lora_scale=lora_scale, dtype=dtype)
   return cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "sampling", "num_steps"),
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "sampling", "num_steps", "impl"),
                    donate_argnames=("cache",))
 def decode_chunk(params, cache, state, rng, eos_ids, lora, lora_scale, *, config, dtype,
-                 sampling: SamplingConfig, num_steps: int):
+                 sampling: SamplingConfig, num_steps: int, impl: str = "scan"):
   """Runs up to `num_steps` decode steps under `lax.while_loop`, stopping early once no row is active.
 
   state: {pending int32 [B], pos int32 [B], active bool [B], budget int32 [B] (tokens still allowed)}.
@@ -75,9 +104,9 @@ def decode_chunk(params, cache, state, rng, eos_ids, lora, lora_scale, *, config
   def body(carry):
     step, cache, st, eos, out = carry
     active = st["active"]
-    logits, cache = forward_cached(params, config, st["pending"][:, None], cache,
-                                   positions=st["pos"][:, None], attention_mask=active[:, None],
-                                   lora=lora, lora_scale=lora_scale, dtype=dtype)
+    h, cache = _hidden(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
+                       attention_mask=active[:, None], lora=lora, lora_scale=lora_scale, dtype=dtype)
+    logits = logits_from_hidden(params, config, h)
     tok, lp, raw = sample_tokens(logits[:, 0], jax.random.fold_in(rng, step), sampling)
     tok = jnp.where(active, tok, 0)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))

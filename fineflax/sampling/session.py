@@ -25,7 +25,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.models.decoder import init_cache
-from fineflax.sampling.decode import bucket, decode_chunk, feed_block
+from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
+from fineflax.sampling.decode import bucket, decode_chunk, decode_impl, feed_block
 from fineflax.sampling.processors import SamplingConfig
 
 
@@ -67,7 +68,14 @@ class SamplerSession:
 
   def __init__(self, params, config, *, max_total_len: int, tokenizer=None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
-               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None):
+               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None,
+               impl: str | None = "auto"):
+    """impl: the decoder (see `decode_impl`; "auto": "unrolled" on GPUs, else "scan"). "unrolled"
+    re-lays the weights out once here (`prepare_unrolled`): an extra copy of the dense weights while the
+    session lives."""
+    self.impl = decode_impl(impl)
+    if self.impl == "unrolled":
+      params = prepare_unrolled(params, config, dtype)
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.mesh = mesh
     self.sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
@@ -176,7 +184,7 @@ class SamplerSession:
                "active": self._put(active), "budget": self._put(budget)}
       self.cache, state, eos, out = decode_chunk(
           self.params, self.cache, state, key, self._eos_arr, self.lora, self.lora_scale,
-          config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps)
+          config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps, impl=self.impl)
       state, eos, out = _fetch((state, eos, out))
       chunk_start, self.index = self.index, self.index + int(out["steps"])
       self.pending, self.pos = np.array(state["pending"]), np.array(state["pos"])
@@ -235,19 +243,22 @@ class SamplerSession:
         positions[b, width - len(x):] = np.arange(first, first + len(x))
     self.cache = feed_block(self.params, self.cache, self._put(tokens), self._put(mask),
                             self._put(positions), self.lora, self.lora_scale, config=self.config,
-                            dtype=self.dtype)
+                            dtype=self.dtype, impl=self.impl)
     self.index += width
 
   def _new_cache(self) -> dict:
-    """An empty KV cache; with a mesh, created directly split over its devices (rows of k/v/mask/pos),
-    so no device (or process) ever holds the whole cache."""
-    make = lambda: init_cache(self.config, self.batch, self.cache_len, self.dtype)
+    """An empty KV cache (unrolled: per-layer k / v [B, Hkv, S, Dh]; scan: k / v [L, B, S, Hkv, Dh]); with
+    a mesh, created directly split over its devices by rows, so no device (or process) holds all of it."""
+    if self.impl == "unrolled":
+      make, row_axis = lambda: init_unrolled_cache(self.config, self.batch, self.cache_len, self.dtype), {}
+    else:
+      make, row_axis = lambda: init_cache(self.config, self.batch, self.cache_len, self.dtype), {"k": 1, "v": 1}
     if self.mesh is None or self.mesh.devices.size == 1:
       return make()
     from fineflax.train.mesh import batch_sharding
-    shapes = jax.eval_shape(make)
-    shardings = {k: batch_sharding(self.mesh, 1 if k in ("k", "v") else 0, len(v.shape)) if v.shape
-                 else NamedSharding(self.mesh, P()) for k, v in shapes.items()}
+    shardings = {k: jax.tree.map(lambda x, k=k: batch_sharding(self.mesh, row_axis.get(k, 0), len(x.shape))
+                                 if x.shape else NamedSharding(self.mesh, P()), v)
+                 for k, v in jax.eval_shape(make).items()}
     return jax.jit(make, out_shardings=shardings)()
 
   def _put(self, x, batch_axis: int = 0):

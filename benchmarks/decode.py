@@ -1,0 +1,313 @@
+"""Decode speed at the weight-read bound: fineflax's scan vs unrolled decoder vs transformers, same GPU, same run.
+
+  python benchmarks/decode.py            # GPU: SmolLM2-135M and Llama-3.2-1B shapes, random bf16 weights
+  python benchmarks/decode.py --smoke    # CPU check: tiny shape, prints only (RESULTS.md untouched)
+
+Per model, with a 32-token random prompt, N = 64 new tokens, greedy, EOS ignored, bf16 weights and KV cache:
+  * fineflax `SamplerSession` with impl="scan" (the old path: layers scanned over stacked weights) and
+    impl="unrolled" (the new default), batch 1, 64 and 256; at batch 1 also "unrolled-in_out" (the
+    unrolled path with [in, out] kernels instead of [out, in], a layout diagnostic).
+    step ms = wall time of `decode(N)` (one device loop of N steps, prefill excluded) / N;
+    tok/s = batch * N / wall time of `start` (prefill) + `decode(N)`, after one untimed run (compile).
+  * weight-read time = bytes of weights read per step / bandwidth: every parameter once (the tied
+    embedding is the output projection, read whole; at batch 1 the KV cache adds < 1%), bandwidth =
+    measured device copy `x + 1` over 2 GiB (2 * bytes / time: read + write), and for reference the
+    chip's HBM peak from its data sheet. ratio = step ms / weight-read ms (target <= 1.6 vs measured).
+  * transformers `generate` (LlamaForCausalLM, same shape and random init, sdpa) with the dynamic cache,
+    and with a static cache + `torch.compile` (transformers' generation `CompileConfig()`, mode
+    "reduce-overhead", compiled decode forward); tok/s = batch * N / generate wall time (prefill
+    included) after a warm-up call of the same shape. Skipped when torch has no CUDA.
+Each side runs in its own subprocess (JAX without preallocation), within a budget (--budget, default
+280 s: fineflax at most 65% of it, then transformers dynamic, then static + compile with what is left, batch 1
+first); rows not reached are marked "-" and the notes say which worker was cut.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import _gpu  # noqa: E402
+from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks.sampler import SHAPES, _prompts  # noqa: E402
+
+SMOKE_SHAPES = {"tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
+                             num_kv_heads=2, head_dim=16, tie_word_embeddings=True)}
+HBM_PEAK = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "A100": 2.0e12}
+BUDGET_S = 280.0
+
+
+def _config(shape: dict):
+  from fineflax.models import ModelConfig
+  if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
+    shape = dict(shape, rope_scaling=tuple(tuple(kv) for kv in shape["rope_scaling"]))
+  return ModelConfig(**shape)
+
+
+def _emit(out: dict) -> None:
+  """The cumulative result so far (a killed worker still leaves its last line)."""
+  _gpu.print_result(out)
+
+
+# ----------------------------------------------------------------------------- fineflax worker
+
+def jax_worker(spec: dict) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from fineflax.models import init_params
+  from fineflax.models.unrolled import prepare_unrolled
+  from fineflax.sampling import session as session_mod
+  out = {"device": _gpu.jax_device_name(), "rows": [], "weight_bytes": {}}
+  nbytes = spec["copy_bytes"]
+  x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+  add = jax.jit(lambda x: x + 1, donate_argnums=0)  # donated: no allocation per call
+  x = add(x).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(10):
+    x = add(x)
+  x.block_until_ready()
+  out["copy_bytes_s"] = 2 * nbytes * 10 / (time.perf_counter() - t)
+  del x
+  n = spec["new_tokens"]
+  models, greedy = {}, {}
+  cases = [(m, impl, b) for b in spec["batches"] for m in spec["shapes"] for impl in ("scan", "unrolled")]
+  if spec.get("in_out"):
+    cases[2 * len(spec["shapes"]):2 * len(spec["shapes"])] = [(m, "unrolled-in_out", spec["batches"][0])
+                                                             for m in spec["shapes"]]
+  for name, impl, batch in cases:  # batch-major: the batch-1 rows first
+    if name not in models:
+      config = _config(spec["shapes"][name])
+      params = jax.jit(lambda k: init_params(config, k, dtype=jnp.bfloat16))(jax.random.key(0))
+      out["weight_bytes"][name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+      models[name] = (config, params)
+    config, params = models[name]
+    in_out = impl == "unrolled-in_out"
+    session_mod.prepare_unrolled = (lambda p, c, d: prepare_unrolled(p, c, d, transpose=False)) if in_out \
+        else prepare_unrolled
+    prompts = _prompts(batch, spec["prompt_len"], config.vocab_size)
+
+    def run():
+      s = session_mod.SamplerSession(params, config, max_total_len=n, temperature=0.0, eos_ids=(),
+                                     dtype=jnp.bfloat16, impl="unrolled" if in_out else impl)
+      jax.block_until_ready(s.params)
+      t0 = time.perf_counter()
+      s.start(prompts)
+      jax.block_until_ready(s.cache)
+      t1 = time.perf_counter()
+      s.decode(n)
+      t2 = time.perf_counter()
+      return s.result(width=n), t1 - t0, t2 - t1
+
+    try:
+      t = time.perf_counter()
+      res, _, _ = run()
+      first_s = time.perf_counter() - t
+      assert res.mask.all(), "a row stopped early"
+      _, prefill_s, decode_s = run()
+    except Exception as e:  # e.g. out of memory: keep the other rows
+      out.setdefault("errors", []).append(f"{impl} {name} B={batch}: {type(e).__name__}: {str(e)[:200]}")
+      continue
+    if batch == spec["batches"][0]:
+      greedy[name, impl] = res.tokens
+    same = None
+    if (name, impl) in greedy and (name, "scan") in greedy:
+      same = float(np.mean(greedy[name, impl] == greedy[name, "scan"]))
+    out["rows"].append({"model": name, "impl": impl, "batch": batch, "step_ms": 1e3 * decode_s / n,
+                        "tok_s": batch * n / (prefill_s + decode_s), "first_call_s": first_s,
+                        "same_tokens": same})
+    print(f"fineflax {impl} {name} B={batch}: {1e3 * decode_s / n:.3f} ms/step, "
+          f"{batch * n / (prefill_s + decode_s):.0f} tok/s (first call {first_s:.1f} s)", file=sys.stderr,
+          flush=True)
+    _emit(out)
+  session_mod.prepare_unrolled = prepare_unrolled
+  return out
+
+
+# ----------------------------------------------------------------------------- transformers worker
+
+def torch_worker(spec: dict) -> dict:
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  from transformers.generation import CompileConfig
+  from transformers.initialization import no_init_weights
+  cuda = torch.cuda.is_available()
+  dev = "cuda" if cuda else "cpu"
+  out = {"device": _gpu.torch_device_name(), "rows": []}
+  if not cuda and not spec.get("smoke"):
+    out["skipped"] = "torch has no CUDA"
+    return out
+  cache = spec["cache"]
+  n = spec["new_tokens"]
+  models = {}
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  for name, batch in spec["pairs"]:  # (model, batch) in the order to measure; models built once
+    shape = spec["shapes"][name]
+    if name not in models:
+      rope = dict(shape.get("rope_scaling") or ())
+      cfg = LlamaConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                        intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
+                        num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
+                        head_dim=shape["head_dim"], rms_norm_eps=shape.get("rms_norm_eps", 1e-5),
+                        tie_word_embeddings=True, max_position_embeddings=131072,
+                        rope_parameters=dict(rope, rope_theta=shape.get("rope_theta", 10000.0)) if rope
+                        else {"rope_type": "default", "rope_theta": shape.get("rope_theta", 10000.0)})
+      with no_init_weights(), torch.device(dev):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+      with torch.no_grad():
+        for p in model.parameters():
+          p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+      models[name] = model
+    model = models[name]
+    ids = torch.tensor(_prompts(batch, spec["prompt_len"], shape["vocab_size"]), device=dev)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+              pad_token_id=0)
+    if cache == "static":  # the warm-up must have the timed call's cache length (no recompile)
+      kw.update(cache_implementation="static", compile_config=CompileConfig(), disable_compile=not cuda)
+      warm = kw
+    else:
+      kw.update(disable_compile=True)
+      warm = dict(kw, max_new_tokens=8, min_new_tokens=8)
+    try:
+      with torch.no_grad():
+        t = time.perf_counter()
+        model.generate(ids, **warm)
+        sync()
+        first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        model.generate(ids, **kw)
+        sync()
+        dt = time.perf_counter() - t
+    except Exception as e:  # e.g. torch.compile failing on this machine: keep the rows measured so far
+      out["error"] = f"{name} B={batch}: {type(e).__name__}: {str(e)[:300]}"
+      break
+    out["rows"].append({"model": name, "batch": batch, "cache": cache, "tok_s": batch * n / dt,
+                        "first_call_s": first_s})
+    print(f"transformers ({cache}) {name} B={batch}: {batch * n / dt:.0f} tok/s (first call {first_s:.0f} s)",
+          file=sys.stderr, flush=True)
+    _emit(out)
+  return out
+
+
+# ----------------------------------------------------------------------------- driver
+
+def _run(spec: dict, env=None, timeout: float = 600.0) -> dict:
+  """Runs one worker; its last result line, also when it was killed at `timeout`."""
+  argv = [sys.executable, __file__, "--worker", json.dumps(spec)]
+  try:
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=max(timeout, 1.0))
+    stdout, err = proc.stdout, f"exit code {proc.returncode}"
+  except subprocess.TimeoutExpired as e:
+    stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    err = f"stopped at the time cap ({timeout:.0f} s)"
+  for line in reversed(stdout.splitlines()):
+    if line.startswith(_gpu.RESULT_PREFIX):
+      res = json.loads(line[len(_gpu.RESULT_PREFIX):])
+      if err.startswith("stopped"):
+        res["note"] = err
+      return res
+  return {"error": f"{err}; no result line", "rows": []}
+
+
+def _peak(device: str) -> float | None:
+  return next((v for k, v in HBM_PEAK.items() if k in device), None)
+
+
+def report(spec: dict, ours: dict, hf: list[dict], argv) -> str:
+  fmt = lambda v, d=0: "-" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))
+  rows = ours.get("rows", [])
+  get = lambda m, i, b: next((r for r in rows if r["model"] == m and r["impl"] == i and r["batch"] == b), None)
+  bw, dev = ours.get("copy_bytes_s"), ours.get("device", "-")
+  peak = _peak(dev)
+  lat = []
+  for m in spec["shapes"]:
+    wb = ours.get("weight_bytes", {}).get(m)
+    read_ms = 1e3 * wb / bw if wb and bw else None
+    peak_ms = 1e3 * wb / peak if wb and peak else None
+    for impl in ("scan", "unrolled", "unrolled-in_out"):
+      r = get(m, impl, spec["batches"][0])
+      if r is None:
+        continue
+      lat.append([m, impl, fmt(r["step_ms"], 3), fmt(wb / 1e9 if wb else None, 3), fmt(read_ms, 3),
+                  fmt(r["step_ms"] / read_ms if read_ms else None, 2),
+                  fmt(r["step_ms"] / peak_ms if peak_ms else None, 2), fmt(r["first_call_s"], 1),
+                  fmt(r["same_tokens"], 3)])
+  tput = []
+  hf_get = lambda m, b, c: next((r["tok_s"] for r in hf if r["model"] == m and r["batch"] == b
+                                 and r["cache"] == c), None)
+  for m in spec["shapes"]:
+    for b in spec["batches"]:
+      s, u = get(m, "scan", b), get(m, "unrolled", b)
+      dyn, sta = hf_get(m, b, "dynamic"), hf_get(m, b, "static")
+      best = max([v for v in (dyn, sta) if v] or [0.0]) or None
+      tput.append([m, b, fmt(s and s["tok_s"]), fmt(u and u["tok_s"]),
+                   fmt(u["tok_s"] / s["tok_s"] if s and u else None, 2), fmt(dyn), fmt(sta),
+                   fmt(u["tok_s"] / best if u and best else None, 2)])
+  notes = [f"{k}: {v}" for r in [ours] + spec.get("hf_raw", []) for k, v in r.items()
+           if k in ("error", "errors", "note", "skipped")]
+  lines = [f"Device: {dev} (transformers: {spec.get('hf_device', '-')}). "
+           f"Command: `python {shlex.join(['benchmarks/decode.py'] + list(argv))}`.",
+           f"Prompt {spec['prompt_len']} random tokens, {spec['new_tokens']} new tokens, greedy, EOS ignored, "
+           f"bf16 random weights and KV cache. Measured copy bandwidth (`x + 1` over "
+           f"{spec['copy_bytes'] / 2**30:.3g} GiB, read + write): {fmt(bw and bw / 1e12, 2)} TB/s; HBM peak "
+           f"(data sheet): {fmt(peak and peak / 1e12, 2)} TB/s.",
+           "", "Batch-1 decode step vs the weight-read time (weights read once per step; target ratio <= 1.6):",
+           "", markdown_table(["model", "decoder", "ms/step", "weights GB", "weight read ms (measured BW)",
+                               "ratio", "ratio vs HBM peak", "first call s", "tokens = scan"], lat),
+           "", "Throughput, tokens/s = batch * new tokens / wall time (prefill included):", "",
+           markdown_table(["model", "batch", "fineflax scan", "fineflax unrolled", "unrolled / scan",
+                           "transformers dynamic", "transformers static + compile", "unrolled / best HF"],
+                          tput)]
+  if notes:
+    lines += ["", "Notes: " + "; ".join(notes)]
+  return "\n".join(x for x in lines)
+
+
+def main(argv=None) -> None:
+  argv = sys.argv[1:] if argv is None else argv
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--smoke", action="store_true", help="CPU check with a tiny shape; does not write RESULTS.md")
+  ap.add_argument("--new-tokens", type=int, default=0)
+  ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+  ap.add_argument("--in-out", action="store_true",
+                  help="also time the unrolled decoder with [in, out] kernels at batch 1 (layout diagnostic)")
+  ap.add_argument("--budget", type=float, default=BUDGET_S,
+                  help=f"seconds for the whole run (default {BUDGET_S:.0f}); later transformers rows are cut")
+  ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.worker:
+    spec = json.loads(args.worker)
+    _emit(jax_worker(spec) if spec["side"] == "jax" else torch_worker(spec))
+    return
+  t0 = time.perf_counter()
+  spec = {"shapes": SMOKE_SHAPES if args.smoke else SHAPES, "prompt_len": 8 if args.smoke else 32,
+          "new_tokens": args.new_tokens or (8 if args.smoke else 64),
+          "batches": [1, 4, 8] if args.smoke else [1, 64, 256], "smoke": args.smoke,
+          "copy_bytes": (1 << 24) if args.smoke else (1 << 31), "in_out": args.in_out}
+  spec["pairs"] = [(m, b) for b in spec["batches"] for m in spec["shapes"]]  # batch-major: small first
+  ours = _run(dict(spec, side="jax"), _gpu.jax_env(), timeout=0.65 * args.budget)
+  hf, raw = [], []
+  if not args.no_hf:
+    for cache in ("dynamic", "static"):
+      left = args.budget - (time.perf_counter() - t0) - (5 if cache == "static" else 0.1 * args.budget)
+      r = _run(dict(spec, side="torch", cache=cache), timeout=left) if left > 5 else \
+          {"note": f"transformers {cache}: no time left", "rows": []}
+      hf += r.get("rows", [])
+      raw.append({k: f"transformers {cache}: {v}" for k, v in r.items() if k in ("error", "note", "skipped")})
+      spec["hf_device"] = r.get("device", spec.get("hf_device", "-"))
+  md = report(dict(spec, hf_raw=raw), ours, hf, argv)
+  md += f"\n\nWall time of the benchmark: {time.perf_counter() - t0:.0f} s."
+  print(md)
+  if not args.smoke:
+    write_section("decode", "## Decode at the weight-read bound (scan vs unrolled decoder)\n\n" + md)
+
+
+if __name__ == "__main__":
+  main()
