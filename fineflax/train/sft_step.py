@@ -18,12 +18,18 @@ from fineflax.train.state import State
 
 
 def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
-            dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256):
-  """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T]."""
+            dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256,
+            causal_prefix: bool = False):
+  """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T].
+
+  causal_prefix=True: the batch holds one right-padded sequence a row (`fineflax.data` without packing),
+  so its segment_ids are ignored and attention is plain causal (`forward_hidden`): same loss, faster kernel.
+  """
   h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
-                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"),
+                     attention_mask=batch["attention_mask"],
+                     segment_ids=None if causal_prefix else batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
-                     dropout_rng=dropout_rng, remat=remat, dtype=dtype)
+                     dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
   logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
                                            batch["targets"], chunk=logits_chunk,
                                            logit_softcap=model_config.final_logit_softcapping)
