@@ -42,20 +42,26 @@ def _dense_nll(lora, params, batch):
   return -jnp.sum(token_logp(logits, batch["targets"]) * batch["loss_mask"])
 
 
-def _assert_loss_and_grads_match(fast, params, lora, batch, rtol=2e-5, atol=2e-6):
-  ref, g_ref = jax.jit(jax.value_and_grad(_dense_nll))(lora, params, batch)
-  val, g = jax.jit(jax.value_and_grad(fast))(lora, params, batch)
-  np.testing.assert_allclose(val, ref, rtol=rtol, atol=atol)
+def _assert_close(fast, ref, rtol=2e-5, atol=2e-6):
+  (val, g), (ref_val, g_ref) = fast, ref
+  np.testing.assert_allclose(val, ref_val, rtol=rtol, atol=atol)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g), jax.tree_util.tree_leaves(g_ref)):
     np.testing.assert_allclose(a, b, rtol=rtol * 50, atol=atol * 50, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("causal_prefix", [False, True])
-def test_sft_nll_matches_dense_reference(causal_prefix):
-  params, lora, batch = _setup()
-  fast = lambda lo, p, bt: sft_nll(lo, p, bt, model_config=MC, lora_scale=lora_scale(LCFG), logits_chunk=5,
+def _sft(causal_prefix, remat, base=None):
+  return lambda lo, p, bt: sft_nll(lo, p if base is None else base, bt, model_config=MC,
+                                   lora_scale=lora_scale(LCFG), logits_chunk=5, remat=remat,
                                    causal_prefix=causal_prefix)[0]
-  _assert_loss_and_grads_match(fast, params, lora, batch)
+
+
+def test_sft_nll_matches_dense_reference():
+  # masked attention (segment ids) and causal_prefix, chunked loss whose gradient comes from the forward
+  params, lora, batch = _setup()
+  vg = lambda f: jax.value_and_grad(f)(lora, params, batch)
+  ref, masked, causal = jax.jit(lambda: (vg(_dense_nll), vg(_sft(False, "none")), vg(_sft(True, "full"))))()
+  _assert_close(masked, ref)
+  _assert_close(causal, ref)
 
 
 def test_causal_prefix_keeps_real_tokens_and_refuses_segments():
@@ -70,3 +76,13 @@ def test_causal_prefix_keeps_real_tokens_and_refuses_segments():
   assert not np.allclose(np.asarray(causal)[~valid], np.asarray(masked)[~valid])  # padding may differ
   with pytest.raises(ValueError, match="causal_prefix"):
     forward_hidden(params, MC, batch["tokens"], segment_ids=batch["segment_ids"], causal_prefix=True, **kw)
+
+
+def test_sft_nll_on_nf4_weights_matches_dequantised_dense_reference():
+  from fineflax.quant import dequantize_params, quantize_params
+  params, lora, batch = _setup(seed=5)
+  qparams = quantize_params(params)
+  dense = dequantize_params(qparams, jnp.float32)  # the same weights the NF4 model computes with
+  ref, fast = jax.jit(lambda: (jax.value_and_grad(_dense_nll)(lora, dense, batch),
+                               jax.value_and_grad(_sft(True, "full", qparams))(lora, dense, batch)))()
+  _assert_close(fast, ref)

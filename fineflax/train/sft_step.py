@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
-from fineflax.models.logprobs import chunked_token_logp_and_entropy
+from fineflax.models.logprobs import chunked_token_logp
 from fineflax.train.state import State
 
 
@@ -31,9 +31,8 @@ def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, 
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
                      dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
   with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
-    logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
-                                             batch["targets"], chunk=logits_chunk,
-                                             logit_softcap=model_config.final_logit_softcapping)
+    logp = chunked_token_logp(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+                              batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
