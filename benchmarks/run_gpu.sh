@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler decode sweep grpo search_r1 luffy
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile sampler decode rl apo sweep grpo
+#                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
@@ -23,8 +24,10 @@ for stage in "$@"; do
             mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
     setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
-    bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"
-            python3 benchmarks/qlora.py ;;
+    bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"   # tokens/s, MFU, peak memory vs transformers+peft
+            python3 benchmarks/qlora.py ;;                      # 7B-shape QLoRA peaks, QLoRA vs bf16 speed + MFU
+    profile) python3 benchmarks/profile_step.py --out "$OUT/profile"               # 1B bf16 LoRA step by op
+             python3 benchmarks/profile_step.py --quant nf4 --out "$OUT/profile" ;;  # same on NF4 weights
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;

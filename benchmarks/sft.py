@@ -3,16 +3,20 @@
   python benchmarks/sft.py                 # GPU: SmolLM2-135M and Llama-3.2-1B shapes, seq 1024 (< 5 min on H100)
   python benchmarks/sft.py --smoke         # CPU check: tiny shapes, 2 steps, prints only (RESULTS.md untouched)
   python benchmarks/sft.py --torch-compile # adds a torch.compile case per model (slow to compile)
+  python benchmarks/sft.py --sweep         # adds remat=dots, logits_chunk=1024 and masked-attention cases
 
 Both sides: random bf16 weights of the model's shape (tied embeddings), random tokens, loss on every
 token, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (fp32 adapters, bf16 compute), AdamW + global-norm clip 1.
-fineflax: `make_sft_fns` train step (jit, donated state) over a [A=1, B, T] batch; swept over remat
-(none / dots / full) and the logits chunk. torch: `AutoModelForCausalLM.from_config` (sdpa attention) +
+fineflax: `make_sft_fns` train step (jit) over a [A=1, B, T] batch of one sequence a row
+(`causal_prefix=True`: plain causal attention, cuDNN's causal kernel on GPUs), remat none and full
+(`--sweep`: also dots, logits chunk 1024, and the masked-attention path that packed batches take). torch: `AutoModelForCausalLM.from_config` (sdpa attention) +
 peft `get_peft_model`, autocast bf16, fused AdamW, gradient checkpointing off / on.
 Every case runs in a fresh subprocess (separate memory peaks; JAX with XLA_PYTHON_CLIENT_PREALLOCATE=false).
 tokens/s = B * T * steps / time of `steps` timed steps after `warmup` untimed ones (the first compiles).
 ratio = tokens/s over the torch case with matching recomputation (remat none <-> checkpointing off,
-remat dots/full <-> checkpointing on).
+remat dots/full <-> checkpointing on). MFU = `fineflax.models.flops.lora_step_flops` / step time / the
+GPU's dense bf16 peak (`peak_bf16_flops`; formula printed under the table), the same model FLOPs for both
+frameworks.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks import _gpu  # noqa: E402
 from benchmarks._results import markdown_table, write_section  # noqa: E402
+from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops  # noqa: E402
 
 LORA_R, LORA_ALPHA, LR = 16, 32.0, 1e-4
 HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -72,30 +77,28 @@ def fineflax_worker(spec: dict) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from fineflax.models import ModelConfig, init_params
+  from fineflax.models import init_params
   from fineflax.train.optim import make_optimizer
   from fineflax.train.sft_step import make_sft_fns
   from fineflax.train.state import init_state
 
-  s, b, t = spec["shape"], spec["batch"], spec["seq"]
-  mc = ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-                   num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
-                   head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
-                   max_position_embeddings=max(t, 2048))
+  b, t = spec["batch"], spec["seq"]
+  mc = model_config(spec)
   params = init_params(mc, jax.random.PRNGKey(0), dtype=jnp.bfloat16)
   lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
   opt_cfg = types.SimpleNamespace(learning_rate=LR, warmup_steps=0, num_steps=10_000, end_lr_ratio=1.0,
                                   weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=1.0)
   optimizer = make_optimizer(opt_cfg)
   train, _ = make_sft_fns(optimizer, model_config=mc, lora_scale=scale, lora_dropout=0.0,
-                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"])
+                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"],
+                          causal_prefix=spec.get("causal_prefix", True))
   state = init_state(lora, optimizer, seed=0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
   batch = {"tokens": tokens[..., :-1], "targets": tokens[..., 1:],
            "loss_mask": np.ones((1, b, t), np.float32), "attention_mask": np.ones((1, b, t), np.int32),
            "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy(),
-           "segment_ids": np.ones((1, b, t), np.int32)}
+           "segment_ids": np.ones((1, b, t), np.int32)}  # ignored with causal_prefix (one sequence a row)
   batch = jax.device_put(batch)
 
   t0 = time.perf_counter()
@@ -143,6 +146,26 @@ def torch_worker(spec: dict) -> dict:
 
 # ----------------------------------------------------------------------------- orchestration
 
+def model_config(spec: dict):
+  from fineflax.models import ModelConfig
+  s, t = spec["shape"], spec["seq"]
+  return ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
+                     num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
+                     head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
+                     max_position_embeddings=max(t, 2048))
+
+
+def step_flops(spec: dict) -> float:
+  """Model FLOPs of one step of this case (`fineflax.models.flops.lora_step_flops`)."""
+  return lora_step_flops(model_config(spec), spec["batch"], spec["seq"], LORA_R)["total"]
+
+
+FLOPS_NOTE = ("MFU = model FLOPs / step time / the GPU's dense bf16 peak ({peak}). Model FLOPs of a step "
+              "(`fineflax.models.flops.lora_step_flops`), N = batch x seq tokens: 4 N (P_lin + H V) for the "
+              "frozen linears and output head (forward + input gradient, no weight gradient) + 6 N P_lora "
+              "(adapters: forward, input and weight gradients) + 6 B T^2 Hq D L (causal attention: q.k and p.v "
+              "over T^2/2 pairs, backward 2x forward); remat recomputation not counted.")
+
 def cases(args) -> list[dict]:
   """One dict per (model, framework, setting); each runs in its own subprocess."""
   shapes = SMOKE_SHAPES if args.smoke else SHAPES
@@ -154,11 +177,14 @@ def cases(args) -> list[dict]:
     base = dict(model=model, shape=shape, batch=args.batch or batch, seq=seq, steps=args.steps,
                 warmup=args.warmup)
     chunk = 16 if args.smoke else DEFAULT_CHUNK
-    sweep = ([("none", chunk), ("full", 32)] if args.smoke else
-             [("none", chunk), ("none", min(1024, seq)), ("dots", chunk), ("full", chunk)])
-    for remat, logits_chunk in sweep:
-      out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk,
-                      default=(remat, logits_chunk) == ("none", chunk)))
+    sweep = [("none", chunk, True), ("full", 32 if args.smoke else chunk, True)]
+    if args.sweep or args.smoke:
+      sweep.insert(1, ("none", chunk, False))
+    if args.sweep:
+      sweep += [("none", min(1024, seq), True), ("dots", chunk, True)]
+    for remat, logits_chunk, causal in sweep:
+      out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk, causal_prefix=causal,
+                      default=(remat, logits_chunk, causal) == ("none", chunk, True)))
     for ckpt in (False, True):
       out.append(dict(base, framework="torch", ckpt=ckpt, compile=False))
     if args.torch_compile:
@@ -168,7 +194,9 @@ def cases(args) -> list[dict]:
 
 def setting(c: dict) -> str:
   if c["framework"] == "fineflax":
-    return f"remat={c['remat']}, logits_chunk={c['logits_chunk']}" + (" (default)" if c.get("default") else "")
+    return (f"remat={c['remat']}, logits_chunk={c['logits_chunk']}"
+            + ("" if c.get("causal_prefix", True) else ", masked attention")
+            + (" (default)" if c.get("default") else ""))
   return ("sdpa, " + ("grad ckpt on" if c["ckpt"] else "grad ckpt off")
           + (", torch.compile" if c["compile"] else ""))
 
@@ -182,8 +210,9 @@ def gib(x):
 
 
 def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
-  header = ["model", "framework", "setting", "batch x seq", "tokens/s", "step ms", "peak GiB",
+  header = ["model", "framework", "setting", "batch x seq", "tokens/s", "step ms", "MFU", "peak GiB",
             "XLA est. GiB", "compile / 1st step s", "ratio"]
+  peak = peak_bf16_flops(device)
   table, summary = [], []
   for model in dict.fromkeys(r["model"] for r in rows):
     mine = [r for r in rows if r["model"] == model]
@@ -192,17 +221,23 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
     for r in mine:
       if "error" in r:
         table.append([model, r["framework"], setting(r), f"{r['batch']} x {r['seq']}", "error: " + r["error"][:80],
-                      "", "", "", "", ""])
+                      "", "", "", "", "", ""])
         continue
       ref = torch_ref.get(recomputes(r))
       ratio = f"{r['tokens_s'] / ref:.2f}x" if ref else "n/a"
+      u = mfu(step_flops(r), r["seconds"] / r["steps"], peak)
       table.append([model, r["framework"], setting(r), f"{r['batch']} x {r['seq']}", round(r["tokens_s"]),
-                    round(1000 * r["seconds"] / r["steps"], 1), gib(r["peak_bytes"]), gib(r["xla_bytes"]),
+                    round(1000 * r["seconds"] / r["steps"], 1), "n/a" if u is None else f"{100 * u:.1f}%",
+                    gib(r["peak_bytes"]), gib(r["xla_bytes"]),
                     round(r["compile_s"], 1), ratio])
     ok = [r for r in mine if "tokens_s" in r]
     best = {f: max((r for r in ok if r["framework"] == f), key=lambda r: r["tokens_s"], default=None)
             for f in ("fineflax", "torch")}
     if best["fineflax"] and best["torch"]:
+      u = mfu(step_flops(best["fineflax"]), best["fineflax"]["seconds"] / best["fineflax"]["steps"], peak)
+      if u is not None:
+        summary.append(f"- {model}: best fineflax MFU **{100 * u:.1f}%**" + (
+            f" (target >= 45%: {'met' if u >= 0.45 else 'missed'})" if model == "Llama-3.2-1B" else ""))
       summary.append(f"- {model}: best fineflax ({setting(best['fineflax'])}) {best['fineflax']['tokens_s']:.0f} "
                      f"tokens/s vs best transformers+peft ({setting(best['torch'])}) {best['torch']['tokens_s']:.0f}: "
                      f"**{best['fineflax']['tokens_s'] / best['torch']['tokens_s']:.2f}x** (target >= 1.5x)")
@@ -217,7 +252,9 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
            "peak GiB: JAX `peak_bytes_in_use` / `torch.cuda.max_memory_allocated` (after warm-up reset). "
            "XLA est.: arguments + outputs - donated + temporaries of the compiled step. "
            "ratio: tokens/s over transformers+peft with matching recomputation (ckpt off <-> remat none).", "",
-           markdown_table(header, table), ""] + summary
+           markdown_table(header, table), "",
+           FLOPS_NOTE.format(peak="unknown device: n/a" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"),
+           ""] + summary
   return "\n".join(lines)
 
 
@@ -231,6 +268,7 @@ def main(argv=None) -> int:
   p.add_argument("--models", nargs="*", default=None, help=f"subset of {list(SHAPES)}")
   p.add_argument("--frameworks", nargs="*", default=None, help="subset of fineflax, torch")
   p.add_argument("--torch-compile", action="store_true", help="add a torch.compile case per model")
+  p.add_argument("--sweep", action="store_true", help="add remat=dots, logits_chunk=1024, masked attention")
   p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "sft.json"))
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)

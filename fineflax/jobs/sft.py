@@ -86,7 +86,8 @@ def run(config, workdir: str | None) -> dict:
   optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
   train_fn, eval_fn = make_sft_fns(optimizer, model_config=model_config, lora_scale=scale,
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
-                                   logits_chunk=config.model.logits_chunk)
+                                   logits_chunk=config.model.logits_chunk,
+                                   causal_prefix=not config.data.packing)  # unpacked rows are right-padded
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
   base = shard_params(base, mesh)
   state = replicate(init_state(lora, optimizer, config.seed), mesh)

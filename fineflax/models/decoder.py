@@ -132,12 +132,17 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
   """Grouped-query attention. q [B,T,Hq,D], k/v [B,S,Hkv,D], mask [B,T,S] bool -> [B,T,Hq,D].
 
   scores = softcap(q.k * scale, cap), scale default D^-0.5. Every query row must attend to at least one
-  key (the callers always allow the token itself).
+  key (the callers always allow the token itself). mask None means plain causal (T == S): cuDNN then runs
+  its causal kernel (no [B,1,T,S] bias to read, no bias gradient to write, masked tiles skipped).
   """
   b, t, hq, d = q.shape
   scale = d ** -0.5 if scale is None else scale
   if impl == "cudnn" and cap is None:
+    if mask is None:
+      return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation="cudnn")
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
+  if mask is None:
+    mask = jnp.tril(jnp.ones((t, k.shape[1]), jnp.bool_))[None]
   hkv = k.shape[2]
   q = q.reshape(b, t, hkv, hq // hkv, d)
   scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
@@ -157,13 +162,19 @@ REMAT_POLICIES = {
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
                    positions=None, attention_mask=None, segment_ids=None, cache=None, lora=None,
                    lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
-                   remat: str = "none", dtype=jnp.float32):
+                   remat: str = "none", dtype=jnp.float32, causal_prefix: bool = False):
   """Final-norm hidden states [B, T, H] (and the updated cache when `cache` is given).
 
   tokens [B, T]; attention_mask [B, T] (1 = real token; default all ones); positions [B, T]
   (default `default_positions(attention_mask)`). segment_ids [B, T] (packed sequences, no cache):
   a token attends only to earlier tokens of its own segment. With a cache the block is written at slots
   [index, index + T) and attends to every earlier valid slot plus itself causally.
+
+  causal_prefix=True (no cache, no segment_ids) promises that each row is one sequence whose real tokens
+  are a prefix (right padding, as `fineflax.data` batches without packing are). Attention is then plain
+  causal: outputs at real tokens are unchanged (they never see the padding after them); padded positions
+  may attend to earlier padding (their outputs differ, and carry no loss). On GPUs this selects cuDNN's
+  causal kernel instead of one reading a [B, 1, T, T] mask bias.
   """
   c = config
   b, t = tokens.shape
@@ -177,6 +188,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   if c.embed_scale:
     x = x * jnp.asarray(c.hidden_size ** 0.5, dtype)
 
+  if causal_prefix and (cache is not None or segment_ids is not None):
+    raise ValueError("causal_prefix=True takes no cache and no segment_ids (one right-padded sequence a row)")
   if cache is None:
     causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
     mask = causal[None] & attention_mask[:, None, :]
@@ -233,10 +246,13 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
     else:
       k_all, v_all = k, v
-    m = mask
-    if dist is not None:
-      m = m & ((window == 0) | (dist < window))
-    m = m | self_mask
+    if causal_prefix and dist is None:
+      m = None  # plain causal (see the docstring)
+    else:
+      m = mask
+      if dist is not None:
+        m = m & ((window == 0) | (dist < window))
+      m = m | self_mask
     attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
     o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)

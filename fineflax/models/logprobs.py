@@ -5,8 +5,11 @@ log_softmax in f32.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fineflax.models.decoder import project_logits, softcap
 
@@ -47,3 +50,75 @@ def chunked_token_logp_and_entropy(hidden, out_kernel, tokens, chunk: int = 128,
   logp, ent = jax.lax.map(one_chunk, (hs, ts))
   unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
   return unchunk(logp), unchunk(ent)
+
+
+def _chunks(x, n, chunk):
+  """[B, T, ...] -> [n, B, chunk, ...] (T zero-padded to n * chunk)."""
+  pad = n * chunk - x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  return x.reshape(x.shape[0], n, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _unchunk(x, t):
+  """[n, B, chunk, ...] -> [B, T, ...]."""
+  x = x.swapaxes(0, 1)
+  return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
+
+
+def _logp_and_dh(hidden, out_kernel, tokens, chunk, logit_softcap):
+  """(token_logp [B, T], d token_logp / d hidden [B, T, H] f32), one T-chunk of logits at a time.
+
+  With z = softcap(l), l = h @ W:  d logp / d l = (onehot(token) - softmax(z)) * dz/dl,
+  dz/dl = 1 - (z / c)^2 for a soft-cap c (else 1), and d logp / d h = (d logp / d l) @ W^T, the logit
+  gradient cast to W's dtype before the matmul (f32 accumulation), as `project_logits`' backward does.
+  """
+  b, t, _ = hidden.shape
+  chunk = max(1, min(int(chunk), t))
+  n = -(-t // chunk)
+
+  def one_chunk(args):
+    hc, tc = args
+    z = softcap(project_logits(hc, out_kernel), logit_softcap)
+    lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
+    logp = jnp.take_along_axis(z, tc[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse[..., 0]
+    dz = jax.nn.one_hot(tc, z.shape[-1], dtype=jnp.float32) - jnp.exp(z - lse)
+    if logit_softcap is not None:
+      dz = dz * (1.0 - jnp.square(z / logit_softcap))
+    dh = jnp.matmul(dz.astype(out_kernel.dtype), out_kernel.T, preferred_element_type=jnp.float32)
+    return logp, dh
+
+  logp, dh = jax.lax.map(one_chunk, (_chunks(hidden, n, chunk), _chunks(tokens, n, chunk)))
+  return _unchunk(logp, t), _unchunk(dh, t)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def chunked_token_logp(hidden, out_kernel, tokens, chunk: int = 128, logit_softcap=None):
+  """token_logp [B, T] of logits = softcap(hidden @ out_kernel) (f32), at most [B, chunk, V] logits at once.
+
+  The values of `chunked_token_logp_and_entropy(...)[0]`; for training. Its gradient to `hidden` is
+  computed in the forward pass (`_logp_and_dh`) and kept ([B, T, H] f32), so the backward pass is
+  dh = g[..., None] * d logp / d h: the [B, T, V] logits are computed once per step, not recomputed.
+  When `out_kernel` itself is differentiated (a trained head), it falls back to
+  `chunked_token_logp_and_entropy`'s recomputing backward.
+  """
+  return _logp_and_dh(hidden, out_kernel, tokens, chunk, logit_softcap)[0]
+
+
+def _clp_fwd(hidden, out_kernel, tokens, chunk, logit_softcap):
+  if out_kernel.perturbed:  # a trained head needs dW: the recomputing path
+    f = lambda h, w: chunked_token_logp_and_entropy(h, w, tokens.value, chunk, logit_softcap)[0]
+    logp, vjp = jax.vjp(f, hidden.value, out_kernel.value)
+    return logp, (vjp,)
+  logp, dh = _logp_and_dh(hidden.value, out_kernel.value, tokens.value, chunk, logit_softcap)
+  return logp, (dh, jnp.zeros((0,), hidden.value.dtype))
+
+
+def _clp_bwd(chunk, logit_softcap, res, g):
+  if len(res) == 1:  # the recomputing path (a trained head)
+    dh, dw = res[0](g)
+    return dh, dw, None
+  dh_unit, h_proto = res
+  return (g[..., None] * dh_unit).astype(h_proto.dtype), None, None  # None: zero cotangents
+
+
+chunked_token_logp.defvjp(_clp_fwd, _clp_bwd, symbolic_zeros=True)

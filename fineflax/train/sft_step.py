@@ -13,20 +13,26 @@ import jax.numpy as jnp
 import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
-from fineflax.models.logprobs import chunked_token_logp_and_entropy
+from fineflax.models.logprobs import chunked_token_logp
 from fineflax.train.state import State
 
 
 def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
-            dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256):
-  """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T]."""
+            dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256,
+            causal_prefix: bool = False):
+  """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T].
+
+  causal_prefix=True: the batch holds one right-padded sequence a row (`fineflax.data` without packing),
+  so its segment_ids are ignored and attention is plain causal (`forward_hidden`): same loss, faster kernel.
+  """
   h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
-                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"),
+                     attention_mask=batch["attention_mask"],
+                     segment_ids=None if causal_prefix else batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
-                     dropout_rng=dropout_rng, remat=remat, dtype=dtype)
-  logp, _ = chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
-                                           batch["targets"], chunk=logits_chunk,
-                                           logit_softcap=model_config.final_logit_softcapping)
+                     dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
+  with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
+    logp = chunked_token_logp(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+                              batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
@@ -51,9 +57,10 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
-  grads = jax.tree.map(lambda g: g / n, grads)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-  lora = optax.apply_updates(state["lora"], updates)
+  with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
+    grads = jax.tree.map(lambda g: g / n, grads)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
+    lora = optax.apply_updates(state["lora"], updates)
   metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
              "grad_norm": optax.tree.norm(grads)}
   return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
