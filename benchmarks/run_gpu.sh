@@ -2,7 +2,7 @@
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
-#                                          cudnn exgrpo masking agents serve pack
+#                                          cudnn exgrpo masking agents serve pack rl
 #                                          scaling mp2 (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
@@ -37,6 +37,11 @@ for stage in "$@"; do
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
+    rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; pandas only where the machine lacks it
+            for w in .whl .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --upgrade \
+              --target /root/site $(ls $w/*.whl | grep -v /pandas-); done
+            python3 -c "import pandas" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/pandas-*.whl
+            timeout -s TERM ${RL_TIMEOUT:-420} python3 benchmarks/rl.py --out "$OUT/rl" ${RL_ARGS:-} ;;
     cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;
     exgrpo) python3 experiments/compare.py --config configs/grpo_arith.py --out /root/work/exgrpo \
               --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
