@@ -9,7 +9,8 @@ of LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (AdamW, clip 1.0) with the DAPO to
 (eps 0.2 / 0.28), no KL (beta 0). Random bf16 weights of the model's shape (tied embeddings).
 Workers: benchmarks/_rl_fineflax.py (the RL job's own functions), _rl_trl.py, _rl_tunix.py; each runs in a
 fresh subprocess with a timeout (JAX without preallocation), fineflax and TRL first, tunix last.
-Times: mean over `steps` timed steps after `warmup` untimed ones (the first compiles / warms up).
+Times: the fastest of `steps` timed steps after `warmup` untimed ones (the first compiles / warms up);
+rl.json also has their mean and every step.
 Results go to DIR/rl.json and DIR/rl.md after every case, and to RESULTS.md section "rl" at the end.
 """
 from __future__ import annotations
@@ -109,7 +110,7 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
            f"{r0['new_tokens']} new tokens (temperature 1, EOS off), random rewards of the decoded text, group "
            "advantages, one AdamW update (clip 1.0) of LoRA r=16 alpha=32 on all 7 linears with the DAPO token-mean "
            "clipped loss (eps 0.2/0.28), no KL; random bf16 weights of the model's shape. "
-           f"Mean of {r0['steps']} timed steps after {r0['warmup']} warm-up step (its times, which include "
+           f"Fastest of {r0['steps']} timed steps after {r0['warmup']} warm-up step (its times, which include "
            "compilation, are the 'first step' column); each case in a fresh process. rollout = generation + decode + "
            "rewards + advantages (generate = the sampler alone); update = the rest of the step (fineflax: batch, old "
            "log-probs, jitted update; TRL: micro-batch forward/backward + optimizer). gen tokens/s = rows x new tokens "
