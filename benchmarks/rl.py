@@ -39,7 +39,7 @@ def cases(args) -> list[dict]:
   shapes = {k: v[0] for k, v in (SMOKE_SHAPES if args.smoke else SHAPES).items()}
   base = dict(prompts=2 if args.smoke else 32, group=2 if args.smoke else 8, prompt_len=8 if args.smoke else 64,
               new_tokens=8 if args.smoke else 256, warmup=args.warmup, steps=args.steps, agg_mode="token-mean",
-              trl_loss="dapo", remat="full", logits_chunk=16 if args.smoke else 128,
+              trl_loss="dapo", remat="full", logits_chunk=16 if args.smoke else 32,
               trl_micro=2 if args.smoke else args.trl_micro)
   out = []
   for group in (("fineflax", "trl"), ("tunix",)):
