@@ -151,7 +151,8 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.worker:
     _gpu.print_result(worker(json.loads(args.worker)))
-    return 0
+    sys.stderr.flush()
+    os._exit(0)  # a framework's leftover threads (tunix's rollout executor) must not hold the exit
   command = "python benchmarks/rl.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
   command, device, out_dir = command.strip(), _gpu.device_name(), pathlib.Path(args.out)
   rows, t_all = [], time.perf_counter()
