@@ -91,6 +91,6 @@ def run(spec: dict) -> dict:
   from benchmarks import _gpu
   return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
           "peak_bytes": _gpu.jax_peak_bytes(),
-          "settings": f"jit; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
+          "settings": f"jit, all rows in one update; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
                       f"agg={rl.agg_mode}, old log-probs recomputed",
           "versions": {"jax": jax.__version__}}
