@@ -2,6 +2,8 @@
 
   python benchmarks/rl.py --out DIR       # GPU: SmolLM2-135M and Llama-3.2-1B shapes (< 6 min on an H100)
   python benchmarks/rl.py --smoke         # CPU check: tiny shape, 2 prompts x 2 samples, 8 tokens; prints only
+  bash benchmarks/run_gpu.sh rl           # GPU machine without internet: carry .whl and .whl3 (TRL, datasets,
+                                          # tunix, qwix and their missing dependencies), installs them, runs this
 
 The step: 32 prompts (64 random token ids) x 8 samples, exactly 256 new tokens each (EOS off), temperature 1,
 random rewards of the decoded text (benchmarks/_rl_common.py), group advantages, then one optimizer update
