@@ -41,6 +41,11 @@ for stage in "$@"; do
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
+    rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
+            for w in .whl .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site $w/*.whl; done
+            for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \
+              python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/fallback/$m/*.whl; done
+            timeout -s TERM ${RL_TIMEOUT:-420} python3 benchmarks/rl.py --out "$OUT/rl" ${RL_ARGS:-} ;;
     cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;
     exgrpo) python3 experiments/compare.py --config configs/grpo_arith.py --out /root/work/exgrpo \
               --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \

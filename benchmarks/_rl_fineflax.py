@@ -1,0 +1,96 @@
+"""fineflax worker of benchmarks/rl.py: the RL job's own step (fineflax.jobs.rl) on random weights.
+
+Set up as `fineflax.jobs.rl.setup_learner` does (config sections from configs/common.py, `validate_rl`,
+`make_optimizer`, `make_rl_fns`, `init_state`), with `init_params` in place of a checkpoint. One step:
+  rollout  `fineflax.sampling.generate` (what `Policy.sample` calls, eos_ids=() so every row has exactly
+           `new_tokens` tokens) of prompts x group rows (texts decoded), `rows.sampled_rows`, the rewards;
+  update   `update.update_batch` (group advantages, padded batch) + `update.rl_update` (old log-probs, one
+           jitted optimizer step of the GRPO-family loss), metrics fetched to the host.
+"""
+from __future__ import annotations
+
+import time
+
+from benchmarks import _rl_common as C
+
+
+def run(spec: dict) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  import numpy as np
+
+  from configs import common
+  from fineflax import lora as lora_lib
+  from fineflax.models import ModelConfig, init_params
+  from fineflax.rl import rows as R
+  from fineflax.rl.objectives import validate_rl
+  from fineflax.rl.step import make_rl_fns
+  from fineflax.rl.update import rl_update, update_batch
+  from fineflax.sampling import generate
+  from fineflax.train.optim import make_optimizer
+  from fineflax.train.state import init_state
+
+  t_setup = time.perf_counter()
+  s, n_new = spec["shape"], spec["new_tokens"]
+  mc = ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
+                   num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
+                   head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
+                   max_position_embeddings=max(2048, spec["prompt_len"] + n_new),
+                   eos_token_ids=(C.EOS_ID,), pad_token_id=C.PAD_ID)
+  dtype = jnp.bfloat16
+  cfg = ml_collections.ConfigDict()
+  common.lora(cfg, r=C.LORA_R, alpha=C.LORA_ALPHA, dropout=0.0, targets=C.LINEARS)
+  common.rl(cfg, prompts_per_step=spec["prompts"], group_size=spec["group"], max_new_tokens=n_new,
+            temperature=1.0)
+  cfg.rl.agg_mode = spec["agg_mode"]
+  cfg.rl.epsilon_low, cfg.rl.epsilon_high = C.EPS_LOW, C.EPS_HIGH
+  common.optimizer(cfg, num_steps=1000, learning_rate=C.LR, warmup_steps=0, b2=0.999)
+  objective = validate_rl(cfg.rl)
+  rl = cfg.rl
+
+  base = init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
+  lora_cfg = lora_lib.LoraConfig.from_mapping(cfg.lora)
+  scale = lora_lib.lora_scale(lora_cfg)
+  optimizer = make_optimizer(cfg.optimizer)
+  fwd = dict(model_config=mc, lora_scale=scale, remat=spec["remat"], dtype=dtype,
+             logits_chunk=spec["logits_chunk"], temperature=rl.temperature)
+  step_fn, logp_fn = make_rl_fns(optimizer, objective=rl.objective, loss_kwargs=objective.kwargs(rl),
+                                 fwd_kwargs=fwd)
+  state = init_state(lora_lib.init_lora(base, mc, lora_cfg, jax.random.PRNGKey(1)), optimizer, 0)
+  jax.block_until_ready((base, state))
+  setup_s = time.perf_counter() - t_setup
+
+  tok = C.word_tokenizer(s["vocab"])  # texts are decoded as in the RL job; rewards read them
+  prompts = [p for p in C.prompts(spec) for _ in range(rl.group_size)]  # grouped rows, like the RL job
+  split, rng, metrics, lengths = C.Split(), jax.random.PRNGKey(7), {}, []
+  for i in range(spec["warmup"] + spec["steps"]):
+    split.new_step()
+    t0 = time.perf_counter()
+    out = generate(base, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
+                   eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=state["lora"],
+                   lora_scale=scale, dtype=dtype)  # returns NumPy arrays: synchronised
+    t1 = time.perf_counter()
+    rows = R.sampled_rows(prompts, out, mask_truncated=rl.mask_truncated)
+    rewards = np.array([C.reward_of_text(t) for t in rows["text"]], np.float32)
+    t2 = time.perf_counter()
+    batch = update_batch(rows, rewards, np.ones(spec["prompts"], bool), group_size=rl.group_size,
+                         pad_id=C.PAD_ID, max_new_tokens=n_new, advantage_scale=rl.advantage_scale,
+                         fields=objective.batch_fields)
+    state, metrics = rl_update(state, base, batch, step_fn=step_fn, logp_fn=logp_fn, beta=rl.beta,
+                               num_iterations=rl.num_iterations)  # metrics are host floats: synchronised
+    t3 = time.perf_counter()
+    split.add("generate", t1 - t0)
+    split.add("rollout", t2 - t0)
+    split.add("update", t3 - t2)
+    split.add("step", t3 - t0)
+    lengths.append(float(np.mean(out.lengths)))
+    if not np.isfinite(metrics.get("loss", np.nan)):
+      raise FloatingPointError(f"fineflax loss is {metrics.get('loss')}")
+  res = C.summarize(split, spec["warmup"])
+  from benchmarks import _gpu
+  return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
+          "peak_bytes": _gpu.jax_peak_bytes(),
+          "settings": f"jit, all rows in one update; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
+                      f"agg={rl.agg_mode}, old log-probs recomputed",
+          "versions": {"jax": jax.__version__}}
