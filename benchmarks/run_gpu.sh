@@ -2,7 +2,7 @@
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench sampler sweep grpo search_r1 luffy
-#                                          cudnn exgrpo masking agents serve pack
+#                                          cudnn exgrpo masking agents apo serve pack
 #                                          scaling mp2 (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
@@ -35,6 +35,10 @@ for stage in "$@"; do
               --title "Calculator-tool agent trained by RL from its traces, SmolLM2-135M QLoRA" \
               --extra-metrics reward_mean \
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
+    apo)    # APO of the calculator agent's prompt, local SmolLM2 as agent, critic and editor; Agent Lightning's
+            # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); search stops at 150 s, hard stop at 300 s
+            timeout -s TERM ${APO_TIMEOUT:-300} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
+              --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
     cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;

@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+from fineflax.io import atomic_write_text  # noqa: E402
 
 
 def rl_runs(args, presets):
@@ -141,8 +142,8 @@ def main():
   rl = {} if args.skip_rl else rl_runs(args, presets)
   apo = None if args.skip_apo else apo_run(args, presets)
   wall = time.time() - t0
-  with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"rl": rl, "apo": apo, "command": command_line(), "device": device_name()}, f, indent=1)
+  atomic_write_text(os.path.join(args.out, "results.json"),
+                    json.dumps({"rl": rl, "apo": apo, "command": command_line(), "device": device_name()}, indent=1))
   if rl:
     series = {f"seed {s}": [([h["step"] for h in r["history"] if "eval_accuracy" in h],
                              [h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h])] for s, r in rl.items()}
@@ -151,7 +152,7 @@ def main():
   if apo:
     plot_apo(apo, os.path.join(args.out, "apo_history.png"))
   md = report(args, rl, apo, wall)
-  pathlib.Path(args.out, "RESULTS.md").write_text(md)
+  atomic_write_text(os.path.join(args.out, "RESULTS.md"), md)
   print(md)
 
 

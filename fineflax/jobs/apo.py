@@ -12,6 +12,7 @@ prompt is a new version of its resource "prompt_template").
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -100,9 +101,12 @@ def run(config, workdir: str | None) -> dict:
   result = apo(agent, a.prompt_template, train, val, llm, critic, editor, store, settings,
                num_workers=a.num_workers, eval_agent=greedy)
   search_s = time.time() - t0
-  seed_test = accuracy(greedy, a.prompt_template, test, llm, store, a.num_workers)
-  best_test = (seed_test if result.best.id == 0 else
-               accuracy(greedy, result.best.prompt, test, llm, store, a.num_workers))
+  atomic_write_text(os.path.join(workdir, "candidates.jsonl"),  # the search's log, before the test runs
+                    "".join(json.dumps(dataclasses.asdict(c)) + "\n" for c in result.candidates))
+  prompts = [a.prompt_template] + ([result.best.prompt] if result.best.id else [])
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both test runs at once: the sampler batches them
+    accs = list(pool.map(lambda p: accuracy(greedy, p, test, llm, store, a.num_workers), prompts))
+  seed_test, best_test = accs[0], accs[-1]
   out = {"seed_prompt": a.prompt_template, "best_prompt": result.best.prompt, "best_id": result.best.id,
          "best_val": result.best_score, "seed_val": result.candidates[0].scores["round 0 full val"],
          "seed_test_greedy": seed_test, "best_test_greedy": best_test,
@@ -113,8 +117,6 @@ def run(config, workdir: str | None) -> dict:
          "history": result.history, "resource_version": result.version,
          "split": {"gradient": len(train), "val": len(val), "test": len(test)}}
   atomic_write_text(os.path.join(workdir, "apo_result.json"), json.dumps(out, indent=1))
-  atomic_write_text(os.path.join(workdir, "candidates.jsonl"),
-                    "".join(json.dumps(dataclasses.asdict(c)) + "\n" for c in result.candidates))
   for client in (llm, critic, editor):
     if hasattr(client, "close"):
       client.close()
