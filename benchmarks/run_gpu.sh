@@ -39,6 +39,10 @@ for stage in "$@"; do
               --title "Calculator-tool agent trained by RL from its traces, SmolLM2-135M QLoRA" \
               --extra-metrics reward_mean \
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
+    apo)    # APO of the calculator agent's prompt, local SmolLM2 as agent, critic and editor; Agent Lightning's
+            # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); search stops at 150 s, hard stop at 300 s
+            timeout -s TERM ${APO_TIMEOUT:-300} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
+              --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails

@@ -2,6 +2,7 @@
 
   python launch.py --config configs/apo.py --workdir runs/apo                 # GPU run (local critic/editor)
   python launch.py --config configs/apo.py:smoke --workdir runs/apo_smoke     # CPU smoke test
+  presets: cpu (the ~20 min 2-core CPU run), gpu5 (Agent Lightning's sizes, <= ~5 min on one H100)
   Larger critic/editor behind an OpenAI-compatible server (this project's, or vLLM):
   --config.apo.critic.url=http://127.0.0.1:8000/v1 --config.apo.critic.model=NAME (same for apo.editor)
 Parameter names follow Agent Lightning's APO (agentlightning.algorithm.apo).
@@ -14,6 +15,7 @@ from fineflax.agents.calculator import CALC_PROMPT
 
 def _smoke(config):  # seconds on a CPU
   config.model.dtype = "float32"
+  config.model.quant = "none"
   config.task.num_train = 4
   config.task.num_val = 2
   config.task.num_test = 2
@@ -34,14 +36,31 @@ def _client(temperature=0.7, max_tokens=256):
   return c
 
 
-PRESETS = {"smoke": _smoke}
+def _cpu(config):  # the 2-core CPU run of experiments/agents/RESULTS.md (~20-25 min)
+  config.model.dtype = "float32"
+  config.model.quant = "none"  # NF4 dequantisation made CPU sampling ~3x slower
+  config.task.num_val = 16
+  config.task.num_test = 32
+  config.agent.num_workers = 16
+  config.apo.critic.max_tokens = 96
+  config.apo.editor.max_tokens = 128
+  config.apo.time_budget_s = 900.0
+
+
+def _gpu5(config):  # one H100 in ~5 min: Agent Lightning's example sizes (29 validation tasks, 2 rounds)
+  config.task.num_val = 29
+  config.apo.update(val_batch_size=29, gradient_batch_size=4, beam_width=2, branch_factor=2, beam_rounds=2,
+                    time_budget_s=150.0)
+
+
+PRESETS = {"smoke": _smoke, "cpu": _cpu, "gpu5": _gpu5}
 
 
 def get_config(arg: str = ""):
   config = ml_collections.ConfigDict()
   config.job = "apo"  # fineflax.jobs.apo
   config.seed = 0  # seed of the task split, the batch sampling and the samplers
-  common.model(config, dtype="bfloat16", quant="none")
+  common.model(config, dtype="bfloat16", quant="nf4")  # the agent_rl base: SmolLM2-135M-Instruct, NF4
   config.model.adapter = ""  # PEFT adapter folder applied to the agent model (e.g. an agent_rl run's adapter)
 
   config.task = ml_collections.ConfigDict()
@@ -66,6 +85,11 @@ def get_config(arg: str = ""):
   config.apo.beam_width = 2  # prompts kept after each round
   config.apo.branch_factor = 2  # children per parent and round
   config.apo.beam_rounds = 2  # rounds
+  config.apo.min_prompt_chars = 20  # a rewritten prompt shorter than this is rejected (logged, not scored)
+  config.apo.max_prompt_chars = 2000  # and a longer one
+  config.apo.required = ()  # strings a rewritten prompt must keep, e.g. ("<calc>",): SmolLM2 as editor dropped
+  # the tags from every rewrite (experiments/agents/RESULTS.md), so by default validation decides
+  config.apo.time_budget_s = 0.0  # no new round starts after this many seconds of search (0 = no limit)
   config.apo.critic = _client()  # writes the textual gradient
   config.apo.editor = _client()  # rewrites the prompt along it
   return common.apply_presets(config, arg, PRESETS)

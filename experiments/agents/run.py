@@ -3,7 +3,8 @@ of its system prompt with the local model as agent, critic and editor.
 
   python experiments/agents/run.py --out experiments/agents/out                       # GPU (~1 h on one H100)
   python experiments/agents/run.py --smoke --model /path/tiny --out /tmp/agents         # CPU smoke test
-  options: --seeds 0 1 2, --skip-rl / --skip-apo, --rl-set / --apo-set key=value overrides
+  python experiments/agents/run.py --skip-rl --apo-presets gpu5 --model X.gguf --out /root/work/apo  # APO, ~5 min
+  options: --seeds 0 1 2, --skip-rl / --skip-apo, --rl-set / --apo-set key=value overrides, --apo-presets
 
 Runs `fineflax.jobs.agent_rl` (configs/agent_rl.py) once per seed and `fineflax.jobs.apo` (configs/apo.py),
 then writes results.json, accuracy_curve.png and RESULTS.md (command, device, wall time, tables) into --out.
@@ -20,6 +21,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+from fineflax.io import atomic_write_text  # noqa: E402
 
 
 def rl_runs(args, presets):
@@ -38,13 +40,50 @@ def rl_runs(args, presets):
 
 def apo_run(args, presets):
   from fineflax.jobs import apo
+  presets = ",".join(p for p in (presets, args.apo_presets) if p)
   config = load_config(f"configs/apo.py:{presets}", [f"model.source={args.model}", *args.apo_set])
   t0 = time.time()
   res = apo.run(config, os.path.join(args.out, "apo"))["result"]
   res["wall_s"] = time.time() - t0
   res["settings"] = {k: config.apo[k] for k in ("val_batch_size", "gradient_batch_size", "beam_width",
-                                                 "branch_factor", "beam_rounds")}
+                                                 "branch_factor", "beam_rounds", "time_budget_s")}
+  res["model"] = {"quant": config.model.quant, "dtype": config.model.dtype, "max_calls": config.agent.max_calls,
+                  "critic/editor max_tokens": config.apo.editor.max_tokens}
   return res
+
+
+def plot_apo(ap, path):
+  """Each candidate's validation-batch score at the round it was scored, a line from its parent; the seed
+  and the best on the whole validation set."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  cands = {c["id"]: c for c in ap["candidates"]}
+  first = {}
+  for c in cands.values():
+    for k, v in c["scores"].items():
+      rnd = int(k.split()[1])
+      first.setdefault(c["id"], (rnd, v))
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for i, (rnd, v) in first.items():
+    p = cands[i]["parent"]
+    if p in first:
+      ax.plot([first[p][0], rnd], [first[p][1], v], color="0.7", lw=0.8, zorder=1)
+  ax.scatter([r for r, _ in first.values()], [v for _, v in first.values()], zorder=2, label="candidate")
+  for i, (rnd, v) in first.items():
+    ax.annotate(str(i), (rnd, v), textcoords="offset points", xytext=(4, 2), fontsize=8)
+  h = ap["history"]
+  ax.plot([x["round"] for x in h], [x["best_score"] for x in h], "k--", label="best (full validation)")
+  rej = [cands[i]["round"] for i in cands if cands[i]["rejected"]]
+  if rej:
+    ax.scatter(rej, [0.0] * len(rej), marker="x", color="red", label="rejected (not scored)")
+  ax.set_xlabel("round")
+  ax.set_ylabel("validation accuracy (greedy)")
+  ax.set_title("APO of the calculator agent's prompt")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def report(args, rl, ap, wall) -> str:
@@ -65,10 +104,23 @@ def report(args, rl, ap, wall) -> str:
     lines += ["### APO of the calculator agent's prompt (fineflax.jobs.apo)", "",
               f"settings {ap['settings']}; split {ap['split']} (gradient / validation from the train split, test "
               "from the held-out split).", "",
-              "| prompt | validation (full) | test (greedy) |", "|---|---|---|",
-              f"| seed | {ap['seed_val']} | {ap['seed_test_greedy']:.3f} |",
+              f"model {ap['model']}; {ap['rounds_done']} rounds done, {ap['num_candidates']} candidates "
+              f"({ap['num_rejected']} rejected); search {ap['search_s']:.0f} s, test {ap['test_s']:.0f} s.", "",
+              "| prompt | validation (full, greedy) | test (greedy) |", "|---|---|---|",
+              f"| seed | {ap['seed_val']:.3f} | {ap['seed_test_greedy']:.3f} |",
               f"| best (candidate {ap['best_id']}) | {ap['best_val']:.3f} | {ap['best_test_greedy']:.3f} |", "",
-              "Best prompt:", "", "```", ap["best_prompt"], "```", ""]
+              "Best prompt:", "", "```", ap["best_prompt"], "```", "",
+              "| candidate | parent | round | scores | rejected | prompt (first 160 chars) |", "|---|---|---|---|---|---|"]
+    for c in ap["candidates"]:
+      scores = ", ".join(f"{k}: {v:.3f}" for k, v in c["scores"].items())
+      text = c["prompt"][:160].replace("\n", " ").replace("|", "/")
+      lines.append(f"| {c['id']} | {c['parent']} | {c['round']} | {scores} | {c['rejected']} | {text} |")
+    lines += ["", "| round | beam (val batch score) | leader full val | best | elapsed (s) |", "|---|---|---|---|---|"]
+    for h in ap["history"]:
+      beam = ", ".join(f"{i} ({v:.3f})" for i, v in zip(h["beam"], h["beam_scores"]))
+      lines.append(f"| {h['round']} | {beam} | {h['leader_full_val']:.3f} | {h['best']} ({h['best_score']:.3f}) | "
+                   f"{h['elapsed_s']:.0f} |")
+    lines += ["", "![APO candidates](apo_history.png)", ""]
   return "\n".join(lines)
 
 
@@ -82,6 +134,7 @@ def main():
   ap.add_argument("--skip-apo", action="store_true")
   ap.add_argument("--rl-set", nargs="*", default=[], help="configs/agent_rl.py overrides a.b=value")
   ap.add_argument("--apo-set", nargs="*", default=[], help="configs/apo.py overrides a.b=value")
+  ap.add_argument("--apo-presets", default="", help="configs/apo.py presets, e.g. cpu or gpu5")
   args = ap.parse_args()
   presets = "smoke" if args.smoke else ""
   os.makedirs(args.out, exist_ok=True)
@@ -89,15 +142,17 @@ def main():
   rl = {} if args.skip_rl else rl_runs(args, presets)
   apo = None if args.skip_apo else apo_run(args, presets)
   wall = time.time() - t0
-  with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"rl": rl, "apo": apo, "command": command_line(), "device": device_name()}, f, indent=1)
+  atomic_write_text(os.path.join(args.out, "results.json"),
+                    json.dumps({"rl": rl, "apo": apo, "command": command_line(), "device": device_name()}, indent=1))
   if rl:
     series = {f"seed {s}": [([h["step"] for h in r["history"] if "eval_accuracy" in h],
                              [h["eval_accuracy"] for h in r["history"] if "eval_accuracy" in h])] for s, r in rl.items()}
     plot_curves(series, "held-out accuracy (greedy)", os.path.join(args.out, "accuracy_curve.png"),
                 title=f"calculator agent RL ({device_name()})")
+  if apo:
+    plot_apo(apo, os.path.join(args.out, "apo_history.png"))
   md = report(args, rl, apo, wall)
-  pathlib.Path(args.out, "RESULTS.md").write_text(md)
+  atomic_write_text(os.path.join(args.out, "RESULTS.md"), md)
   print(md)
 
 

@@ -5,14 +5,18 @@ The agent samples from the in-process model (`config.model`, plus `model.adapter
 the editor are OpenAI-compatible endpoints (`apo.critic.url` / `apo.editor.url`, e.g. this project's server or
 vLLM) or, when the URL is "", the same in-process model. Tasks: `task.num_train` gradient problems and
 `task.num_val` validation problems (disjoint, train split), `task.num_test` test problems (held-out split).
+Candidates are scored with greedy decoding (the agent samples at `agent.temperature` only for the rollouts
+the critic reads); validation and test accuracy of the seed and the best prompt are both greedy.
 Writes WORKDIR/apo_result.json, WORKDIR/candidates.jsonl and the store WORKDIR/agent_store.sqlite (the best
 prompt is a new version of its resource "prompt_template").
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -27,6 +31,7 @@ from fineflax.jobs.common import compute_dtype, make_workdir
 from fineflax.rl.policy import Policy
 
 SETTINGS = ("val_batch_size", "gradient_batch_size", "beam_width", "branch_factor", "beam_rounds")
+EXTRA = ("min_prompt_chars", "max_prompt_chars", "required", "time_budget_s")  # APOSettings beyond AGL's
 
 
 def validate(config) -> None:
@@ -34,17 +39,22 @@ def validate(config) -> None:
                                                 "agent.max_calls", "agent.num_workers", "agent.max_new_tokens"]:
     positive_int(config, key)
   in_range(config, "agent.temperature", 0.0, float("inf"))
+  in_range(config, "apo.time_budget_s", 0.0, float("inf"))
   require(config, "agent.prompt_template", lambda v: isinstance(v, str) and v.strip(), "a non-empty string")
   require(config, "apo.val_batch_size", lambda v: v <= config.task.num_val,
           f"at most task.num_val={config.task.num_val}")
 
 
 def load_policy(config) -> Policy:
-  """Base (+ the adapter `model.adapter`, if set) with the agent's sampling settings."""
+  """Base (quantised per `model.quant`; + the adapter `model.adapter`, if set) with the agent's sampling
+  settings."""
   from fineflax import lora as lora_lib
+  from fineflax import quant
   from fineflax.models import load
   dtype = compute_dtype(config)
   params, mc, tok = load(config.model.source, dtype=dtype)
+  if config.model.quant != "none":
+    params = quant.quantize_params(params, targets=tuple(config.model.quant_targets), kind=config.model.quant)
   lora, scale = None, 1.0
   if config.model.get("adapter", ""):
     lora, lora_cfg = lora_lib.import_peft(config.model.adapter, mc)
@@ -85,23 +95,31 @@ def run(config, workdir: str | None) -> dict:
   store = Store(os.path.join(workdir, "agent_store.sqlite"))
   agent = CalculatorAgent(a.max_calls)
   train, val, test = tasks(config)
-  settings = APOSettings(**{k: config.apo[k] for k in SETTINGS}, seed=config.seed)
-  result = apo(agent, a.prompt_template, train, val, llm, critic, editor, store, settings,
-               num_workers=a.num_workers)
+  settings = APOSettings(**{k: config.apo[k] for k in SETTINGS + EXTRA}, seed=config.seed)
   greedy = CalculatorAgent(a.max_calls, temperature=0.0)
+  t0 = time.time()
+  result = apo(agent, a.prompt_template, train, val, llm, critic, editor, store, settings,
+               num_workers=a.num_workers, eval_agent=greedy)
+  search_s = time.time() - t0
+  atomic_write_text(os.path.join(workdir, "candidates.jsonl"),  # the search's log, before the test runs
+                    "".join(json.dumps(dataclasses.asdict(c)) + "\n" for c in result.candidates))
+  prompts = [a.prompt_template] + ([result.best.prompt] if result.best.id else [])
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both test runs at once: the sampler batches them
+    accs = list(pool.map(lambda p: accuracy(greedy, p, test, llm, store, a.num_workers), prompts))
+  seed_test, best_test = accs[0], accs[-1]
   out = {"seed_prompt": a.prompt_template, "best_prompt": result.best.prompt, "best_id": result.best.id,
-         "best_val": result.best_score,
-         "seed_val": result.candidates[0].scores.get("round 1 full val"),
-         "seed_test_greedy": accuracy(greedy, a.prompt_template, test, llm, store, a.num_workers),
-         "best_test_greedy": accuracy(greedy, result.best.prompt, test, llm, store, a.num_workers),
+         "best_val": result.best_score, "seed_val": result.candidates[0].scores["round 0 full val"],
+         "seed_test_greedy": seed_test, "best_test_greedy": best_test,
+         "rounds_done": len(result.history) - 1, "search_s": search_s, "test_s": time.time() - t0 - search_s,
+         "num_candidates": len(result.candidates) - 1,
+         "num_rejected": sum(bool(c.rejected) for c in result.candidates),
+         "candidates": [dataclasses.asdict(c) for c in result.candidates],
          "history": result.history, "resource_version": result.version,
          "split": {"gradient": len(train), "val": len(val), "test": len(test)}}
   atomic_write_text(os.path.join(workdir, "apo_result.json"), json.dumps(out, indent=1))
-  atomic_write_text(os.path.join(workdir, "candidates.jsonl"),
-                    "".join(json.dumps(dataclasses.asdict(c)) + "\n" for c in result.candidates))
   for client in (llm, critic, editor):
     if hasattr(client, "close"):
       client.close()
-  print(f"APO: val {out['seed_val']} -> {out['best_val']:.3f}; test (greedy) {out['seed_test_greedy']:.3f} -> "
+  print(f"APO: val {out['seed_val']:.3f} -> {out['best_val']:.3f}; test (greedy) {out['seed_test_greedy']:.3f} -> "
         f"{out['best_test_greedy']:.3f}; {workdir}/apo_result.json", flush=True)
   return {"workdir": workdir, "result": out, "exit_code": 0, "summary": out}
