@@ -262,8 +262,9 @@ def report(spec: dict, ours: dict, hf: list[dict], argv) -> str:
         continue
       lat.append([m, impl, fmt(r["step_ms"], 3), fmt(wb / 1e9 if wb else None, 3), fmt(read_ms, 3),
                   fmt(r["step_ms"] / read_ms if read_ms else None, 2),
-                  fmt(r["step_ms"] / peak_ms if peak_ms else None, 2), fmt(r["first_call_s"], 1),
-                  fmt(r["same_tokens"], 3)])
+                  fmt(r["step_ms"] / peak_ms if peak_ms else None, 2),
+                  "-" if not read_ms else ("met" if r["step_ms"] / read_ms <= 1.6 else "missed"),
+                  fmt(r["first_call_s"], 1), fmt(r["same_tokens"], 3)])
   tput = []
   hf_get = lambda m, b, c: next((r["tok_s"] for r in hf if r["model"] == m and r["batch"] == b
                                  and r["cache"] == c), None)
@@ -285,11 +286,15 @@ def report(spec: dict, ours: dict, hf: list[dict], argv) -> str:
            f"(data sheet): {fmt(peak and peak / 1e12, 2)} TB/s.",
            "", "Batch-1 decode step vs the weight-read time (weights read once per step; target ratio <= 1.6):",
            "", markdown_table(["model", "decoder", "ms/step", "weights GB", "weight read ms (measured BW)",
-                               "ratio", "ratio vs HBM peak", "first call s", "tokens = scan"], lat),
+                               "ratio", "ratio vs HBM peak", "<= 1.6", "first call s", "tokens = scan"], lat),
            "", "Throughput, tokens/s = batch * new tokens / wall time (prefill included):", "",
            markdown_table(["model", "batch", "fineflax scan", "fineflax unrolled", "unrolled / scan",
                            "transformers dynamic", "transformers static + compile", "unrolled / best HF"],
                           tput)]
+  smol = get("SmolLM2-135M", "unrolled", 64)
+  if smol:
+    lines += ["", f"Target SmolLM2-135M batch 64 >= 45k tokens/s (issue 17; its 28.7k was with 256 new tokens): "
+              f"{smol['tok_s'] / 1e3:.1f}k, {'met' if smol['tok_s'] >= 45e3 else 'missed'}."]
   if notes:
     lines += ["", "Notes: " + "; ".join(notes)]
   return "\n".join(x for x in lines)
