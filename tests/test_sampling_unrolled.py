@@ -137,20 +137,20 @@ def _decode_hlo(config, impl, batch=1):
 
 
 def test_unrolled_decode_step_reads_weights_in_place():
-  """In the optimised HLO of the decode loop, no instruction produces a weight-shaped array from a
-  (dynamic) slice or copy: the scan path has one such per-layer copy per linear, the unrolled none."""
+  """In the optimised HLO of the decode loop (CPU backend), no instruction, fused or not, produces a
+  weight-shaped array by a (dynamic) slice or copy: the scan path slices every linear's layer out of the
+  stacked arrays each step (a copy; the GPU profile's memcpy), the unrolled path none."""
   config = ModelConfig(vocab_size=256, hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6,
                        num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
   h, q, kv, i = 96, 96, 32, 160
   weight_shapes = {(h, q), (h, kv), (q, h), (h, i), (i, h), (q, h), (h, q + 2 * kv), (q + 2 * kv, h),
                    (2 * i, h), (h, 2 * i)}
-  line = re.compile(r"^\s*(?:ROOT )?%(\S+) = f32\[(\d+),(\d+)\]\{[^}]*\} (\S+)\(", re.M)
+  op = re.compile(r"= f32\[([0-9,]+)\]\{[^}]*\} (dynamic-slice|slice|copy)\(")
 
   def weight_copies(txt):
-    """Instructions that materialise a weight-shaped array by slicing or copying."""
-    return [m.group(0).strip() for m in line.finditer(txt)
-            if (int(m.group(2)), int(m.group(3))) in weight_shapes
-            and (m.group(4) in ("dynamic-slice", "slice", "copy") or "slice" in m.group(1))]
+    """Slices / copies (fused or not) whose result is weight-shaped, unit axes dropped."""
+    return [m.group(0) for m in op.finditer(txt)
+            if tuple(int(d) for d in m.group(1).split(",") if d != "1") in weight_shapes]
 
   scan = weight_copies(_decode_hlo(config, "scan"))
   assert len(scan) >= 4, scan  # the defect: per-layer weight slices copied out of the stacked arrays
