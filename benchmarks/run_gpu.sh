@@ -29,7 +29,7 @@ for stage in "$@"; do
     profile) python3 benchmarks/profile_step.py --out "$OUT/profile"               # 1B bf16 LoRA step by op
              python3 benchmarks/profile_step.py --quant nf4 --out "$OUT/profile" ;;  # same on NF4 weights
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
-    decode) python3 benchmarks/decode.py ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
+    decode) python3 benchmarks/decode.py --gguf "$GGUF" ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
