@@ -1,0 +1,128 @@
+"""The experiment's figure (routing share, regret, held-out accuracy) and RESULTS.md from results.json."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+METRICS = (("exact_match_lenient", "exact match"), ("math_last_number", "last number correct"))
+
+
+def plot(result: dict, path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  r, ab = result["routing"], result["ab"]
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  k = np.arange(1, len(r["rolling_share"]) + 1)
+  ax = axes[0]
+  ax.plot(k, r["rolling_share"], label=f"share to {r['best']} (trailing {r['rolling_window']})")
+  ax.axhline(0.5, color="gray", ls=":", label="uniform")
+  ax.set_ylim(-0.02, 1.02)
+  ax.set_xlabel("request (order of feedback)")
+  ax.set_ylabel("share")
+  ax.set_title(f"router ({result['router']}): last {r['last']} -> {r['share_last']:.0%} to {r['best']}")
+  ax.legend(loc="lower right")
+  ax = axes[1]
+  ax.plot(k, r["cumulative_regret"], label="router")
+  ax.plot(k, k * r["uniform_regret_per_request"], ls="--", label="uniform routing")
+  ax.set_xlabel("request")
+  ax.set_ylabel("cumulative pseudo-regret")
+  ax.set_title("regret (empirical mean rewards)")
+  ax.legend()
+  ax = axes[2]
+  labels, vals, los, his = [], [], [], []
+  for m, name in METRICS:
+    if m not in ab["metrics"]:
+      continue
+    for side, who in (("a", "noisy before"), ("b", "noisy after SFT")):
+      d = ab["metrics"][m][side]
+      labels.append(f"{who}\n{name}")
+      vals.append(d["value"])
+      los.append(d["value"] - d["lo"])
+      his.append(d["hi"] - d["value"])
+  ax.bar(range(len(vals)), vals, yerr=[los, his], capsize=4,
+         color=["tab:red", "tab:green"] * (len(vals) // 2))
+  ax.set_xticks(range(len(vals)), labels, fontsize=8)
+  ax.set_ylim(0, 1)
+  ax.set_title(f"held-out accuracy (n={ab['n']}, bootstrap 95% CI)")
+  fig.suptitle(f"adaptation loop, {pathlib.Path(str(result['model'])).name} NF4 + LoRA ({result['device']})")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _ci(d: dict, pct: bool = True) -> str:
+  f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3f}")
+  return f"{f(d['value'])} [{f(d['lo'])}, {f(d['hi'])}]"
+
+
+def write_markdown(result: dict, path) -> None:
+  r, ab, fb, t, s = result["routing"], result["ab"], result["feedback_data"], result["times"], result["settings"]
+  var = r["variants"]
+  rows = "\n".join(f"| {v} | {d['requests']} | {d['mean_reward']:.3f} |" for v, d in var.items())
+  metric_rows = "\n".join(
+      f"| {name} | {_ci(ab['metrics'][m]['a'])} | {_ci(ab['metrics'][m]['b'])} | {_ci(ab['metrics'][m]['a_minus_b'])} |"
+      for m, name in METRICS if m in ab["metrics"])
+  cmds = "\n".join(result["commands"])
+  times = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in t.items())
+  md = f"""# Adaptation loop: serve two variants, route on feedback, train on the log, A/B ({result['date']})
+
+Command (device: {result['device']}, 2 cores shared with other jobs; wall time {t['total_s'] / 60:.1f} min):
+
+```bash
+{result['command']}
+```
+
+Setting: base `{result['model']}` quantised to NF4, f32 compute. Two variants, both QLoRA adapters (r=16,
+alpha=32, all linears) made by the SFT job (`configs/quickstart.py`, {s['variant_steps']} steps x {s['batch_size']} rows):
+**tuned** on the bundled arithmetic chats ("What is 17 + 25?" -> "17 + 25 = 42."), **noisy** on the same chats
+with every result shifted by a random non-zero d in [-9, 9] (a fine-tune on buggy labels: it keeps the
+answer format and gets the sums wrong). Both are served from one NF4 base by `python -m fineflax.serve`
+({s['users']} decode slots). {s['users']} simulated users (threads, `openai` client) ask {s['requests']} questions
+"What is a +/- b?" (a in 61..99, b in 2..40; none in the adapters' training chats) with `model="auto"`,
+greedy, max {s['max_tokens']} tokens, and POST reward 1/0 (`math_last_number`: the reply's last number is
+the result) to `/feedback`. Router: {result['router']} on the logged rewards.
+
+## Routing
+
+| variant | requests | mean reward |
+|---|---|---|
+{rows}
+
+- better variant: **{r['best']}**; share of the last {r['last']} requests routed to it: **{r['share_last']:.1%}**
+  (whole run: {r['share_all']:.1%}).
+- cumulative pseudo-regret (gap of empirical mean rewards) after {len(r['cumulative_regret'])} requests:
+  {r['cumulative_regret'][-1] if r['cumulative_regret'] else 0:.1f}, uniform routing: {len(r['cumulative_regret']) * r['uniform_regret_per_request']:.1f}.
+
+## Reward log -> SFT data -> the weak variant
+
+`fineflax.data.from_feedback --min-reward {result['min_reward']}`: {fb['rated']} rated responses -> {fb['sft_rows']} SFT rows
+(by variant: {fb['sft_rows_by_variant']}), {fb.get('pairs', 0)} preference pairs (a prompt gets a pair only when it has
+two different answers; each user asked once, so there are few or none). The SFT job then continues the
+**noisy** adapter (`--config.lora.init_from`) for {s['feedback_steps']} steps on those rows.
+
+## A/B on held-out questions: noisy before (A) vs noisy after SFT on the log (B)
+
+`python -m fineflax.evals`, {ab['n']} questions disjoint from the users' ({'checked' if result['heldout_disjoint_from_users'] else 'NOT disjoint'}),
+greedy, NF4 base in-process; values in %, bootstrap 95% CI; A - B < 0 means the SFT helped.
+
+| metric | A: noisy before | B: noisy after | A - B |
+|---|---|---|---|
+{metric_rows}
+
+Judge: skipped. The only judge available offline is SmolLM2-135M itself, whose NF4 base answers these
+questions mostly wrong; its verdicts would be noise next to an exact, verifiable task metric.
+Full report: [{result['eval_report']}]({result['eval_report']}).
+
+![adaptation loop](adaptation_loop.png)
+
+Times: {times}.
+
+Exact commands run (in order):
+
+```bash
+{cmds}
+```
+"""
+  pathlib.Path(path).write_text(md)
