@@ -72,15 +72,20 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def env_with_root() -> dict:
-  """The environment of the subprocesses: this checkout first on PYTHONPATH."""
-  return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+def env_with_root(cache_dir=None) -> dict:
+  """The environment of the subprocesses: this checkout first on PYTHONPATH and, with `cache_dir`, JAX's
+  persistent compilation cache there (the SFT runs and the eval variants compile the same programs)."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  if cache_dir:
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  return env
 
 
-def start_server(argv: list[str], log_path, timeout: float = 900.0):
+def start_server(argv: list[str], log_path, timeout: float = 900.0, cache_dir=None):
   """`python -m fineflax.serve argv` (stderr to log_path); returns (Popen, base URL) once /health answers."""
   err = open(log_path, "w")
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv], env=env_with_root(), cwd=ROOT,
+  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv], env=env_with_root(cache_dir), cwd=ROOT,
                           stdout=err, stderr=subprocess.STDOUT)
   url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
   deadline = time.time() + timeout

@@ -1,6 +1,6 @@
 """The serving / feedback adaptation loop end to end, on CPU with SmolLM2-135M-Instruct (NF4 base).
 
-  python experiments/adaptation_loop/run.py --out experiments/adaptation_loop          # ~15 min, 2 CPU cores
+  python experiments/adaptation_loop/run.py --out experiments/adaptation_loop          # ~25 min, 2 busy CPU cores
   python experiments/adaptation_loop/run.py --smoke --model TINY_HF_DIR --out DIR      # seconds (tests)
 
 1. Two variants from one NF4 base, both real QLoRA adapters made by the SFT job (`launch.py --config
@@ -31,18 +31,19 @@ from experiments.adaptation_loop import loop  # noqa: E402
 from experiments.adaptation_loop.report import plot, write_markdown  # noqa: E402
 from experiments.common import command_line, device_name  # noqa: E402
 
-FULL = dict(variant_steps=30, feedback_steps=30, requests=240, eval_questions=100, users=8, max_tokens=20,
-            last=100, batch_size=8)
+FULL = dict(variant_steps=8, feedback_steps=8, requests=120, eval_questions=64, users=8, max_tokens=16,
+            last=50, batch_size=4)
 SMOKE = dict(variant_steps=2, feedback_steps=2, requests=16, eval_questions=8, users=4, max_tokens=8,
              last=8, batch_size=4)
 
 
 def run_cmd(argv: list[str], log: pathlib.Path, commands: list) -> float:
   """Runs a CLI (from the repository root, output to `log`); returns its wall time; raises on failure."""
-  commands.append(" ".join(shlex.quote(a) for a in argv))
+  commands.append(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]]))
   t0 = time.time()
   with open(log, "w") as f:
-    rc = subprocess.run(argv, cwd=loop.ROOT, env=loop.env_with_root(), stdout=f, stderr=subprocess.STDOUT).returncode
+    rc = subprocess.run(argv, cwd=loop.ROOT, env=loop.env_with_root(log.parent / "jax_cache"), stdout=f,
+                        stderr=subprocess.STDOUT).returncode
   if rc != 0:
     raise SystemExit(f"{argv[:4]} failed with exit code {rc}; see {log}:\n{log.read_text()[-3000:]}")
   return time.time() - t0
@@ -102,7 +103,7 @@ def main(argv=None):
                 "--port", str(port)]
   commands.append("python -m fineflax.serve " + " ".join(shlex.quote(a) for a in serve_argv))
   t0 = time.time()
-  proc, url = loop.start_server(serve_argv, work / "serve.log")
+  proc, url = loop.start_server(serve_argv, work / "serve.log", cache_dir=work / "jax_cache")
   times["serve_start_s"] = time.time() - t0
   try:
     t0 = time.time()
