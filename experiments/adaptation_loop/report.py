@@ -31,25 +31,39 @@ def plot(result: dict, path) -> None:
   ax.set_title("regret (empirical mean rewards)")
   ax.legend()
   ax = axes[2]
-  labels, vals, los, his = [], [], [], []
-  for m, name in METRICS:
-    if m not in ab["metrics"]:
-      continue
-    for side, who in (("a", "noisy before"), ("b", "noisy after SFT")):
-      d = ab["metrics"][m][side]
-      labels.append(f"{who}\n{name}")
-      vals.append(d["value"])
-      los.append(d["value"] - d["lo"])
-      his.append(d["hi"] - d["value"])
-  ax.bar(range(len(vals)), vals, yerr=[los, his], capsize=4,
-         color=["tab:red", "tab:green"] * (len(vals) // 2))
-  ax.set_xticks(range(len(vals)), labels, fontsize=8)
+  bars = _accuracy_bars(result)
+  colors = {"tuned": "tab:blue", "noisy before": "tab:red", "noisy after SFT": "tab:green"}
+  metrics = list(dict.fromkeys(name for _, name, _ in bars))
+  whos = list(dict.fromkeys(who for who, _, _ in bars))
+  width = 0.8 / len(whos)
+  for j, who in enumerate(whos):
+    ds = [d for w, _, d in bars if w == who]
+    x = np.arange(len(ds)) + (j - (len(whos) - 1) / 2) * width
+    ax.bar(x, [d["value"] for d in ds], width, color=colors[who], label=who,
+           yerr=[[d["value"] - d["lo"] for d in ds], [d["hi"] - d["value"] for d in ds]], capsize=3)
+  ax.set_xticks(range(len(metrics)), metrics)
   ax.set_ylim(0, 1)
-  ax.set_title(f"held-out accuracy (n={ab['n']}, bootstrap 95% CI)")
+  ax.set_ylabel("accuracy")
+  ax.legend()
+  ax.set_title(f"held-out questions (n={ab['n']}, bootstrap 95% CI)")
   fig.suptitle(f"adaptation loop, {pathlib.Path(str(result['model'])).name} NF4 + LoRA ({result['device']})")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def _accuracy_bars(result: dict) -> list[tuple[str, str, dict]]:
+  """(variant, metric name, {"value", "lo", "hi"}) for tuned (when the reference eval ran), noisy before
+  and noisy after, per metric."""
+  ab, ref = result["ab"], result.get("ab_reference")
+  out = []
+  for m, name in METRICS:
+    if m not in ab["metrics"]:
+      continue
+    if ref and m in ref["metrics"]:
+      out.append(("tuned", name, ref["metrics"][m]["a"]))
+    out += [("noisy before", name, ab["metrics"][m]["a"]), ("noisy after SFT", name, ab["metrics"][m]["b"])]
+  return out
 
 
 def _ci(d: dict, pct: bool = True) -> str:
@@ -64,6 +78,17 @@ def write_markdown(result: dict, path) -> None:
   metric_rows = "\n".join(
       f"| {name} | {_ci(ab['metrics'][m]['a'])} | {_ci(ab['metrics'][m]['b'])} | {_ci(ab['metrics'][m]['a_minus_b'])} |"
       for m, name in METRICS if m in ab["metrics"])
+  ref = result.get("ab_reference")
+  ref_rows = "" if not ref else "\n".join(
+      f"| {name} | {_ci(ref['metrics'][m]['a'])} | {_ci(ref['metrics'][m]['b'])} | {_ci(ref['metrics'][m]['a_minus_b'])} |"
+      for m, name in METRICS if m in ref["metrics"])
+  ref_md = "" if not ref else f"""
+For scale, the better variant on the same questions (`{result['eval_reference_report']}`):
+
+| metric | tuned | noisy after | tuned - noisy after |
+|---|---|---|---|
+{ref_rows}
+"""
   cmds = "\n".join(result["commands"])
   times = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in t.items())
   md = f"""# Adaptation loop: serve two variants, route on feedback, train on the log, A/B ({result['date']})
@@ -111,6 +136,7 @@ greedy, NF4 base in-process; values in %, bootstrap 95% CI; A - B < 0 means the 
 |---|---|---|---|
 {metric_rows}
 
+{ref_md}
 Judge: skipped. The only judge available offline is SmolLM2-135M itself, whose NF4 base answers these
 questions mostly wrong; its verdicts would be noise next to an exact, verifiable task metric.
 Full report: [{result['eval_report']}]({result['eval_report']}).

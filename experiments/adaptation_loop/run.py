@@ -13,7 +13,8 @@
    the reward log into SFT rows (reward >= --min-reward) and preference pairs. 5. The SFT job continues the
    weak variant's adapter (`config.lora.init_from`) on those rows. 6. `python -m fineflax.evals` compares
    noisy-before with noisy-after on held-out questions no user asked (exact match, math_last_number,
-   bootstrap 95% CI). Writes results.json, RESULTS.md, adaptation_loop.png and the runs under --out/work.
+   bootstrap 95% CI) and, for scale, tuned with noisy-after on the same questions. Writes results.json,
+   RESULTS.md, adaptation_loop.png, the two eval reports and the runs under --out/work.
 """
 from __future__ import annotations
 
@@ -140,6 +141,14 @@ def main(argv=None):
        "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
        "--resamples", "2000", "--out", str(eval_dir)], work / "evals.log", commands)
   ab = json.loads((eval_dir / "results.json").read_text())
+  # for scale: the better variant against the weak one after its SFT, same questions
+  ref_dir = out / "eval_tuned_vs_noisy_after"
+  times["evals_reference_s"] = run_cmd(
+      [sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters['tuned']}",
+       "--b", f"{args.model}+{adapters['noisy_after']}", "--data", str(eval_path),
+       "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
+       "--resamples", "2000", "--out", str(ref_dir)], work / "evals_reference.log", commands)
+  ab_ref = json.loads((ref_dir / "results.json").read_text())
   times["total_s"] = time.time() - t_start
 
   user_set = {q["question"] for q in user_qs}
@@ -151,8 +160,9 @@ def main(argv=None):
       "feedback_data": {**counts, "sft_rows": len(sft_rows),
                         "sft_rows_by_variant": {v: sum(r["variant"] == v for r in sft_rows) for v in ("tuned", "noisy")}},
       "heldout_disjoint_from_users": not any(q["question"] in user_set for q in held_qs),
-      "ab": ab["summary"] if "summary" in ab else ab,
+      "ab": ab, "ab_reference": ab_ref,
       "eval_report": str(eval_dir.relative_to(out) / "report.md"),
+      "eval_reference_report": str(ref_dir.relative_to(out) / "report.md"),
   }
   (out / "results.json").write_text(json.dumps(result, indent=1))
   plot(result, out / "adaptation_loop.png")
