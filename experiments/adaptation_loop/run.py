@@ -1,6 +1,6 @@
 """The serving / feedback adaptation loop end to end, on CPU with SmolLM2-135M-Instruct (NF4 base).
 
-  python experiments/adaptation_loop/run.py --out experiments/adaptation_loop          # ~25 min, 2 busy CPU cores
+  python experiments/adaptation_loop/run.py --out experiments/adaptation_loop          # ~20 min, 2 busy CPU cores
   python experiments/adaptation_loop/run.py --smoke --model TINY_HF_DIR --out DIR      # seconds (tests)
 
 1. Two variants from one NF4 base, both real QLoRA adapters made by the SFT job (`launch.py --config
@@ -13,7 +13,7 @@
    the reward log into SFT rows (reward >= --min-reward) and preference pairs. 5. The SFT job continues the
    weak variant's adapter (`config.lora.init_from`) on those rows. 6. `python -m fineflax.evals` compares
    noisy-before with noisy-after on held-out questions no user asked (exact match, math_last_number,
-   bootstrap 95% CI) and, for scale, tuned with noisy-after on the same questions. Writes results.json,
+   bootstrap 95% CI); with --reference-eval also tuned vs noisy-after. Writes results.json,
    RESULTS.md, adaptation_loop.png, the two eval reports and the runs under --out/work.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import json
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ SMOKE = dict(variant_steps=2, feedback_steps=2, requests=16, eval_questions=8, u
 
 def run_cmd(argv: list[str], log: pathlib.Path, commands: list) -> float:
   """Runs a CLI (from the repository root, output to `log`); returns its wall time; raises on failure."""
-  commands.append(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]]))
+  commands.append(_relative(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]])))
   t0 = time.time()
   with open(log, "w") as f:
     rc = subprocess.run(argv, cwd=loop.ROOT, env=loop.env_with_root(log.parent / "jax_cache"), stdout=f,
@@ -48,6 +49,10 @@ def run_cmd(argv: list[str], log: pathlib.Path, commands: list) -> float:
   if rc != 0:
     raise SystemExit(f"{argv[:4]} failed with exit code {rc}; see {log}:\n{log.read_text()[-3000:]}")
   return time.time() - t0
+
+
+def _relative(command: str) -> str:
+  return command.replace(str(loop.ROOT) + "/", "")
 
 
 def sft_argv(model: str, workdir, sources, steps: int, s: dict, init_from: str = "") -> list[str]:
@@ -67,6 +72,8 @@ def main(argv=None):
                   help="reward log rows kept as SFT data (the smoke test's random model needs 0)")
   ap.add_argument("--router", default="thompson", choices=("thompson", "ucb1"))
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--reference-eval", action="store_true",
+                  help="also A/B tuned vs noisy-after on the held-out questions (~4 more minutes)")
   for k, v in FULL.items():
     ap.add_argument("--" + k.replace("_", "-"), type=int, default=None, help=f"default {v} (smoke {SMOKE[k]})")
   args = ap.parse_args(argv)
@@ -74,6 +81,8 @@ def main(argv=None):
   out = pathlib.Path(args.out).resolve()
   work = out / "work"
   work.mkdir(parents=True, exist_ok=True)
+  for stale in [*work.glob("sft_*"), *work.glob("feedback*"), *out.glob("eval_*")]:  # a rerun starts afresh
+    shutil.rmtree(stale) if stale.is_dir() else stale.unlink()  # (the SFT job would resume a finished run)
   commands, times, t_start = [], {}, time.time()
 
   # data: users' questions and held-out questions are disjoint slices of one list
@@ -94,15 +103,12 @@ def main(argv=None):
   # 2-3. serve both, simulated users with feedback, the router converges
   port = loop.free_port()
   db = work / "feedback.sqlite"
-  if db.exists():
-    for p in work.glob("feedback.sqlite*"):
-      p.unlink()
   serve_argv = ["--model", args.model, "--name", "base", "--quant", "nf4", "--dtype", "float32",
                 "--adapter", f"tuned={adapters['tuned']}", "--adapter", f"noisy={adapters['noisy']}",
                 "--auto-variants", "tuned,noisy", "--router", args.router, "--slots", str(s["users"]),
                 "--context", "256", "--chunk", "8", "--max-tokens-limit", "64", "--log", str(db),
                 "--port", str(port)]
-  commands.append("python -m fineflax.serve " + " ".join(shlex.quote(a) for a in serve_argv))
+  commands.append(_relative("python -m fineflax.serve " + " ".join(shlex.quote(a) for a in serve_argv)))
   t0 = time.time()
   proc, url = loop.start_server(serve_argv, work / "serve.log", cache_dir=work / "jax_cache")
   times["serve_start_s"] = time.time() - t0
@@ -141,14 +147,14 @@ def main(argv=None):
        "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
        "--resamples", "2000", "--out", str(eval_dir)], work / "evals.log", commands)
   ab = json.loads((eval_dir / "results.json").read_text())
-  # for scale: the better variant against the weak one after its SFT, same questions
-  ref_dir = out / "eval_tuned_vs_noisy_after"
-  times["evals_reference_s"] = run_cmd(
-      [sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters['tuned']}",
-       "--b", f"{args.model}+{adapters['noisy_after']}", "--data", str(eval_path),
-       "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
-       "--resamples", "2000", "--out", str(ref_dir)], work / "evals_reference.log", commands)
-  ab_ref = json.loads((ref_dir / "results.json").read_text())
+  ref_dir, ab_ref = out / "eval_tuned_vs_noisy_after", None
+  if args.reference_eval:  # for scale: the better variant against the weak one after its SFT
+    times["evals_reference_s"] = run_cmd(
+        [sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters['tuned']}",
+         "--b", f"{args.model}+{adapters['noisy_after']}", "--data", str(eval_path),
+         "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
+         "--resamples", "2000", "--out", str(ref_dir)], work / "evals_reference.log", commands)
+    ab_ref = json.loads((ref_dir / "results.json").read_text())
   times["total_s"] = time.time() - t_start
 
   user_set = {q["question"] for q in user_qs}
@@ -162,7 +168,7 @@ def main(argv=None):
       "heldout_disjoint_from_users": not any(q["question"] in user_set for q in held_qs),
       "ab": ab, "ab_reference": ab_ref,
       "eval_report": str(eval_dir.relative_to(out) / "report.md"),
-      "eval_reference_report": str(ref_dir.relative_to(out) / "report.md"),
+      "eval_reference_report": str(ref_dir.relative_to(out) / "report.md") if ab_ref else None,
   }
   (out / "results.json").write_text(json.dumps(result, indent=1))
   plot(result, out / "adaptation_loop.png")
