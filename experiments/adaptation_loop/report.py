@@ -66,6 +66,11 @@ def _accuracy_bars(result: dict) -> list[tuple[str, str, dict]]:
   return out
 
 
+def _metric_rows(ab: dict) -> str:
+  return "\n".join(f"| {name} | {_ci(ab['metrics'][m]['a'])} | {_ci(ab['metrics'][m]['b'])} | "
+                   f"{_ci(ab['metrics'][m]['a_minus_b'])} |" for m, name in METRICS if m in ab["metrics"])
+
+
 def _ci(d: dict, pct: bool = True) -> str:
   f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3f}")
   return f"{f(d['value'])} [{f(d['lo'])}, {f(d['hi'])}]"
@@ -75,19 +80,14 @@ def write_markdown(result: dict, path) -> None:
   r, ab, fb, t, s = result["routing"], result["ab"], result["feedback_data"], result["times"], result["settings"]
   var = r["variants"]
   rows = "\n".join(f"| {v} | {d['requests']} | {d['mean_reward']:.3f} |" for v, d in var.items())
-  metric_rows = "\n".join(
-      f"| {name} | {_ci(ab['metrics'][m]['a'])} | {_ci(ab['metrics'][m]['b'])} | {_ci(ab['metrics'][m]['a_minus_b'])} |"
-      for m, name in METRICS if m in ab["metrics"])
+  metric_rows = _metric_rows(ab)
   ref = result.get("ab_reference")
-  ref_rows = "" if not ref else "\n".join(
-      f"| {name} | {_ci(ref['metrics'][m]['a'])} | {_ci(ref['metrics'][m]['b'])} | {_ci(ref['metrics'][m]['a_minus_b'])} |"
-      for m, name in METRICS if m in ref["metrics"])
   ref_md = "" if not ref else f"""
-For scale, the better variant on the same questions (`{result['eval_reference_report']}`):
+For scale, the better variant on the same held-out questions (`{result['eval_reference_report']}`):
 
 | metric | tuned | noisy after | tuned - noisy after |
 |---|---|---|---|
-{ref_rows}
+{_metric_rows(ref)}
 """
   cmds = "\n".join(result["commands"])
   times = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in t.items())
@@ -100,7 +100,8 @@ Command (device: {result['device']}, 2 cores shared with other jobs; wall time {
 ```
 
 Setting: base `{result['model']}` quantised to NF4, f32 compute. Two variants, both QLoRA adapters (r=16,
-alpha=32, all linears) made by the SFT job (`configs/quickstart.py`, {s['variant_steps']} steps x {s['batch_size']} rows):
+alpha=32, all linears) made by the SFT job (`configs/quickstart.py`, {s['variant_steps']} steps x
+{s['batch_size']} rows):
 **tuned** on the bundled arithmetic chats ("What is 17 + 25?" -> "17 + 25 = 42."), **noisy** on the same chats
 with every result shifted by a random non-zero d in [-9, 9] (a fine-tune on buggy labels: it keeps the
 answer format and gets the sums wrong). Both are served from one NF4 base by `python -m fineflax.serve`
@@ -118,19 +119,28 @@ the result) to `/feedback`. Router: {result['router']} on the logged rewards.
 - better variant: **{r['best']}**; share of the last {r['last']} requests routed to it: **{r['share_last']:.1%}**
   (whole run: {r['share_all']:.1%}).
 - cumulative pseudo-regret (gap of empirical mean rewards) after {len(r['cumulative_regret'])} requests:
-  {r['cumulative_regret'][-1] if r['cumulative_regret'] else 0:.1f}, uniform routing: {len(r['cumulative_regret']) * r['uniform_regret_per_request']:.1f}.
+  {r['cumulative_regret'][-1] if r['cumulative_regret'] else 0:.1f}, uniform routing:
+  {len(r['cumulative_regret']) * r['uniform_regret_per_request']:.1f}.
+- the **{r['best']}** variant's live reward is its accuracy on the users' questions; the other variant's
+  requests are few, so its mean is rough.
+- routing order at the start: a variant with no feedback yet is picked first, and requests still in flight
+  do not count, so with {s['users']} concurrent users the first ~{s['users']} requests all go to the first
+  variant and the next ~{s['users']} to the other, before any reward steers the router (visible as the dip at
+  the left of the share curve).
 
 ## Reward log -> SFT data -> the weak variant
 
-`fineflax.data.from_feedback --min-reward {result['min_reward']}`: {fb['rated']} rated responses -> {fb['sft_rows']} SFT rows
-(by variant: {fb['sft_rows_by_variant']}), {fb.get('pairs', 0)} preference pairs (a prompt gets a pair only when it has
-two different answers; each user asked once, so there are few or none). The SFT job then continues the
+`fineflax.data.from_feedback --min-reward {result['min_reward']}`: {fb['rated']} rated responses ->
+{fb['sft_rows']} SFT rows (by variant: {fb['sft_rows_by_variant']}), {fb.get('pairs', 0)} preference pairs (a prompt
+gets a pair only when it has two different answers; each question was asked once, so there are none here). The SFT job then continues the
 **noisy** adapter (`--config.lora.init_from`) for {s['feedback_steps']} steps on those rows.
 
 ## A/B on held-out questions: noisy before (A) vs noisy after SFT on the log (B)
 
-`python -m fineflax.evals`, {ab['n']} questions disjoint from the users' ({'checked' if result['heldout_disjoint_from_users'] else 'NOT disjoint'}),
-greedy, NF4 base in-process; values in %, bootstrap 95% CI; A - B < 0 means the SFT helped.
+`python -m fineflax.evals`, {ab['n']} questions disjoint from the users'
+({'checked' if result['heldout_disjoint_from_users'] else 'NOT disjoint'}), greedy, NF4 base in-process; values in %, bootstrap
+95% CI of the paired difference; A - B < 0 means the SFT helped. Exact match accepts the bare number or the
+equation "a op b = c" (SQuAD normalisation); last number correct is `math_last_number`.
 
 | metric | A: noisy before | B: noisy after | A - B |
 |---|---|---|---|
@@ -152,3 +162,12 @@ Exact commands run (in order):
 ```
 """
   pathlib.Path(path).write_text(md)
+
+
+if __name__ == "__main__":  # re-render from a results.json: python experiments/adaptation_loop/report.py DIR
+  import json
+  import sys
+  folder = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent)
+  res = json.loads((folder / "results.json").read_text())
+  plot(res, folder / "adaptation_loop.png")
+  write_markdown(res, folder / "RESULTS.md")
