@@ -66,6 +66,26 @@ def _accuracy_bars(result: dict) -> list[tuple[str, str, dict]]:
   return out
 
 
+def _summary(result: dict) -> str:
+  """The headline numbers of a run."""
+  r, ab, ref = result["routing"], result["ab"], result.get("ab_reference")
+  m = ab["metrics"]["math_last_number"]
+  d = m["a_minus_b"]
+  gain = {"value": -d["value"], "lo": -d["hi"], "hi": -d["lo"]}  # after - before
+  lines = [f"- router: **{r['share_last']:.0%}** of the last {r['last']} requests went to the better variant "
+           f"({r['best']}, live reward {r['variants'][r['best']]['mean_reward']:.2f}).",
+           f"- the weak variant on {ab['n']} held-out questions: **{100 * m['a']['value']:.1f}% -> "
+           f"{100 * m['b']['value']:.1f}%** correct after {result['settings']['feedback_steps']} SFT steps on "
+           f"{result['feedback_data']['sft_rows']} rewarded answers from the log (difference "
+           f"{_ci(gain)} points, "
+           f"bootstrap 95% CI)."]
+  if ref:
+    t = ref["metrics"]["math_last_number"]
+    lines.append(f"- for scale, the better variant scores {100 * t['a']['value']:.1f}% on the same questions "
+                 f"(tuned - weak-after: {_ci(t['a_minus_b'])} points).")
+  return "\n".join(lines)
+
+
 def _metric_rows(ab: dict) -> str:
   return "\n".join(f"| {name} | {_ci(ab['metrics'][m]['a'])} | {_ci(ab['metrics'][m]['b'])} | "
                    f"{_ci(ab['metrics'][m]['a_minus_b'])} |" for m, name in METRICS if m in ab["metrics"])
@@ -98,6 +118,8 @@ Command (device: {result['device']}, 2 cores shared with other jobs; wall time {
 ```bash
 {result['command']}
 ```
+
+{_summary(result)}
 
 Setting: base `{result['model']}` quantised to NF4, f32 compute. Two variants, both QLoRA adapters (r=16,
 alpha=32, all linears) made by the SFT job (`configs/quickstart.py`, {s['variant_steps']} steps x
@@ -147,6 +169,12 @@ equation "a op b = c" (SQuAD normalisation); last number correct is `math_last_n
 {metric_rows}
 
 {ref_md}
+Notes. SmolLM2-135M on an NF4 base is weak at two-digit arithmetic: the better variant gets about one
+question in four or five right, so the log yields few SFT rows and all the gains are bounded by what the
+base can compute; the loop's job here is to move the weak variant from a wrong-value habit to the good
+variant's behaviour, which the A/B measures. All answers have the form "a op b = c.", so exact match and
+last-number accuracy coincide. One run, one seed; the CIs are over questions, not over reruns.
+
 Judge: skipped. The only judge available offline is SmolLM2-135M itself, whose NF4 base answers these
 questions mostly wrong; its verdicts would be noise next to an exact, verifiable task metric.
 Full report: [{result['eval_report']}]({result['eval_report']}).

@@ -41,7 +41,8 @@ SMOKE = dict(variant_steps=2, feedback_steps=2, requests=16, eval_questions=8, u
 
 def run_cmd(argv: list[str], log: pathlib.Path, commands: list) -> float:
   """Runs a CLI (from the repository root, output to `log`); returns its wall time; raises on failure."""
-  commands.append(_relative(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]])))
+  argv = [_relative(a) for a in argv]  # paths inside the repository as relative ones (cwd = the root)
+  commands.append(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]]))
   t0 = time.time()
   with open(log, "w") as f:
     rc = subprocess.run(argv, cwd=loop.ROOT, env=loop.env_with_root(log.parent / "jax_cache"), stdout=f,
@@ -108,7 +109,8 @@ def main(argv=None):
                 "--auto-variants", "tuned,noisy", "--router", args.router, "--slots", str(s["users"]),
                 "--context", "256", "--chunk", "8", "--max-tokens-limit", "64", "--log", str(db),
                 "--port", str(port)]
-  commands.append(_relative("python -m fineflax.serve " + " ".join(shlex.quote(a) for a in serve_argv)))
+  serve_argv = [_relative(a) for a in serve_argv]
+  commands.append("python -m fineflax.serve " + " ".join(shlex.quote(a) for a in serve_argv))
   t0 = time.time()
   proc, url = loop.start_server(serve_argv, work / "serve.log", cache_dir=work / "jax_cache")
   times["serve_start_s"] = time.time() - t0
