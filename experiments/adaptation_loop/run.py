@@ -1,7 +1,8 @@
 """The serving / feedback adaptation loop end to end, on CPU with SmolLM2-135M-Instruct (NF4 base).
 
-  python experiments/adaptation_loop/run.py --out experiments/adaptation_loop          # ~20 min, 2 busy CPU cores
-  python experiments/adaptation_loop/run.py --smoke --model TINY_HF_DIR --out DIR      # seconds (tests)
+  python experiments/adaptation_loop/run.py --reference-eval   # the committed run: ~20 min on 2 busy CPU cores
+  python experiments/adaptation_loop/run.py --smoke --model TINY_HF_DIR --out DIR --min-reward 0
+      # tests/test_adaptation_loop_smoke.py: a tiny random model; ~2 min of CPU, mostly compiles
 
 1. Two variants from one NF4 base, both real QLoRA adapters made by the SFT job (`launch.py --config
    configs/quickstart.py`): `tuned` on the bundled arithmetic chats, `noisy` on the same chats with every
