@@ -130,7 +130,9 @@ answer format and gets the sums wrong). Both are served from one NF4 base by `py
 ({s['users']} decode slots). {s['users']} simulated users (threads, `openai` client) ask {s['requests']} questions
 "What is a +/- b?" (a in 61..99, b in 2..40; none in the adapters' training chats) with `model="auto"`,
 greedy, max {s['max_tokens']} tokens, and POST reward 1/0 (`math_last_number`: the reply's last number is
-the result) to `/feedback`. Router: {result['router']} on the logged rewards.
+the result) to `/feedback`. Router: {result['router']} on the logged rewards (`--router`; Thompson because
+UCB1's bonus sqrt(2 ln N / n) keeps sending the worse arm about 8 ln N / gap^2 requests, which at a reward
+gap near 0.2 is more than this whole run).
 
 ## Routing
 
