@@ -28,6 +28,7 @@ def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
   config.lora.dropout = dropout  # dropout on the adapter input (0 in RL: log-probs must match the sampler's)
   config.lora.rslora = False  # rank-stabilised scaling
   config.lora.targets = targets  # adapted linears: short names (q ... down), HF names (q_proj) or all-linear
+  config.lora.init_from = ""  # PEFT folder whose LoRA training starts from (same r/alpha/targets); "" = fresh
   return config
 
 

@@ -47,10 +47,30 @@ def setup_model(config):
     targets = tuple(config.model.get("quant_targets", ("all-linear",)))
     params = quant.quantize_params(params, targets=targets, kind=config.model.quant)
   lora_cfg = lora_lib.LoraConfig.from_mapping(config.lora)
-  lora = lora_lib.init_lora(params, model_config, lora_cfg, jax.random.PRNGKey(config.seed + 1))
+  init_from = config.lora.get("init_from", "")
+  if init_from:
+    lora = start_adapter(init_from, model_config, lora_cfg)
+  else:
+    lora = lora_lib.init_lora(params, model_config, lora_cfg, jax.random.PRNGKey(config.seed + 1))
   logging.info("loaded %s (%s, quant=%s) in %.1fs", config.model.source, model_config.model_type,
                config.model.quant, time.time() - t0)
   return params, model_config, tokenizer, lora_cfg, lora
+
+
+def start_adapter(path: str, model_config, lora_cfg) -> dict:
+  """The LoRA of the PEFT folder `path` as the starting point of training (`config.lora.init_from`).
+
+  Its rank, alpha, rslora and adapted linears must equal `config.lora`'s (the scale and the shapes the
+  job builds come from there); otherwise a ValueError names both settings."""
+  lora, saved = lora_lib.import_peft(path, model_config)
+  want = {"r": lora_cfg.r, "alpha": float(lora_cfg.alpha), "rslora": lora_cfg.use_rslora,
+          "targets": sorted(lora_lib.resolve_targets(lora_cfg.target_modules))}
+  have = {"r": saved.r, "alpha": float(saved.alpha), "rslora": saved.use_rslora, "targets": sorted(lora)}
+  if want != have:
+    diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
+    raise ValueError(f"config.lora.init_from={path}: the adapter does not match config.lora "
+                     f"(field: (adapter, config)) {diff}")
+  return lora
 
 
 def export_adapter(lora, lora_cfg, model_config, config, workdir: str) -> str:
