@@ -42,8 +42,8 @@ def _luffy_noshape(config):
 
 def _smoke(config):
   grpo_arith.PRESETS["smoke"](config)
-  config.task.update(num_train=32, num_eval=4, pass_k=2, pass_k_items=2)
-  config.eval_batch_size = 8
+  config.task.update(num_train=32, num_eval=8, pass_k=2, pass_k_items=4)
+  config.eval_batch_size = 8  # every sampling call has 8 rows, as the rollouts (2 questions x 4)
   config.rl.max_new_tokens = 16
   if config.rl.sft_steps == SFT_RL_SFT_STEPS:  # sft_rl: 1 SFT step, then RL
     config.rl.sft_steps = 1

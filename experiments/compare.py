@@ -131,11 +131,12 @@ def main(argv=None):
   failed = [f"{n} (exit {c})" for n, c in codes.items() if c not in (0, NOT_STARTED)]
   not_started = [n for n, c in codes.items() if c == NOT_STARTED]
   steps_run = "; ".join(f"{n}: " + ", ".join(str(r["steps_run"]) for r in rs.values()) for n, rs in runs.items())
+  placement = ("one run at a time in one process" if args.in_process else
+               f"{args.per_gpu} runs at once per GPU" if gpus else f"{args.parallel} runs at once")
   md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
-- device: {device}; {len(gpus) or 'no'} GPUs, {args.per_gpu if gpus else args.parallel} runs at once per
-  {'GPU' if gpus else 'machine'}; wall time {wall:.0f} s
+- device: {device}; {len(gpus) or 'no'} GPUs, {placement}; wall time {wall:.0f} s
 - methods: {'; '.join(f'{n} = `{args.config}:{p}` {" ".join(o)}' for n, p, o in methods)}; common overrides:
   `{' '.join(args.set)}`; seeds {args.seeds}
 - cells: mean ± 95% confidence interval (Student t) over seeds, n = runs that reached the step

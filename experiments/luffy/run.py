@@ -11,7 +11,7 @@ luffy (official train.sh settings), luffy_noshape. Every RL phase samples the sa
 (prompts_per_step x group_size rows; LUFFY's include 1 trace per group); sft_rl runs 50 + --steps steps so
 that its RL phase has the same rollout budget. Writes into --out: RESULTS.md (compare.py's tables per
 evaluation step, then the final-evaluation table: in-distribution, 4-5 operations, second wording;
-greedy accuracy and pass@8), results.json, curves.png (accuracy), pass_at_8.png, entropy.png,
+greedy accuracy and pass@8), results.json, curves.png (accuracy), pass_at_k.png, entropy.png,
 length.png, train_entropy.png. A call stopped by --time-budget is resumed by running the same command.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_
 SETS = (("", "in-distribution (2-3 ops)"), ("ood_ops_", "4-5 ops"), ("ood_phrasing_", "second wording"))
 EXTRA = ("eval_pass_at_8", "eval_ood_ops_accuracy", "eval_ood_ops_pass_at_8", "eval_ood_phrasing_accuracy",
          "eval_ood_phrasing_pass_at_8", "eval_sample_entropy", "eval_completion_length", "eval_sample_length")
-PLOTS = {"pass_at_8.png": ("eval_pass_at_8", "pass@8, held-out (T=0.7)"),
+PLOTS = {"pass_at_k.png": ("eval_pass_at_8", "pass@k, held-out (T=0.7)"),
          "entropy.png": ("eval_sample_entropy", "entropy per token of T=0.7 samples (held-out)"),
          "length.png": ("eval_completion_length", "greedy completion length (tokens)"),
          "train_entropy.png": ("entropy", "policy entropy in the RL loss (training rows)")}
@@ -45,7 +45,10 @@ def method_specs(methods, steps: int, smoke: bool, pass_k: int) -> list[str]:
   specs = []
   for name in methods:
     presets = ",".join(p for p in (METHODS[name], "smoke" if smoke else "") if p)
-    over = [f"num_steps={steps + SFT_RL_SFT_STEPS}"] if name == "sft_rl" and not smoke else []
+    if smoke:  # one step each (sft_rl: one SFT step, then one RL step)
+      over = [f"num_steps={2 if name == 'sft_rl' else 1}"]
+    else:
+      over = [f"num_steps={steps + SFT_RL_SFT_STEPS}"] if name == "sft_rl" else []
     over += [f"task.pass_k={pass_k}"] if pass_k != 8 else []
     specs.append(";".join([f"{name}={presets}", *over]))
   return specs
@@ -80,10 +83,11 @@ def final_table(runs_dir: pathlib.Path, methods, seeds, k: int) -> tuple[str, di
   return "\n".join(lines), finals
 
 
-def plots(runs_dir: pathlib.Path, out: pathlib.Path, methods, seeds) -> list[str]:
+def plots(runs_dir: pathlib.Path, out: pathlib.Path, methods, seeds, k: int) -> list[str]:
   """The entropy, length and pass@k curves (mean and 95% band over seeds); returns the files written."""
   written = []
   for fname, (metric, label) in PLOTS.items():
+    metric = metric.replace("pass_at_8", f"pass_at_{k}")
     series = {}
     for name in methods:
       for seed in seeds:
@@ -121,8 +125,7 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   out = pathlib.Path(args.out)
   common = [*([f"model.source={args.model}"] if args.model else []), f"task.eval_split={args.split}"]
-  if not args.smoke:
-    common += [f"num_steps={args.steps}", f"eval_every={args.eval_every}"]
+  common += ["eval_at_start=False"] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"]
   k = 2 if args.smoke else args.pass_k
   cargv = ["--config", CONFIG, "--out", str(out), "--seeds", *map(str, args.seeds),
            "--per-gpu", str(args.per_gpu), "--parallel", str(args.parallel),
@@ -134,7 +137,7 @@ def main(argv=None) -> int:
     cargv += ["--method", spec]
   code = compare.main(cargv)
   table, finals = final_table(out / "runs", args.methods, args.seeds, k)
-  figs = plots(out / "runs", out, args.methods, args.seeds)
+  figs = plots(out / "runs", out, args.methods, args.seeds, k)
   md = (out / "RESULTS.md").read_text()
   md += (f"\n### Final evaluation ({args.split} split; each seed's last evaluation; mean ± 95% CI)\n\n"
          f"command: `{command_line()}`\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n")

@@ -49,11 +49,14 @@ TARGET_MARGIN = 0.15  # issue 16: Search-R1 >= RAG + 0.15 EM on two-hop question
 
 def baselines(args, seeds, common) -> dict:
   """{seed: run_baselines(...)}, computed in a child process (its device memory is freed before the RL
-  runs start) and cached in OUT/baselines.json."""
+  runs start; in this one with --in-process) and cached in OUT/baselines.json."""
   path = pathlib.Path(args.out) / "baselines.json"
   cached = json.loads(path.read_text()) if path.exists() else {}
   todo = [s for s in seeds if str(s) not in cached]
-  if todo:
+  if todo and args.in_process:
+    baselines_child(str(path), todo, args.smoke, common)
+    cached = json.loads(path.read_text())
+  elif todo:
     child = [sys.executable, str(pathlib.Path(__file__).resolve()), "--baselines-child", str(path),
              "--seeds", *map(str, todo), *(["--smoke"] if args.smoke else []), "--set", *common]
     subprocess.run(child, check=True)

@@ -133,7 +133,7 @@ class ArithmeticEnv:
     items = items[:n]
     sampler = dataclasses.replace(policy, temperature=float(t.get("pass_temperature", 0.7)), top_p=1.0)
     rows = [p for p in items for _ in range(k)]
-    bs = max(self.config.eval_batch_size, k)
+    bs = max(self.config.eval_batch_size // k, 1) * k  # rows per sampling call: whole problems
     right, lengths, nll, tokens = [], [], 0.0, 0
     for j, i in enumerate(range(0, len(rows), bs)):
       chunk = rows[i:i + bs]
