@@ -56,8 +56,8 @@ PRESETS = {**common.RL_PRESETS, "sft": _sft, "sft_rl": _sft_rl, "luffy": _luffy,
 def get_config(arg: str = ""):
   config = grpo_arith.get_config("")
   config.num_steps = 150
-  config.eval_every = 25
-  config.eval_batch_size = 512  # rows per evaluation sampling call (pass@k: prompts x k)
+  config.eval_every = 30
+  config.eval_batch_size = 768  # rows per evaluation sampling call (pass@k: prompts x k)
   t = config.task
   t.num_steps = (2, 3)  # operations per training / in-distribution problem
   t.max_start = 20
@@ -67,7 +67,7 @@ def get_config(arg: str = ""):
   t.ood_num_steps = (4, 5)  # out of distribution: more operations
   t.ood_template = "box"  # out of distribution: the same problems in a second wording
   t.pass_k = 8  # pass@k: k samples per problem at pass_temperature
-  t.pass_k_items = 128  # problems per set that get k samples (0 = all)
+  t.pass_k_items = 96  # problems per set that get k samples (0 = all): 768 sampled rows per set
   t.pass_temperature = 0.7
   # R1-style: the assistant turn opens with "<think>\n" (prefilled), as the solver's traces do
   t.assistant_prefix = "<think>\n"

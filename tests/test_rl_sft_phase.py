@@ -59,3 +59,11 @@ def test_demonstration_rows_needs_a_trace():
       return [None] * len(items)
   with pytest.raises(ValueError, match="no demonstration"):
     demonstration_rows(NoTraces(), None, None, [1, 2])
+
+
+def test_negative_sft_steps_is_a_config_error():
+  from fineflax.config_checks import ConfigError
+  from fineflax.jobs.resolve import load_config
+  from fineflax.jobs.rl import validate
+  with pytest.raises(ConfigError, match=r"config.rl.sft_steps=-1: an integer >= 0"):
+    validate(load_config("configs/luffy_arith.py:smoke", ["rl.sft_steps=-1"]))

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
   ap.add_argument("--model", default="", help="model source (default: the config's)")
   ap.add_argument("--out", default="experiments/luffy/out")
   ap.add_argument("--steps", type=int, default=150, help="RL steps (rollout batches) of every method")
-  ap.add_argument("--eval-every", type=int, default=25)
+  ap.add_argument("--eval-every", type=int, default=30)
   ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
   ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
   ap.add_argument("--split", default="test", choices=("test", "validation"),
