@@ -42,6 +42,7 @@ def _luffy_noshape(config):
 
 def _smoke(config):
   grpo_arith.PRESETS["smoke"](config)
+  config.model.quant = "none"  # smaller programs to compile (NF4 has its own tests)
   config.task.update(num_train=32, num_eval=8, pass_k=2, pass_k_items=4)
   config.eval_batch_size = 8  # every sampling call has 8 rows, as the rollouts (2 questions x 4)
   config.rl.max_new_tokens = 16
