@@ -4,6 +4,7 @@
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
+#                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
@@ -64,6 +65,26 @@ for stage in "$@"; do
               --extra-metrics eval_em_2hop eval_searches reward_mean \
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} \
               model.remat=full model.logits_chunk=32 ;;
+    luffy5) # LUFFY five-way, 5 methods x 4 seeds = 20 runs, 2 per GPU. ~25 min of 4 x H100 in all: call this
+            # stage 3 times (each call stops every run at the budget with a checkpoint; the next resumes them,
+            # runs already complete return at once); RESULTS.md is rewritten from every run's history each call
+            # (cheaper: LUFFY_SET="rl.prompts_per_step=16", about half the RL time, 2 calls)
+            python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy5 --seeds ${SEEDS:-0 1 2 3} \
+              --per-gpu ${PER_GPU:-2} --time-budget ${TIME_BUDGET:-520} --steps ${STEPS:-150} \
+              --eval-every ${EVAL_EVERY:-30} --set model.remat=full model.logits_chunk=32 ${LUFFY_SET:-} ;;
+    sr1rag) # direct / RAG / oracle-evidence baselines (one child process, ~1-2 min), then Search-R1 RL alone
+            # (grpo_only) x 4 seeds, 1 per GPU, 60 steps: ~8-9 min; if stopped, call again (it resumes)
+            python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/sr1rag --methods search_r1 \
+              --seeds 0 1 2 3 --per-gpu ${PER_GPU:-1} --time-budget ${TIME_BUDGET:-420} --steps ${STEPS:-60} \
+              --eval-every ${EVAL_EVERY:-15} --set model.remat=full model.logits_chunk=32 ;;
+    combined) # the combined mode (Search-R1 + LUFFY oracle traces) x 4 seeds next to sr1rag's runs (same
+            # folder: those return at once, baselines are cached): ~8-9 min; if stopped, call again
+            python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/sr1rag \
+              --methods search_r1 combined --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
+              --time-budget ${TIME_BUDGET:-500} --steps ${STEPS:-60} --eval-every ${EVAL_EVERY:-15} \
+              --set model.remat=full model.logits_chunk=32
+            mkdir -p "$OUT/combined" && cp /root/work/sr1rag/*.md /root/work/sr1rag/*.png /root/work/sr1rag/*.json \
+              "$OUT/combined/" && tar czf "$OUT/combined-logs.tgz" -C /root/work/sr1rag logs ;;
     scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
     mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
             MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=4 --config.rl.prompts_per_step=16 --config.rl.group_size=8 --config.rl.max_new_tokens=96 --config.task.num_eval=32"

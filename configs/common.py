@@ -111,6 +111,7 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   r.overlong_buffer = 0  # DAPO soft overlong punishment over the last N tokens (0 = off)
   r.dynamic_sampling = False  # DAPO: drop zero-variance groups and refill
   r.max_refill_rounds = 2  # extra rollout rounds allowed for refilling
+  r.sft_steps = 0  # leading SFT steps on the demonstrations, then RL (fineflax/rl/sft_phase.py)
   return config
 
 

@@ -6,8 +6,9 @@ step), one plot, every run's history.
 
 A method is NAME=PRESETS[;key=value;...]: the config's presets and its own overrides (after the common
 --set ones). Each run is `python launch.py --config CONFIG:PRESETS --workdir OUT/runs/NAME-SEED ...` in its
-own process (`fineflax.runs.run_parallel`: --per-gpu runs per GPU, or --parallel on a CPU); a run that
-crashes is reported and the others go on. Writes RESULTS.md, results.json (per method, per seed, per
+own process (`fineflax.runs.run_parallel`: --per-gpu runs per GPU, or --parallel on a CPU; --in-process:
+one after another in this process); a run that crashes is reported and the others go on. --time-budget S
+stops every run (SIGTERM: it saves a checkpoint) S seconds after the start; the same command resumes them. Writes RESULTS.md, results.json (per method, per seed, per
 evaluation step) and curves.png into --out. `--collect` only tabulates the runs already there.
 """
 from __future__ import annotations
@@ -23,8 +24,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from fineflax.io import atomic_write_text  # noqa: E402
 from experiments.common import command_line, device_name  # noqa: E402
-from fineflax.runs import launch_argv, load_history, plot_curves, run_parallel, summary_table  # noqa: E402
+from fineflax.runs import (NOT_STARTED, launch_argv, load_history, plot_curves, run_parallel,  # noqa: E402
+                           summary_table)
 
 
 def parse_method(spec: str) -> tuple[str, str, list[str]]:
@@ -34,6 +37,19 @@ def parse_method(spec: str) -> tuple[str, str, list[str]]:
   if not name:
     raise SystemExit(f"--method {spec!r}: expected NAME=PRESETS[;key=value...]")
   return name, presets, [o for o in overrides if o]
+
+
+def run_in_process(spec: str, workdir: str, overrides: list[str]) -> int:
+  """One run in this interpreter (as launch.py would run it); an exception is printed and exits 1."""
+  import traceback
+  from fineflax import jobs
+  from fineflax.jobs.resolve import load_config
+  try:
+    out = jobs.run(load_config(spec, overrides), workdir)
+    return int(out.get("exit_code", 0)) if isinstance(out, dict) else 0
+  except Exception:  # noqa: BLE001  (reported like a crashed subprocess; the other runs go on)
+    traceback.print_exc()
+    return 1
 
 
 def visible_gpus() -> list[int]:
@@ -57,8 +73,13 @@ def main(argv=None):
   ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU")
   ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
   ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--in-process", action="store_true",
+                  help="run the runs one after another in this process (CPU smoke tests: no start-up per run)")
   ap.add_argument("--run-timeout", type=int, default=0,
                   help="seconds after which each run gets SIGTERM (it saves, and reports the steps it ran)")
+  ap.add_argument("--time-budget", type=int, default=0,
+                  help="seconds for all runs together: each run is stopped (SIGTERM, checkpoint saved) by then "
+                       "and runs with under a minute left are not started; call again to resume them")
   ap.add_argument("--title", default="")
   args = ap.parse_args(argv)
   methods = [parse_method(m) for m in args.method]
@@ -67,13 +88,16 @@ def main(argv=None):
   t0, codes = time.time(), {}
   gpus = visible_gpus()
   if not args.collect:
-    limit = ["timeout", "-s", "TERM", str(args.run_timeout)] if args.run_timeout else []
-    commands = {f"{name}-{seed}": limit + launch_argv(f"{args.config}:{presets}" if presets else args.config,
-                                                      str(out / "runs" / f"{name}-{seed}"),
-                                                      [f"seed={seed}", *args.set, *over])
-                for name, presets, over in methods for seed in args.seeds}
-    codes = run_parallel(commands, str(out / "logs"), max_parallel=args.parallel, gpus=gpus or None,
-                         per_gpu=args.per_gpu)
+    runs_ = {f"{name}-{seed}": (f"{args.config}:{presets}" if presets else args.config,
+                                str(out / "runs" / f"{name}-{seed}"), [f"seed={seed}", *args.set, *over])
+             for name, presets, over in methods for seed in args.seeds}
+    if args.in_process:
+      codes = {name: run_in_process(*spec) for name, spec in runs_.items()}
+    else:
+      limit = ["timeout", "-s", "TERM", str(args.run_timeout)] if args.run_timeout else []
+      commands = {name: limit + launch_argv(*spec) for name, spec in runs_.items()}
+      codes = run_parallel(commands, str(out / "logs"), max_parallel=args.parallel, gpus=gpus or None,
+                           per_gpu=args.per_gpu, deadline=t0 + args.time_budget if args.time_budget else None)
   histories, runs = {}, {}
   for name, _, _ in methods:
     for seed in args.seeds:
@@ -101,27 +125,30 @@ def main(argv=None):
     for seed, hist in zip(seeds, histories[name]):
       seeds[seed]["at_evals"] = [{k: h[k] for k in ("step", args.metric, *args.extra_metrics) if k in h}
                                  for h in hist if h["step"] in eval_steps]
-  (out / "results.json").write_text(json.dumps({"command": command_line(), "device": device, "wall_s": wall,
+  atomic_write_text(out / "results.json", json.dumps({"command": command_line(), "device": device, "wall_s": wall,
                                                 "methods": {n: {"presets": p, "overrides": o} for n, p, o in methods},
                                                 "common": args.set, "runs": runs}, indent=1))
-  failed = [f"{n} (exit {c})" for n, c in codes.items() if c != 0]
+  failed = [f"{n} (exit {c})" for n, c in codes.items() if c not in (0, NOT_STARTED)]
+  not_started = [n for n, c in codes.items() if c == NOT_STARTED]
   steps_run = "; ".join(f"{n}: " + ", ".join(str(r["steps_run"]) for r in rs.values()) for n, rs in runs.items())
+  placement = ("one run at a time in one process" if args.in_process else
+               f"{args.per_gpu} runs at once per GPU" if gpus else f"{args.parallel} runs at once")
   md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
-- device: {device}; {len(gpus) or 'no'} GPUs, {args.per_gpu if gpus else args.parallel} runs at once per
-  {'GPU' if gpus else 'machine'}; wall time {wall:.0f} s
+- device: {device}; {len(gpus) or 'no'} GPUs, {placement}; wall time {wall:.0f} s
 - methods: {'; '.join(f'{n} = `{args.config}:{p}` {" ".join(o)}' for n, p, o in methods)}; common overrides:
   `{' '.join(args.set)}`; seeds {args.seeds}
 - cells: mean ± 95% confidence interval (Student t) over seeds, n = runs that reached the step
 - steps run per seed: {steps_run}
 {f'- runs that did not finish: {failed} (their logged evaluations are included)' if failed else ''}
+{f'- runs not started in this call (time budget): {not_started}' if not_started else ''}
 
 {chr(10).join(tables)}
 
 ![curves](curves.png)
 """
-  (out / "RESULTS.md").write_text(md)
+  atomic_write_text(out / "RESULTS.md", md)
   print(md)
   return 0 if histories else 1
 

@@ -20,22 +20,38 @@ from typing import Sequence
 import numpy as np
 
 
+NOT_STARTED = -1  # exit code reported for a run that the time budget left no time to start
+
+
 def run_parallel(commands: dict[str, list[str]], log_dir: str, max_parallel: int = 4,
-                 gpus: Sequence[int] | None = None, per_gpu: int = 1, cwd: str | None = None) -> dict[str, int]:
+                 gpus: Sequence[int] | None = None, per_gpu: int = 1, cwd: str | None = None,
+                 deadline: float | None = None, min_run_s: float = 60.0) -> dict[str, int]:
   """Runs each named command (argv) as a subprocess; stdout+stderr go to LOG_DIR/<name>.log.
 
   gpus: device ids to place runs on, `per_gpu` runs per device at once (CUDA_VISIBLE_DEVICES, and a
-  memory fraction of 1/per_gpu each); without gpus at most `max_parallel` run at once.
+  memory fraction of 1/per_gpu each), filling every device once before any gets a second run; without
+  gpus at most `max_parallel` run at once.
+  deadline: a time.time() by which every run must end: each starts under `timeout -s TERM` for the
+  seconds left (the loop saves a checkpoint on SIGTERM, so a later call resumes it), and a run with
+  less than `min_run_s` left is not started (exit code NOT_STARTED).
   Returns {name: exit code}; a crashed run does not stop the others.
   """
   os.makedirs(log_dir, exist_ok=True)
-  slots = [str(g) for g in gpus for _ in range(per_gpu)] if gpus else [None] * max_parallel
+  slots = [str(g) for _ in range(per_gpu) for g in gpus] if gpus else [None] * max_parallel
   pending, running, codes = list(commands.items()), {}, {}
   free = list(range(len(slots)))
   while pending or running:
     while pending and free:
+      if deadline is not None and deadline - time.time() < min_run_s:
+        for name, _ in pending:
+          codes[name] = NOT_STARTED
+          print(f"not started {name}: under {min_run_s:.0f} s of the time budget left", flush=True)
+        pending = []
+        break
       slot = free.pop(0)
       name, argv = pending.pop(0)
+      if deadline is not None:
+        argv = ["timeout", "-s", "TERM", str(int(deadline - time.time())), *argv]
       env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
       if slots[slot] is not None:
         env.update(CUDA_VISIBLE_DEVICES=slots[slot], XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / per_gpu:.2f}")

@@ -56,3 +56,19 @@ def test_summary_table_has_one_cell_per_method_and_step():
   assert lines[0] == "| method | step 0 | step 10 |"
   assert lines[2].startswith("| grpo | 0.100 ± 0.000 (n=2) | 0.300 ± ")
   assert lines[3] == "| luffy | 0.100 (n=1) | 0.500 (n=1) |"
+
+
+def test_runs_fill_every_gpu_before_doubling_up(tmp_path):
+  cmd = [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
+  run_parallel({f"r{i}": cmd for i in range(2)}, str(tmp_path), gpus=[2, 5], per_gpu=2)
+  assert sorted((tmp_path / f"r{i}.log").read_text().strip() for i in range(2)) == ["2", "5"]
+
+
+def test_time_budget_stops_runs_and_skips_those_it_cannot_start(tmp_path):
+  import time
+  from fineflax.runs import NOT_STARTED
+  slow = [sys.executable, "-c", "import time; time.sleep(30)"]
+  t0 = time.time()
+  codes = run_parallel({"a": slow, "b": slow}, str(tmp_path), max_parallel=1, deadline=t0 + 2, min_run_s=1)
+  assert codes == {"a": 124, "b": NOT_STARTED}  # timeout's exit code after SIGTERM; b had < 1 s left
+  assert time.time() - t0 < 10

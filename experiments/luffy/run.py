@@ -1,126 +1,155 @@
-"""GRPO vs LUFFY vs ExGRPO at the same rollout budget on multi-step arithmetic, several seeds.
+"""LUFFY's Table at toy scale (issue 16, item 1): on-policy RL, SFT, SFT+RL, LUFFY and LUFFY without
+policy shaping on 2-3 operation word problems, S seeds each, on every visible GPU (experiments/compare.py).
 
-  python experiments/luffy/run.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR     # GPU
-  python experiments/luffy/run.py --smoke --out /tmp/luffy                                     # CPU
+  python experiments/luffy/run.py --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+      --seeds 0 1 2 3 --per-gpu 2 --time-budget 560 --set model.remat=full model.logits_chunk=32
+  python experiments/luffy/run.py --smoke --model TINY_HF_FOLDER --out /tmp/luffy     # CPU, seconds
 
-Every method samples `group_size` rows per question (LUFFY: one of them is the solver's worked trace;
-ExGRPO: one is a replayed own success once replay is on) on problems with 2-3 operations and numbers
-up to 20, where the base model rarely succeeds. Writes accuracy_curves.png, results.json and RESULTS.md
-into --out.
+Methods (configs/luffy_arith.py presets): rl (DAPO loss, T=0.7, truncated rows masked), sft (SFT on the
+solver's worked solutions, the traces LUFFY uses), sft_rl (50 SFT steps, then the same RL for --steps),
+luffy (official train.sh settings), luffy_noshape. Every RL phase samples the same rollouts per step
+(prompts_per_step x group_size rows; LUFFY's include 1 trace per group); sft_rl runs 50 + --steps steps so
+that its RL phase has the same rollout budget. Writes into --out: RESULTS.md (compare.py's tables per
+evaluation step, then the final-evaluation table: in-distribution, 4-5 operations, second wording;
+greedy accuracy and pass@8), results.json, curves.png (accuracy), pass_at_k.png, entropy.png,
+length.png, train_entropy.png. A call stopped by --time-budget is resumed by running the same command.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-import numpy as np  # noqa: E402
+from configs.luffy_arith import SFT_RL_SFT_STEPS  # noqa: E402
+from experiments import compare  # noqa: E402
+from fineflax.io import atomic_write_text  # noqa: E402
+from experiments.common import command_line, load_history, plot_curves  # noqa: E402
+from fineflax.runs import mean_ci95  # noqa: E402
 
-from experiments.common import (command_line, device_name, load_config, load_history,  # noqa: E402
-                                plot_curves, run_parallel)
-
-METHODS = ("grpo", "luffy", "exgrpo")
-
-
-def make_config(args, method, seed):
-  # R1-style: the assistant turn opens with "<think>\n" (prefilled), as the solver traces do;
-  # the GRPO-paper loss for every method (the 2026-11-26 runs), not the config's DAPO defaults
-  over = [f"model.source={args.model}", f"seed={seed}", "task.num_steps=(2, 3)", "task.max_start=20",
-          "task.max_addend=10", "task.assistant_prefix=<think>\n", "rl.temperature=0.7",
-          "optimizer.learning_rate=5e-4",
-          "task.system_prompt=Think step by step inside <think> </think>, then give the final number inside "
-          "<answer> </answer>."]
-  over += {"grpo": [], "luffy": ["rl.clip=true", "rl.agg_mode=seq-mean-token-mean",
-                                 "rl.advantage_scale=group", "rl.entropy_coef=0.0"],
-           "exgrpo": ["rl.exgrpo.threshold=0.0"]}[method]  # 0.35 is never reached here
-  if not args.smoke:
-    over += [f"num_steps={args.steps}", f"eval_every={max(args.steps // 4, 1)}", "rl.prompts_per_step=16",
-             "task.num_eval=128", "rl.max_new_tokens=192"]
-  presets = ",".join(["grpo", method if method != "grpo" else "", "smoke" if args.smoke else ""])
-  return load_config(f"configs/grpo_arith.py:{presets}", [*over, *args.set])
+CONFIG = "configs/luffy_arith.py"
+METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_noshape": "luffy_noshape"}
+SETS = (("", "in-distribution (2-3 ops)"), ("ood_ops_", "4-5 ops"), ("ood_phrasing_", "second wording"))
+EXTRA = ("eval_pass_at_8", "eval_ood_ops_accuracy", "eval_ood_ops_pass_at_8", "eval_ood_phrasing_accuracy",
+         "eval_ood_phrasing_pass_at_8", "eval_sample_entropy", "eval_completion_length", "eval_sample_length")
+PLOTS = {"pass_at_k.png": ("eval_pass_at_8", "pass@k, held-out (T=0.7)"),
+         "entropy.png": ("eval_sample_entropy", "entropy per token of T=0.7 samples (held-out)"),
+         "length.png": ("eval_completion_length", "greedy completion length (tokens)"),
+         "train_entropy.png": ("entropy", "policy entropy in the RL loss (training rows)")}
 
 
-def child_args(args) -> list[str]:
-  """The options a single-run child process needs to rebuild the same config."""
-  return ["--model", args.model, "--out", args.out, "--steps", str(args.steps),
-          *(["--smoke"] if args.smoke else []), *(["--set", *args.set] if args.set else [])]
+def method_specs(methods, steps: int, smoke: bool, pass_k: int) -> list[str]:
+  """compare.py --method values: NAME=PRESETS[,smoke][;num_steps=...] (sft_rl gets 50 extra SFT steps)."""
+  specs = []
+  for name in methods:
+    presets = ",".join(p for p in (METHODS[name], "smoke" if smoke else "") if p)
+    if smoke:  # one step each (sft_rl: one SFT step, then one RL step)
+      over = [f"num_steps={2 if name == 'sft_rl' else 1}"]
+    else:
+      over = [f"num_steps={steps + SFT_RL_SFT_STEPS}"] if name == "sft_rl" else []
+    over += [f"task.pass_k={pass_k}"] if pass_k != 8 else []
+    specs.append(";".join([f"{name}={presets}", *over]))
+  return specs
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--model", default="smollm2-135m-instruct")
-  ap.add_argument("--out", default="experiments/luffy/out")
-  ap.add_argument("--steps", type=int, default=24)
-  ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-  ap.add_argument("--methods", nargs="*", default=list(METHODS))
-  ap.add_argument("--smoke", action="store_true")
-  ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value for every run")
-  ap.add_argument("--parallel", type=int, default=1, help="runs sharing the device at once (subprocesses)")
-  ap.add_argument("--only", nargs=2, metavar=("METHOD", "SEED"), help="run one method and seed in-process")
-  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
-  ap.add_argument("--device", default="", help="device name for the report (default: this machine's)")
-  args = ap.parse_args()
-  os.makedirs(args.out, exist_ok=True)
-  if args.only:
-    from fineflax.jobs import rl
-    method, seed = args.only[0], int(args.only[1])
-    rl.run(make_config(args, method, seed), os.path.join(args.out, f"{method}-{seed}"))
-    return
-  if not args.collect:
-    commands = {f"{m}-{s}": [sys.executable, str(pathlib.Path(__file__).resolve()), *child_args(args),
-                             "--only", m, str(s)] for m in args.methods for s in args.seeds}
-    codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
-    failed = [name for name, code in codes.items() if code != 0]
-    if failed:
-      print(f"runs that did not finish: {failed} (their logged evaluations are still reported)", flush=True)
-  results = {m: [load_run(args.out, m, s) for s in args.seeds] for m in args.methods}
-  json.dump(results, open(os.path.join(args.out, "results.json"), "w"))
-  device = args.device or device_name()
-  evals = lambda r: [(h["step"], h["eval_accuracy"]) for h in r["history"] if "eval_accuracy" in h]
-  steps = sorted({st for runs in results.values() for r in runs for st, _ in evals(r)})
-  series = {m: [tuple(map(list, zip(*evals(r)))) for r in runs] for m, runs in results.items()}
-  num_ops = "-".join(map(str, make_config(args, "grpo", 0).task.num_steps))
-  plot_curves(series, "held-out accuracy (greedy)", os.path.join(args.out, "accuracy_curves.png"),
-              title=f"SmolLM2-135M QLoRA, {num_ops}-step arithmetic ({device})")
-  lines = []
-  for m, runs in results.items():
+def final_table(runs_dir: pathlib.Path, methods, seeds, k: int) -> tuple[str, dict]:
+  """Markdown: per method, each metric at every seed's last evaluation, mean ± 95% CI over seeds."""
+  cols = [(f"eval_{p}accuracy", f"{label} acc") for p, label in SETS]
+  cols += [(f"eval_{p}pass_at_{k}", f"{label} pass@{k}") for p, label in SETS]
+  cols += [("eval_sample_entropy", "sample entropy"), ("eval_completion_length", "greedy length")]
+  lines = ["| method | steps | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+  finals = {}
+  for name in methods:
+    last = []
+    for seed in seeds:
+      try:
+        hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
+      except FileNotFoundError:
+        continue
+      evals = [h for h in hist if "eval_accuracy" in h]
+      if evals:
+        last.append(evals[-1])
+    if not last:
+      continue
+    finals[name] = last
     cells = []
-    for st in steps:
-      acc = np.array([a for r in runs for s_, a in evals(r) if s_ == st])
-      cells.append(f"{acc.mean():.3f} ± {acc.std():.3f} (n={len(acc)})" if len(acc) else "-")
-    reached = ", ".join(str(r["steps_run"]) for r in runs)
-    lines.append(f"| {m} | {' | '.join(cells)} | {reached} |")
-  c0 = make_config(args, "grpo", 0)
-  md = f"""## GRPO vs LUFFY vs ExGRPO ({time.strftime('%Y-%m-%d')})
-
-- command: `{command_line()}`
-- device: {device}, {args.parallel} runs at once
-- same rollout budget per step for every method: {c0.rl.prompts_per_step} questions x {c0.rl.group_size} rows;
-  seeds {args.seeds}; held-out accuracy = greedy, {c0.task.num_eval} problems, mean ± std over seeds
-
-| method | {' | '.join(f'step {st}' for st in steps)} | steps run (per seed) |
-|---|{'---|' * len(steps)}---|
-{chr(10).join(lines)}
-
-![accuracy curves](accuracy_curves.png)
-"""
-  pathlib.Path(args.out, "RESULTS.md").write_text(md)
-  print(md)
+    for key, _ in cols:
+      vals = [h[key] for h in last if key in h]
+      m, ci = mean_ci95(vals) if vals else (float("nan"), float("nan"))
+      cells.append("-" if not vals else f"{m:.3f} ± {ci:.3f}" if len(vals) > 1 else f"{m:.3f}")
+    lines.append(f"| {name} | {', '.join(str(h['step']) for h in last)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines), finals
 
 
-def load_run(out: str, method: str, seed: int) -> dict:
-  """{seed, history, steps_run, finished} of one run (`load_history`: stopped runs report what they logged)."""
-  try:
-    hist, finished = load_history(os.path.join(out, f"{method}-{seed}"))
-  except FileNotFoundError as e:
-    raise FileNotFoundError(f"run {method} seed {seed}: {e}; see {out}/logs/{method}-{seed}.log") from e
-  return {"seed": seed, "history": hist, "steps_run": hist[-1]["step"], "finished": finished}
+def plots(runs_dir: pathlib.Path, out: pathlib.Path, methods, seeds, k: int) -> list[str]:
+  """The entropy, length and pass@k curves (mean and 95% band over seeds); returns the files written."""
+  written = []
+  for fname, (metric, label) in PLOTS.items():
+    metric = metric.replace("pass_at_8", f"pass_at_{k}")
+    series = {}
+    for name in methods:
+      for seed in seeds:
+        try:
+          hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
+        except FileNotFoundError:
+          continue
+        pts = [(h["step"], h[metric]) for h in hist if metric in h]
+        if pts:
+          series.setdefault(name, []).append(tuple(map(list, zip(*pts))))
+    if series:
+      plot_curves(series, label, str(out / fname), title=label, xlabel="step (sft_rl: 50 SFT steps first)")
+      written.append(fname)
+  return written
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="", help="model source (default: the config's)")
+  ap.add_argument("--out", default="experiments/luffy/out")
+  ap.add_argument("--steps", type=int, default=150, help="RL steps (rollout batches) of every method")
+  ap.add_argument("--eval-every", type=int, default=30)
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+  ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+  ap.add_argument("--split", default="test", choices=("test", "validation"),
+                  help="held-out split evaluated: validation to tune, test to report")
+  ap.add_argument("--pass-k", type=int, default=8)
+  ap.add_argument("--per-gpu", type=int, default=2)
+  ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
+  ap.add_argument("--time-budget", type=int, default=0, help="seconds for this call (compare.py)")
+  ap.add_argument("--set", nargs="*", default=[], help="config overrides for every run, key=value")
+  ap.add_argument("--smoke", action="store_true", help="the configs' smoke preset: 2 steps, tiny sets")
+  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--in-process", action="store_true", help="runs one after another in this process (CPU)")
+  args = ap.parse_args(argv)
+  out = pathlib.Path(args.out)
+  common = [*([f"model.source={args.model}"] if args.model else []), f"task.eval_split={args.split}"]
+  common += ["eval_at_start=False"] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"]
+  k = 2 if args.smoke else args.pass_k
+  cargv = ["--config", CONFIG, "--out", str(out), "--seeds", *map(str, args.seeds),
+           "--per-gpu", str(args.per_gpu), "--parallel", str(args.parallel),
+           "--title", f"LUFFY five-way, {args.split} split" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
+           "--extra-metrics", *[m.replace("pass_at_8", f"pass_at_{k}") for m in EXTRA],
+           *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
+           *(["--collect"] if args.collect else []), *(["--in-process"] if args.in_process else []), "--set", *common, *args.set]
+  for spec in method_specs(args.methods, args.steps, args.smoke, args.pass_k if not args.smoke else 8):
+    cargv += ["--method", spec]
+  code = compare.main(cargv)
+  table, finals = final_table(out / "runs", args.methods, args.seeds, k)
+  figs = plots(out / "runs", out, args.methods, args.seeds, k)
+  md = (out / "RESULTS.md").read_text()
+  md += (f"\n### Final evaluation ({args.split} split; each seed's last evaluation; mean ± 95% CI)\n\n"
+         f"command: `{command_line()}`\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n")
+  atomic_write_text(out / "RESULTS.md", md)
+  res = json.loads((out / "results.json").read_text())
+  res["final"] = {n: [{k_: v for k_, v in h.items() if k_.startswith("eval_") or k_ == "step"} for h in hs]
+                  for n, hs in finals.items()}
+  res["luffy_command"] = command_line()
+  atomic_write_text(out / "results.json", json.dumps(res, indent=1))
+  print(table)
+  return code
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -1,147 +1,198 @@
-"""Search-R1 on a generated knowledge base: direct answering vs retrieve-once RAG vs Search-R1 training.
+"""Search-R1 vs direct answering vs retrieve-once RAG, and the combined mode (issue 16, items 3 and 5),
+on a generated knowledge base: S seeds of each RL method on every visible GPU (experiments/compare.py).
 
-  python experiments/search_r1/run.py [--out experiments/search_r1/out] [--steps N] [--model SOURCE]
-  python experiments/search_r1/run.py --smoke          # CPU: tiny KB and batches, one step
+  python experiments/search_r1/run.py --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+      --methods search_r1 --seeds 0 1 2 3 --per-gpu 1 --time-budget 480 \\
+      --set model.remat=full model.logits_chunk=32                       # Search-R1 vs RAG
+  ... --methods search_r1 combined --per-gpu 2                          # + the combined mode, same DIR
+  python experiments/search_r1/run.py --smoke --model TINY_HF_FOLDER --out /tmp/sr1    # CPU, seconds
 
-Held-out questions (half two-hop) about fictional entities: answers cannot be known without the corpus.
-- direct: the base model answers inside <answer></answer> from the question alone;
-- RAG: the top-3 BM25 passages of the question are put in the prompt (one retrieval);
-- Search-R1: base + QLoRA trained by `fineflax.jobs.rl` on the search_r1 env (LUFFY demos by default), greedy,
-  searching up to 4 times. Its step-0 evaluation (the untrained model in the Search-R1 loop) is listed too.
-Writes results.json, training_curve.png and RESULTS.md (command, device, wall time) into --out.
+RL methods (configs/search_r1.py): search_r1 = Search-R1 alone (preset grpo_only: GRPO on the model's
+own multi-turn rollouts, no demonstrations); combined = Search-R1 rollouts guided by LUFFY off-policy
+traces (the config's default: one scripted oracle trajectory in each group, which searches once for
+single-hop and twice for two-hop questions, with the real engine's passages, masked). Baselines
+(experiments/search_r1/baselines.py, base model, greedy, on each seed's held-out questions): direct,
+retrieve-once RAG (same answer instruction and <answer> tags; EM and the lenient contains score), RAG
+with the oracle's two-search evidence, and the oracle's retrieval recall. Writes RESULTS.md (summary
+table: mean ± 95% CI over seeds; the target Search-R1 >= RAG + 0.15 EM on two-hop questions; then
+compare.py's tables per evaluation step), results.json, baselines.json, curves.png (EM),
+em_2hop.png and searches.png. A call stopped by --time-budget is resumed by the same command; runs that
+are complete return at once.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
+import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+from experiments import compare  # noqa: E402
+from experiments.common import command_line, load_config, load_history, plot_curves  # noqa: E402
+from fineflax.io import atomic_write_text  # noqa: E402
+from fineflax.runs import mean_ci95  # noqa: E402
 
-from fineflax.jobs import rl as job  # noqa: E402
-from fineflax.jobs.resolve import load_config  # noqa: E402
-from fineflax.rewards.qa import extract_answer, normalize_answer  # noqa: E402
-from fineflax.sampling import format_chat, generate  # noqa: E402
-from fineflax.rewards.qa import exact_match_score  # noqa: E402
-from fineflax.search_r1 import format_passages  # noqa: E402
+CONFIG = "configs/search_r1.py"
+METHODS = {"search_r1": "grpo_only", "combined": ""}
+BASELINES = {"direct": "direct (no retrieval)", "rag": "RAG (top-3 of the question, retrieve once)",
+             "oracle_rag": "RAG with the oracle's searches' passages",
+             "oracle_recall": "oracle searches, answer read off (= retrieval recall)"}
+EXTRA = ("eval_em_1hop", "eval_em_2hop", "eval_searches", "eval_searches_1hop", "eval_searches_2hop",
+         "reward_mean", "searches")
+PLOTS = {"em_2hop.png": ("eval_em_2hop", "held-out two-hop EM (greedy)"),
+         "searches.png": ("eval_searches_2hop", "searches per two-hop question (greedy)")}
+TARGET_MARGIN = 0.15  # issue 16: Search-R1 >= RAG + 0.15 EM on two-hop questions
 
-DIRECT = ("Answer the given question. Give only the short answer inside <answer> and </answer>, for "
-          "example <answer> Beijing </answer>. Question: {question}\n")
-RAG = ("Answer the given question using the documents. Give only the short answer inside <answer> and "
-       "</answer>, for example <answer> Beijing </answer>.\nDocuments:\n{docs}Question: {question}\n")
+
+def baselines(args, seeds, common) -> dict:
+  """{seed: run_baselines(...)}, computed in a child process (its device memory is freed before the RL
+  runs start; in this one with --in-process) and cached in OUT/baselines.json."""
+  path = pathlib.Path(args.out) / "baselines.json"
+  cached = json.loads(path.read_text()) if path.exists() else {}
+  todo = [s for s in seeds if str(s) not in cached]
+  if todo and args.in_process:
+    baselines_child(str(path), todo, args.smoke, common)
+    cached = json.loads(path.read_text())
+  elif todo:
+    child = [sys.executable, str(pathlib.Path(__file__).resolve()), "--baselines-child", str(path),
+             "--seeds", *map(str, todo), *(["--smoke"] if args.smoke else []), "--set", *common]
+    subprocess.run(child, check=True)
+    cached = json.loads(path.read_text())
+  return {s: cached[str(s)] for s in seeds}
 
 
-def answer_once(tr, questions, template, docs=None, max_new_tokens=32) -> list[str | None]:
-  """Greedy single-turn answers of the base model (LoRA off); the <answer> content, else the whole text."""
+def baselines_child(path: str, seeds, smoke: bool, common) -> None:
+  from experiments.search_r1.baselines import run_baselines
+  p = pathlib.Path(path)
+  out = json.loads(p.read_text()) if p.exists() else {}
+  for seed in seeds:
+    config = load_config(f"{CONFIG}:{'smoke' if smoke else ''}", [f"seed={seed}", *common])
+    out[str(seed)] = run_baselines(config)
+    atomic_write_text(p, json.dumps(out, indent=1))
+    print(f"baselines seed {seed}: " + json.dumps({k: v.get("em_2hop") for k, v in out[str(seed)].items()}),
+          flush=True)
+
+
+def cell(vals) -> str:
+  if not vals:
+    return "-"
+  m, ci = mean_ci95(vals)
+  return f"{m:.3f} ± {ci:.3f}" if len(vals) > 1 else f"{m:.3f}"
+
+
+def summary(base: dict, runs_dir: pathlib.Path, methods, seeds) -> tuple[str, dict]:
+  """The summary table (baselines, each RL method's step-0 and last evaluation) and the values behind it."""
+  cols = ("em_1hop", "em_2hop", "em", "contains", "searches", "searches_2hop")
+  rows, values = [], {}
+  for key, label in BASELINES.items():
+    values[key] = {c: [base[s][key][c] for s in seeds if c in base[s][key]] for c in cols}
+    rows.append((label, "-", values[key]))
+  for name in methods:
+    first, last = [], []
+    for seed in seeds:
+      try:
+        hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
+      except FileNotFoundError:
+        continue
+      evals = [h for h in hist if "eval_em" in h]
+      if evals:
+        first.append(evals[0])
+        last.append(evals[-1])
+    for tag, hs in (("untrained", first), ("trained", last)):
+      if not hs or (tag == "untrained" and hs[0]["step"] != 0):
+        continue
+      v = {c: [h[f"eval_{c}"] for h in hs if f"eval_{c}" in h] for c in cols}
+      values[f"{name}:{tag}"] = v
+      rows.append((f"{name} ({tag})", ", ".join(str(h["step"]) for h in hs), v))
+  lines = ["| method | steps | EM single-hop | EM two-hop | EM all | contains answer | searches / question | "
+           "searches / two-hop question |", "|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {label} | {steps} | " + " | ".join(cell(v[c]) for c in cols) + " |" for label, steps, v in rows]
+  return "\n".join(lines), values
+
+
+def target_lines(values: dict, methods) -> list[str]:
+  """Whether each trained method's mean two-hop EM is >= RAG's + 0.15 (issue 16's target)."""
+  rag = values["rag"]["em_2hop"]
+  if not rag:
+    return []
+  rag_m = sum(rag) / len(rag)
   out = []
-  for i in range(0, len(questions), tr.config.eval_batch_size):
-    chunk = questions[i:i + tr.config.eval_batch_size]
-    prompts = []
-    for j, q in enumerate(chunk):
-      text = template.format(question=q.question, docs=docs[i + j] if docs else "")
-      chat = format_chat(tr.tok, [{"role": "user", "content": text}])
-      prompts.append(tr.tok(chat, add_special_tokens=False)["input_ids"])
-    res = generate(tr.base, tr.model_config, prompts, max_new_tokens=max_new_tokens, temperature=0.0,
-                   tokenizer=tr.tok, stop_strings=("</answer>",), dtype=tr.dtype)
-    out += [extract_answer(t) if extract_answer(t) is not None else t.strip() for t in res.texts]
+  for name in methods:
+    v = values.get(f"{name}:trained", {}).get("em_2hop")
+    if v:
+      m = sum(v) / len(v)
+      out.append(f"- {name}: two-hop EM {m:.3f} vs RAG {rag_m:.3f} + {TARGET_MARGIN} -> "
+                 f"{'met' if m >= rag_m + TARGET_MARGIN else 'NOT met'}")
   return out
 
 
-def em_row(name, questions, answers, searches) -> dict:
-  """EM per hop count, plus the lenient share of replies that contain the normalised gold answer."""
-  em = np.array([exact_match_score(a, [q.answer]) for q, a in zip(questions, answers)])
-  contains = np.array([normalize_answer(q.answer) in normalize_answer(a or "") for q, a in zip(questions, answers)])
-  hops = np.array([q.hops for q in questions])
-  return {"method": name, "em_1hop": float(em[hops == 1].mean()), "em_2hop": float(em[hops == 2].mean()),
-          "em_all": float(em.mean()), "searches_per_question": float(searches),
-          "contains_all": float(contains.mean())}
-
-
-def plot_curve(history, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6, 3.5))
-  train = [h for h in history if "reward_search_r1_em" in h]
-  ax.plot([h["step"] for h in train], [h["reward_search_r1_em"] for h in train],
-          label="train EM (on-policy rollouts)")
-  ev = [h for h in history if "eval_em" in h]
-  ax.plot([h["step"] for h in ev], [h["eval_em"] for h in ev], "o-", label="held-out EM (greedy)")
-  ax.set_xlabel("RL step")
-  ax.set_ylabel("exact match")
-  ax.set_ylim(0, 1)
-  ax.legend()
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--out", default=str(ROOT / "experiments/search_r1/out"))
-  p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny KB, one step")
-  p.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's)")
-  p.add_argument("--model", default=None, help="model source (default: the config's)")
-  p.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value")
-  args = p.parse_args(argv)
-  t0 = time.time()
-  over = [*([f"num_steps={args.steps}"] if args.steps is not None else []),
-          *([f"model.source={args.model}"] if args.model else []), "eval_at_start=True", *args.set]
-  config = load_config(f"configs/search_r1.py:{'smoke' if args.smoke else ''}", over)
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="", help="model source (default: the config's)")
+  ap.add_argument("--out", default="experiments/search_r1/out")
+  ap.add_argument("--methods", nargs="+", default=["search_r1"], choices=list(METHODS))
+  ap.add_argument("--steps", type=int, default=60)
+  ap.add_argument("--eval-every", type=int, default=15)
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+  ap.add_argument("--per-gpu", type=int, default=1)
+  ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
+  ap.add_argument("--time-budget", type=int, default=0, help="seconds for the RL runs of this call")
+  ap.add_argument("--set", nargs="*", default=[], help="config overrides for every run and the baselines")
+  ap.add_argument("--smoke", action="store_true", help="the config's smoke preset: tiny KB, one step")
+  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--in-process", action="store_true", help="runs one after another in this process (CPU)")
+  ap.add_argument("--baselines-child", default="", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.baselines_child:
+    baselines_child(args.baselines_child, args.seeds, args.smoke, args.set)
+    return 0
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  print(f"[search_r1] device {jax.devices()[0].device_kind}; training {config.num_steps} steps", flush=True)
-  result = job.run(config, str(out / "run"))
-  tr, history = result["job"], result["history"]
-  questions = tr.env.eval_items
-  t_train = time.time() - t0
-  print(f"[search_r1] trained in {t_train:.0f} s; baselines ...", flush=True)
-  hits = tr.env.search_fn([q.question for q in questions])
-  rows = [em_row("direct (no retrieval)", questions, answer_once(tr, questions, DIRECT), 0),
-          em_row("RAG (top-3 of the question)", questions,
-                 answer_once(tr, questions, RAG, [format_passages(h) for h in hits]), 1)]
-  start = next(h for h in history if h["step"] == 0)
-  final = [h for h in history if "eval_em" in h][-1]
-  for name, h in (("Search-R1 loop, untrained", start), (f"Search-R1 trained ({final['step']} steps)", final)):
-    rows.append({"method": name, "em_1hop": h["eval_em_1hop"], "em_2hop": h["eval_em_2hop"],
-                 "em_all": h["eval_em"], "searches_per_question": h["eval_searches"]})
-  wall = time.time() - t0
-  device = jax.devices()[0].device_kind
-  command = "python experiments/search_r1/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
-  plot_curve(history, out / "training_curve.png")
-  samples = tr.env.results(tr.policy(tr.state["lora"]), questions[:2], None, greedy=True)
-  (out / "results.json").write_text(json.dumps({"rows": rows, "history": history, "wall_s": wall,
-                                                "device": device, "command": command,
-                                                "sample_traces": [s.trace for s in samples]}, indent=1))
-  table = ["| method | EM single-hop | EM two-hop | EM all | searches / question | reply contains answer |",
-           "|---|---|---|---|---|---|"]
-  table += [f"| {r['method']} | {r['em_1hop']:.3f} | {r['em_2hop']:.3f} | {r['em_all']:.3f} | "
-            f"{r['searches_per_question']:.2f} | "
-            f"{format(r['contains_all'], '.3f') if 'contains_all' in r else '-'} |" for r in rows]
-  md = [f"# Search-R1 on a generated knowledge base{' (SMOKE RUN, not a result)' if args.smoke else ''}", "",
-        f"Command: `{command}`  ", f"Device: {device}  ", f"Wall time: {wall:.0f} s (training {t_train:.0f} s)  ",
-        f"Model: {config.model.source} ({config.model.dtype}, base {config.model.quant}, LoRA r={config.lora.r}); "
-        f"objective {config.rl.objective} (n_off={config.rl.luffy.n_off if 'luffy' in config.rl else 0}), "
-        f"{config.num_steps} steps x "
-        f"{config.rl.prompts_per_step} questions x {config.rl.group_size} rows; "
-        f"{len(questions)} held-out questions ({sum(q.hops == 2 for q in questions)} two-hop); "
-        f"engine {config.search.engine}, top-{config.search.topk}.", "", *table, "",
-        "![training curve](training_curve.png)", "", "Sample trace (trained, greedy):", "", "```",
-        samples[0].trace, "```"]
-  tmp = out / "RESULTS.md.tmp"
-  tmp.write_text("\n".join(md) + "\n")
-  os.replace(tmp, out / "RESULTS.md")
-  print("\n".join(table), flush=True)
-  print(f"[search_r1] wrote {out} in {wall:.0f} s", flush=True)
+  common = [*([f"model.source={args.model}"] if args.model else []), *args.set]
+  run_common = common + ([] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"])
+  run_common += ["eval_at_start=True"]
+  base = baselines(args, args.seeds, common)
+  cargv = ["--config", CONFIG, "--out", str(out), "--seeds", *map(str, args.seeds), "--metric", "eval_em",
+           "--per-gpu", str(args.per_gpu), "--parallel", str(args.parallel),
+           "--title", "Search-R1 vs RAG, SmolLM2-135M QLoRA" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
+           "--extra-metrics", *EXTRA, *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
+           *(["--collect"] if args.collect else []), *(["--in-process"] if args.in_process else []),
+           "--set", *run_common]
+  for name in args.methods:
+    cargv += ["--method", f"{name}=" + ",".join(p for p in (METHODS[name], "smoke" if args.smoke else "") if p)]
+  code = compare.main(cargv)
+  table, values = summary(base, out / "runs", args.methods, args.seeds)
+  figs = []
+  for fname, (metric, label) in PLOTS.items():
+    series = {}
+    for name in args.methods:
+      for seed in args.seeds:
+        try:
+          hist, _ = load_history(str(out / "runs" / f"{name}-{seed}"))
+        except FileNotFoundError:
+          continue
+        pts = [(h["step"], h[metric]) for h in hist if metric in h]
+        if pts:
+          series.setdefault(name, []).append(tuple(map(list, zip(*pts))))
+    if series:
+      plot_curves(series, label, str(out / fname), title=label)
+      figs.append(fname)
+  head = (f"## Search-R1 vs RAG on the generated knowledge base{' (SMOKE RUN, not a result)' if args.smoke else ''}\n\n"
+          f"- command: `{command_line()}`\n- methods: {', '.join(f'{m} = `{CONFIG}:{METHODS[m]}`' for m in args.methods)};"
+          f" seeds {args.seeds}; baselines on the same held-out questions of each seed (base model, greedy);"
+          f" cells: mean ± 95% CI over seeds\n"
+          f"- two-hop target (Search-R1 >= RAG + {TARGET_MARGIN} EM):\n" + "\n".join(target_lines(values, args.methods))
+          + f"\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n\n")
+  atomic_write_text(out / "RESULTS.md", head + (out / "RESULTS.md").read_text())
+  res = json.loads((out / "results.json").read_text())
+  res.update(baselines={str(s): b for s, b in base.items()}, summary=values, search_r1_command=command_line())
+  atomic_write_text(out / "results.json", json.dumps(res, indent=1))
+  print(table)
+  return code
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

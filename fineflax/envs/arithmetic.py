@@ -4,9 +4,21 @@ Config (`config.task`): num_train / num_eval problems, num_steps (operations per
 max_addend (number sizes), eval_seed, system_prompt, assistant_prefix (prefilled), accuracy_reward
 (the registry reward that defines held-out accuracy). Rewards of rollouts come from `config.rewards`
 (registry names -> weights) with the example {"answer": str(problem.answer)}.
+
+Evaluation sets (optional `config.task` fields, absent = the first default):
+  eval_split     "test" (num_eval held-out problems of eval_seed) or "validation" (the next num_eval
+                 held-out problems of the same generator: disjoint from test; tune on it, report test)
+  ood_num_steps  e.g. (4, 5): also evaluate on that many operations (metrics eval_ood_ops_*); () = off
+  ood_template   e.g. "box": also evaluate the same problems reworded (eval_ood_phrasing_*); "" = off
+  pass_k         k > 0: also sample k completions per problem at pass_temperature; a problem passes
+                 if any is right (eval_pass_at_k), plus the samples' mean accuracy, length and entropy
+                 estimate (mean -log p of the sampled tokens); pass_k_items caps the problems (0 = all)
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import numpy as np
 
 from fineflax.envs.word_problems import Problem, generate_problems
@@ -29,6 +41,18 @@ def trace_ids(tokenizer, solution: str, eos_id: int, assistant_prefix: str = "")
   return tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos_id]
 
 
+def held_out(task, num_steps, sizes: dict, template: str = "default") -> list[Problem]:
+  """`task.num_eval` held-out problems: the first num_eval of the eval_seed generator ("test"), or the
+  next num_eval ("validation"), which never coincide with them."""
+  split = task.get("eval_split", "test")
+  if split not in ("test", "validation"):
+    raise ValueError(f"config.task.eval_split={split!r}: choose 'test' or 'validation'")
+  n = task.num_eval
+  problems = generate_problems(2 * n if split == "validation" else n, "test", num_steps, task.eval_seed,
+                               template=template, **sizes)
+  return problems[n:] if split == "validation" else problems
+
+
 class ArithmeticEnv:
   """Generated problems (train split shuffled by the run, a disjoint held-out split) and their scoring."""
 
@@ -41,8 +65,12 @@ class ArithmeticEnv:
     sizes = dict(max_start=t.max_start, max_addend=t.max_addend)
     self.train_items: list[Problem] = generate_problems(t.num_train, "train", tuple(t.num_steps), config.seed,
                                                         **sizes)
-    self.eval_items: list[Problem] = generate_problems(t.num_eval, "test", tuple(t.num_steps), t.eval_seed,
-                                                       **sizes)
+    self.eval_items: list[Problem] = held_out(t, tuple(t.num_steps), sizes)
+    self.extra_eval_sets: dict[str, list[Problem]] = {}
+    if tuple(t.get("ood_num_steps", ()) or ()):
+      self.extra_eval_sets["ood_ops"] = held_out(t, tuple(t.ood_num_steps), sizes)
+    if t.get("ood_template", ""):
+      self.extra_eval_sets["ood_phrasing"] = held_out(t, tuple(t.num_steps), sizes, t.ood_template)
 
   def prompt(self, item: Problem) -> list[int]:
     return prompt_ids(self.tok, self.task.system_prompt, item.question, self.task.assistant_prefix)
@@ -67,18 +95,57 @@ class ArithmeticEnv:
       out.append((R.fixed_row(self.prompt(p), ids, text), self.example(p)))
     return out
 
-  def evaluate(self, policy, items) -> dict:
-    """Greedy held-out accuracy (reward `task.accuracy_reward` = 1), in batches of eval_batch_size."""
+  def correct(self, items, texts) -> np.ndarray:
+    """1.0 where the text earns reward `task.accuracy_reward` = 1 for its problem."""
+    total, _, _ = score_completions({self.task.accuracy_reward: 1.0}, [p.question for p in items], texts,
+                                    [self.example(p) for p in items])
+    return np.asarray(total, float)
+
+  def evaluate(self, policy, items, prefix: str = "eval_") -> dict:
+    """Greedy held-out accuracy (reward `task.accuracy_reward` = 1) and completion length, in batches of
+    eval_batch_size; with `task.pass_k` also `pass_at_k` (module docstring)."""
     correct, lengths = [], []
     bs = self.config.eval_batch_size
     for i in range(0, len(items), bs):
       chunk = items[i:i + bs]
       out = policy.sample([self.prompt(p) for p in chunk], None, greedy=True)
-      total, _, _ = score_completions({self.task.accuracy_reward: 1.0}, [p.question for p in chunk],
-                                      out.texts, [self.example(p) for p in chunk])
-      correct += list(total)
+      correct += list(self.correct(chunk, out.texts))
       lengths += list(out.lengths)
-    return {"eval_accuracy": float(np.mean(correct)), "eval_completion_length": float(np.mean(lengths))}
+    metrics = {"accuracy": float(np.mean(correct)), "completion_length": float(np.mean(lengths))}
+    if self.task.get("pass_k", 0):
+      metrics.update(self.pass_at_k(policy, items))
+    return {prefix + k: v for k, v in metrics.items()}
+
+  def evaluate_all(self, policy) -> dict:
+    """`evaluate` on the held-out set (eval_*) and on every extra set (eval_NAME_*)."""
+    metrics = self.evaluate(policy, self.eval_items)
+    for name, items in self.extra_eval_sets.items():
+      metrics.update(self.evaluate(policy, items, f"eval_{name}_"))
+    return metrics
+
+  def pass_at_k(self, policy, items) -> dict:
+    """k samples per problem at `task.pass_temperature` (fixed key: the same draws at every evaluation):
+    pass_at_k = share of problems with >= 1 right sample; sample_accuracy, sample_length, and
+    sample_entropy = mean over sampled tokens of -log p (a Monte-Carlo estimate of the per-token entropy
+    of the tempered policy)."""
+    t = self.task
+    k, n = int(t.pass_k), int(t.get("pass_k_items", 0)) or len(items)
+    items = items[:n]
+    sampler = dataclasses.replace(policy, temperature=float(t.get("pass_temperature", 0.7)), top_p=1.0)
+    rows = [p for p in items for _ in range(k)]
+    bs = max(self.config.eval_batch_size // k, 1) * k  # rows per sampling call: whole problems
+    right, lengths, nll, tokens = [], [], 0.0, 0
+    for j, i in enumerate(range(0, len(rows), bs)):
+      chunk = rows[i:i + bs]
+      out = sampler.sample([self.prompt(p) for p in chunk], jax.random.PRNGKey(t.eval_seed + 7919 * j))
+      right += list(self.correct(chunk, out.texts))
+      lengths += list(out.lengths)
+      mask = np.asarray(out.mask, bool)
+      nll -= float(np.asarray(out.logprobs)[mask].sum())
+      tokens += int(mask.sum())
+    right = np.asarray(right).reshape(len(items), k)
+    return {f"pass_at_{k}": float((right.max(1) > 0).mean()), "sample_accuracy": float(right.mean()),
+            "sample_length": float(np.mean(lengths)), "sample_entropy": nll / max(tokens, 1)}
 
   def rollout_metrics(self, examples) -> dict:
     return {}

@@ -60,9 +60,11 @@ def result_rows(prompts, results, off_policy: bool, mask_truncated: bool = False
 
 
 def search_metrics(questions, results, prefix: str) -> dict:
-  """EM overall / by hops, mean searches, turns, completion length and answered share of rollouts."""
+  """EM overall / by hops, mean searches (overall / by hops), turns, completion length and answered share
+  of rollouts."""
   em = np.array([exact_match_score(r.answer, [q.answer]) for q, r in zip(questions, results)])
   hops = np.array([q.hops for q in questions])
+  searches = np.array([len(r.queries) for r in results])
   out = {f"{prefix}em": float(em.mean()),
          f"{prefix}searches": float(np.mean([len(r.queries) for r in results])),
          f"{prefix}turns": float(np.mean([r.num_turns for r in results])),
@@ -71,6 +73,7 @@ def search_metrics(questions, results, prefix: str) -> dict:
   for h in (1, 2):
     if (hops == h).any():
       out[f"{prefix}em_{h}hop"] = float(em[hops == h].mean())
+      out[f"{prefix}searches_{h}hop"] = float(searches[hops == h].mean())
   return out
 
 

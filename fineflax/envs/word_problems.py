@@ -6,6 +6,10 @@ A problem is a start count and 1..5 operations (add, subtract, multiply, divide 
   solution "<think>\nStep 1: 12 + 5 = 17\nStep 2: 17 - 3 = 14\n</think><answer>14</answer>".
 Train / held-out split is a function of the problem itself (a hash of its canonical key), so the two
 splits never share a problem whatever the seeds. All intermediate values are integers in [0, 1000].
+Phrasing `template`: "default" (above) or "box", a second wording of the same problem for
+out-of-distribution tests ("A box holds 12 apples. Mia puts 5 more apples into the box. ... How many
+apples are in the box at the end?"); the template is not part of the key, so a problem and its
+rewording share split, answer and solution.
 """
 from __future__ import annotations
 
@@ -25,6 +29,21 @@ MAX_VALUE = 1000
 _SENTENCE = {"+": "Then {n} gets {x} more {i}.", "-": "Then {n} gives away {x} {i}.",
              "*": "Then {n} ends up with {x} times as many {i}.",
              "/": "Then {n} splits the {i} into {x} equal groups and keeps one group."}
+_BOX_SENTENCE = {"+": "{n} puts {x} more {i} into the box.", "-": "{n} takes {x} {i} out of the box.",
+                 "*": "The number of {i} in the box becomes {x} times as large.",
+                 "/": "{n} shares the {i} in the box equally among {x} friends and leaves one share in the box."}
+TEMPLATES = ("default", "box")
+
+
+def phrase(template: str, name: str, item: str, start: int, ops: Sequence[tuple[str, int]]) -> str:
+  """The question text of one problem in the wording `template` (an entry of TEMPLATES)."""
+  if template == "default":
+    sentences = " ".join(_SENTENCE[op].format(n=name, x=x, i=item) for op, x in ops)
+    return f"{name} has {start} {item}. {sentences} How many {item} does {name} have now?"
+  if template == "box":
+    sentences = " ".join(_BOX_SENTENCE[op].format(n=name, x=x, i=item) for op, x in ops)
+    return f"A box holds {start} {item}. {sentences} How many {item} are in the box at the end?"
+  raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,18 +109,22 @@ def _random_ops(rng: np.random.Generator, start: int, num_steps: int,
   return ops
 
 
-def make_problem(name: str, item: str, start: int, ops: Sequence[tuple[str, int]]) -> Problem:
-  """The Problem for one start count and op list (question, solved answer and solution, split)."""
-  sentences = " ".join(_SENTENCE[op].format(n=name, x=x, i=item) for op, x in ops)
-  question = f"{name} has {start} {item}. {sentences} How many {item} does {name} have now?"
+def make_problem(name: str, item: str, start: int, ops: Sequence[tuple[str, int]],
+                 template: str = "default") -> Problem:
+  """The Problem for one start count and op list (question in `template`'s wording, solved answer and
+  solution, split)."""
+  question = phrase(template, name, item, start, ops)
   answer, solution = solve(start, ops)
   key = json.dumps([name, item, start, [list(o) for o in ops]])
   return Problem(question, answer, solution, len(ops), split_of(key), key)
 
 
 def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[int, int]] = (1, 5),
-                      seed: int = 0, max_start: int = 50, max_addend: int = 30) -> list[Problem]:
-  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed, max_start, max_addend).
+                      seed: int = 0, max_start: int = 50, max_addend: int = 30,
+                      template: str = "default") -> list[Problem]:
+  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed, max_start, max_addend);
+  the first n of a longer list are the same problems. `template` only changes the wording: the same
+  arguments give the same problems in every template.
 
   num_steps: an int in 1..5, or an inclusive range (lo, hi) drawn uniformly per problem.
   max_start: the start count is drawn from [2, max_start]; max_addend: "gets x more" draws x from
@@ -112,6 +135,8 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
   lo, hi = (num_steps, num_steps) if isinstance(num_steps, int) else tuple(num_steps)
   if not 1 <= lo <= hi <= 5:
     raise ValueError(f"num_steps must lie in 1..5, got {num_steps!r}")
+  if template not in TEMPLATES:
+    raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
   if not (2 <= max_start <= MAX_VALUE and 1 <= max_addend <= MAX_VALUE):
     raise ValueError(f"need 2 <= max_start <= {MAX_VALUE} and 1 <= max_addend <= {MAX_VALUE}, "
                      f"got max_start={max_start}, max_addend={max_addend}")
@@ -122,7 +147,7 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
       break
     start = int(rng.integers(2, max_start + 1))
     ops = _random_ops(rng, start, int(rng.integers(lo, hi + 1)), max_addend)
-    p = make_problem(NAMES[rng.integers(len(NAMES))], ITEMS[rng.integers(len(ITEMS))], start, ops)
+    p = make_problem(NAMES[rng.integers(len(NAMES))], ITEMS[rng.integers(len(ITEMS))], start, ops, template)
     if p.split == split and p.key not in seen:
       seen.add(p.key)
       out.append(p)

@@ -5,6 +5,7 @@ on-policy rollouts, plus the objective's off-policy rows (LUFFY guidance: `rl.lu
 demonstrations; ExGRPO replay: a stored trajectory once the solve rate passes `rl.exgrpo.threshold`);
 rewards from the registry (`config.rewards`); group advantages over the kept groups (DAPO dynamic
 sampling drops zero-variance groups and refills); old/ref log-probs; `rl.num_iterations` updates.
+With `rl.sft_steps` > 0 the first steps are SFT steps on the demonstrations (`fineflax.rl.sft_phase`).
 The loop (resume, evaluation, checkpoints, stop handling) is `fineflax.train.loop`.
 """
 from __future__ import annotations
@@ -24,11 +25,13 @@ from fineflax.rl.guidance import Guidance
 from fineflax.rl.objectives import validate_rl
 from fineflax.rl.policy import Policy
 from fineflax.rl.replay import Replay
+from fineflax.rl.sft_phase import demonstration_rows, sft_batch
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.train.mesh import make_mesh, replicate, shard_params
+from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer
+from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state
 
 
@@ -67,6 +70,12 @@ class RLJob:
                      if self.objective.off_policy == "guidance" else None)
     self.replay = (Replay(rl.group_size, rl.exgrpo, config.seed + 1)
                    if self.objective.off_policy == "replay" else None)
+    self.sft_steps = int(rl.get("sft_steps", 0))
+    if self.sft_steps:  # SFT phase: the objective's demonstrations (a traces file too), or the env's own
+      self.sft_guidance = self.guidance or Guidance(1, rl.luffy.traces_path if "luffy" in rl else "")
+      self.sft_fn, _ = make_sft_fns(self.optimizer, model_config=self.model_config, lora_scale=self.scale,
+                                    remat=config.model.remat, dtype=self.dtype,
+                                    logits_chunk=config.model.logits_chunk)
     self.order = np.random.default_rng(config.seed).permutation(len(self.env.train_items))
     self.rng = jax.random.PRNGKey(config.seed + 7)
     self.pad_id = self.policy(None).pad_id
@@ -85,8 +94,27 @@ class RLJob:
     ent, mask = np.asarray(ent), batch["mask"]
     return (ent * mask).sum(1) / np.maximum(mask.sum(1), 1)
 
+  def sft_step(self, state, step: int):
+    """One SFT step on the demonstrations of the questions this step would roll out."""
+    rl = self.rl
+    items = [self.env.train_items[int(self.order[((step - 1) * rl.prompts_per_step + i) % len(self.order)])]
+             for i in range(rl.prompts_per_step)]
+    rows = demonstration_rows(self.sft_guidance, self.env, self.policy(state["lora"]), items)
+    batch = sft_batch(rows, pad_id=self.pad_id, max_new_tokens=rl.max_new_tokens,
+                      multiple=self.mesh.devices.size if self.mesh is not None else 1)
+    if self.mesh is not None:
+      batch = shard_batch(batch, self.mesh, batch_axis=1)
+    state, m = self.sft_fn(state, self.base, batch)
+    m = jax.device_get(m)
+    return state, {"loss": float(m["loss"]), "sft_loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                   "sft_phase": 1.0}
+
   def step(self, state, step: int):
-    """One RL step -> (new state, scalars)."""
+    """One RL step (or, for step <= rl.sft_steps, one SFT step) -> (new state, scalars)."""
+    if step <= self.sft_steps:
+      return self.sft_step(state, step)
+    if self.sft_steps and step == self.sft_steps + 1:  # RL starts from the SFT adapter, fresh moments
+      state = dict(state, opt_state=self.optimizer.init(state["lora"]))
     rl, t0 = self.rl, time.time()
     lora = state["lora"]
     g = collect(self.env, self.policy(lora), self.env.train_items, self.order, (step - 1) * rl.prompts_per_step,
@@ -115,8 +143,13 @@ class RLJob:
         **self.env.rollout_metrics(on_examples)}
 
   def hooks(self) -> Hooks:
-    return Hooks(step=self.step,
-                 evaluate=lambda state: self.env.evaluate(self.policy(state["lora"]), self.env.eval_items),
+    def evaluate(state):
+      policy = self.policy(state["lora"])
+      if hasattr(self.env, "evaluate_all"):  # held-out set and extra (out-of-distribution) sets
+        return self.env.evaluate_all(policy)
+      return self.env.evaluate(policy, self.env.eval_items)
+
+    return Hooks(step=self.step, evaluate=evaluate,
                  eval_metric=self.env.eval_metric, eval_mode="max",
                  meta=lambda: {"replay": self.replay.state_dict()} if self.replay else {},
                  restore_meta=lambda m: self.replay.load_state_dict(m["replay"]) if self.replay else None,
@@ -134,6 +167,7 @@ def validate(config) -> None:
     require(config, f"rewards.{name}", lambda _: name in REWARDS,
             f"unknown reward {name!r}; registered: {', '.join(sorted(REWARDS))}")
   positive_int(config, "num_steps")
+  require(config, "rl.sft_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = no SFT phase)")
 
 
 def run(config, workdir: str | None) -> dict:
