@@ -9,7 +9,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fineflax.models.decoder import project_logits, softcap
 
