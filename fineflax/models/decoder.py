@@ -18,9 +18,9 @@ y = x @ W + dropout(x) @ a @ b * lora_scale.
 """
 from __future__ import annotations
 
-from typing import Any
-
+import itertools
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -96,17 +96,31 @@ def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
   return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def _linear(x, p, lora_p, scale, dtype, dropout_rate, key):
+def _linear(x, p, lora_p, scale, dtype, dropout_rate, key, xa=None):
+  """x @ W (+ bias) + (dropout(x) @ a) @ b * scale; `xa` = x @ a when the caller computed it already."""
   y = x @ materialize(p["kernel"], dtype)
   if "bias" in p:
     y = y + p["bias"].astype(dtype)
   if lora_p is not None:
-    xl = x
-    if dropout_rate > 0.0 and key is not None:
-      keep = jax.random.bernoulli(key, 1.0 - dropout_rate, x.shape)
-      xl = jnp.where(keep, x / (1.0 - dropout_rate), 0).astype(x.dtype)
-    y = y + ((xl @ lora_p["a"].astype(dtype)) @ lora_p["b"].astype(dtype)) * jnp.asarray(scale, dtype)
+    if xa is None:
+      xl = x
+      if dropout_rate > 0.0 and key is not None:
+        keep = jax.random.bernoulli(key, 1.0 - dropout_rate, x.shape)
+        xl = jnp.where(keep, x / (1.0 - dropout_rate), 0).astype(x.dtype)
+      xa = xl @ lora_p["a"].astype(dtype)
+    y = y + (xa @ lora_p["b"].astype(dtype)) * jnp.asarray(scale, dtype)
   return y
+
+
+def _lora_down(x, lora_layer, names, dtype) -> dict:
+  """{name: x @ a_name} for linears that read the same input x (q/k/v, gate/up), from one matmul on the
+  concatenated a's: x is read once (and its gradient written once) instead of once per adapter. Same
+  values as the separate products. {} unless every name has an adapter."""
+  if lora_layer is None or not all(n in lora_layer for n in names):
+    return {}
+  a = jnp.concatenate([lora_layer[n]["a"].astype(dtype) for n in names], axis=-1)
+  bounds = list(itertools.accumulate(lora_layer[n]["a"].shape[-1] for n in names))[:-1]
+  return dict(zip(names, jnp.split(x @ a, bounds, axis=-1)))
 
 
 ATTENTION_IMPLS = ("auto", "cudnn", "xla")
@@ -226,14 +240,17 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     x, ck, cv = carry
     i, lp, ll, key, window, inv_freq, rope_factor = xs
     lin_keys = iter(jax.random.split(key, len(LINEAR_NAMES))) if key is not None else None
-    def lin(name, inp):
+    def lin(name, inp, shared=None):
       k_ = next(lin_keys) if lin_keys is not None else None
       return _linear(inp, lp[name], None if ll is None else ll.get(name), lora_scale, dtype,
-                     lora_dropout, k_)
+                     lora_dropout, k_, None if shared is None else shared.get(name))
+    # without dropout the adapters of linears with one input share their down-projection matmul
+    grouped = lambda names, inp: {} if lin_keys is not None else _lora_down(inp, ll, names, dtype)
     h = norm(x, lp["attn_norm"])
-    q = lin("q", h).reshape(b, t, c.num_heads, c.head_dim)
-    k = lin("k", h).reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = lin("v", h).reshape(b, t, c.num_kv_heads, c.head_dim)
+    xa = grouped(("q", "k", "v"), h)
+    q = lin("q", h, xa).reshape(b, t, c.num_heads, c.head_dim)
+    k = lin("k", h, xa).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = lin("v", h, xa).reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
       q = norm(q, lp["q_norm"])
       k = norm(k, lp["k_norm"])
@@ -257,7 +274,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
-    y = lin("down", act(lin("gate", h)) * lin("up", h))
+    xa = grouped(("gate", "up"), h)
+    y = lin("down", act(lin("gate", h, xa)) * lin("up", h, xa))
     x = x + (norm(y, lp["post_mlp_norm"]) if c.sandwich_norms else y)
     return (x, ck, cv), None
 

@@ -9,7 +9,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fineflax.models.decoder import project_logits, softcap
 
@@ -84,7 +83,11 @@ def _logp_and_dh(hidden, out_kernel, tokens, chunk, logit_softcap):
     dz = jax.nn.one_hot(tc, z.shape[-1], dtype=jnp.float32) - jnp.exp(z - lse)
     if logit_softcap is not None:
       dz = dz * (1.0 - jnp.square(z / logit_softcap))
-    dh = jnp.matmul(dz.astype(out_kernel.dtype), out_kernel.T, preferred_element_type=jnp.float32)
+    # W [H, V] stays the left operand in its own layout (dh^T = W @ dz^T): with dz on the left, XLA:CPU
+    # hoists a transposed [V, H] copy of W (1.1 GB for Qwen2.5-7B) out of the chunk loop
+    dz2 = dz.astype(out_kernel.dtype).reshape(-1, dz.shape[-1])
+    dh_t = jax.lax.dot_general(out_kernel, dz2, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dh = dh_t.T.reshape(*dz.shape[:-1], out_kernel.shape[0])
     return logp, dh
 
   logp, dh = jax.lax.map(one_chunk, (_chunks(hidden, n, chunk), _chunks(tokens, n, chunk)))
