@@ -241,6 +241,9 @@ def main(argv=None) -> int:
   p.add_argument("--smoke", action="store_true", help="tiny shape (CPU)")
   p.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
   args = p.parse_args(argv)
+  # XLA:GPU wraps runs of kernels in CUDA graphs ("command buffers"); the profiler then charges a whole graph
+  # to its first kernel (every op reads as a memcpy). Off here, so each kernel keeps its HLO op.
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
   import jax
 
   from benchmarks import _gpu
