@@ -41,7 +41,8 @@ for stage in "$@"; do
               --extra-metrics reward_mean \
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
     apo)    # APO of the calculator agent's prompt, local SmolLM2 as agent, critic and editor; Agent Lightning's
-            # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); search stops at 150 s, hard stop at 300 s
+            # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); no round starts that would end past
+            # 180 s of search; hard stop at 300 s
             timeout -s TERM ${APO_TIMEOUT:-300} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl

@@ -2,6 +2,7 @@
 by score, critiques from failing rollouts only, the best prompt saved as a resource version."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -111,6 +112,16 @@ def test_time_budget_stops_the_search(tmp_path):
             num_workers=1, log=lambda m: None)
   assert len(res.history) == 1 and not critic.calls and res.best.id == 0 and abs(res.best_score - 1 / 3) < 1e-9
   assert store.resource("prompt_template")["value"] == "Solve it. rule0"
+  # a fake clock: round 0 ends at t=10, round 1 runs t=10..40 (30 s); with a 60 s budget round 2 would end at
+  # ~70 s > 60 s, so it does not start (the old check, "budget already spent?", started it at 40 s)
+  ticks = iter([0.0, 10.0, 10.0, 40.0, 40.0, 40.0] + [41.0] * 50)
+  s2 = dataclasses.replace(s, time_budget_s=60.0)
+  editor = ScriptedLLM(lambda r, i: "<prompt>Solve it. rule0 rule1</prompt>")
+  logs = []
+  res = apo(agent, "Solve it. rule0", list(range(3)), list(range(3)), None, critic, editor, Store(str(tmp_path / "t.sqlite")),
+            s2, num_workers=1, log=logs.append, clock=lambda: next(ticks))
+  assert [h["round"] for h in res.history] == [0, 1] and len(editor.calls) == 1
+  assert "the last round took 30 s; stopping after 1 rounds" in logs[-1]
 
 
 class _Tok:
@@ -152,3 +163,19 @@ def test_parse_check_prompt_and_settings():
     APOSettings(beam_width=0)
   with pytest.raises(ValueError, match="time_budget_s=-1"):
     APOSettings(time_budget_s=-1)
+
+
+def test_apo_presets_validate_and_bound_the_gpu_run():
+  """gpu5 (benchmarks/run_gpu.sh apo) uses Agent Lightning's sizes and a search budget below the stage's 300 s
+  hard stop; a validation batch larger than the validation set is a clear config error."""
+  from configs.apo import get_config
+  from fineflax.config_checks import ConfigError
+  from fineflax.jobs.apo import validate
+  for preset in ("", "cpu", "gpu5", "smoke"):
+    validate(get_config(preset))
+  g = get_config("gpu5")
+  assert (g.task.num_val, g.apo.val_batch_size, g.apo.beam_width, g.apo.branch_factor, g.apo.beam_rounds) == \
+      (29, 29, 2, 2, 2) and 0 < g.apo.time_budget_s <= 180
+  g.apo.val_batch_size = 30
+  with pytest.raises(ConfigError, match="val_batch_size"):
+    validate(g)

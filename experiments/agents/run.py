@@ -77,6 +77,7 @@ def plot_apo(ap, path):
   rej = [cands[i]["round"] for i in cands if cands[i]["rejected"]]
   if rej:
     ax.scatter(rej, [0.0] * len(rej), marker="x", color="red", label="rejected (not scored)")
+  ax.set_xticks(range(max(x["round"] for x in h) + 1))
   ax.set_xlabel("round")
   ax.set_ylabel("validation accuracy (greedy)")
   ax.set_title("APO of the calculator agent's prompt")

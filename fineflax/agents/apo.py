@@ -3,7 +3,8 @@ following Agent Lightning's `agentlightning.algorithm.apo.APO` (same parameter n
 
   seed = candidate 0, scored on the whole validation set; best = seed
   beam = [seed]
-  for round in 1..beam_rounds (stops early once `time_budget_s` has passed):
+  for round in 1..beam_rounds (with `time_budget_s`: a round starts only if the search would stay within the
+                               budget, assuming it takes as long as the previous round):
     parents = beam_width prompts sampled from the beam (the beam repeated when it is smaller)
     for each parent, branch_factor times (all expansions of a round run concurrently):
       run the agent with the parent on a train batch of gradient_batch_size tasks; the critic LLM reads the
@@ -57,7 +58,7 @@ class APOSettings:
   min_prompt_chars: int = 20  # a shorter rewritten prompt is rejected
   max_prompt_chars: int = 2000  # a longer one too
   required: tuple = ()  # strings every rewritten prompt must contain (e.g. the tool-call syntax)
-  time_budget_s: float = 0.0  # no new round starts after this many seconds (0 = no limit)
+  time_budget_s: float = 0.0  # no round starts that would end past this many seconds (0 = no limit)
   seed: int = 0
 
   def __post_init__(self):
@@ -146,10 +147,10 @@ def continue_chat(client, messages, prefill: str, **kw) -> str:
 def apo(agent, seed_prompt: str, train_tasks: Sequence[Any], val_tasks: Sequence[Any], llm, critic, editor,
         store, settings: APOSettings = APOSettings(), *, resource: str = "prompt_template",
         resources: dict | None = None, num_workers: int = 8, eval_agent=None,
-        log: Callable[[str], None] = print) -> APOResult:
+        log: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> APOResult:
   """Runs the search of the module docstring; `critic` / `editor` are OpenAI-style clients (`agents.llm`);
   `eval_agent` (default `agent`) scores candidates, e.g. the agent with greedy decoding."""
-  s, t_start = settings, time.time()
+  s, t_start = settings, clock()
   rng = np.random.default_rng(s.seed)
   base, eval_agent = dict(resources or {}), eval_agent or agent
   candidates: list[Candidate] = []
@@ -198,11 +199,14 @@ def apo(agent, seed_prompt: str, train_tasks: Sequence[Any], val_tasks: Sequence
   beam, best = [candidates[0]], candidates[0]
   best_score = candidates[0].scores["round 0 full val"]
   history = [{"round": 0, "beam": [0], "beam_scores": [best_score], "children": [], "rejected": [], "leader": 0,
-              "leader_full_val": best_score, "best": 0, "best_score": best_score, "elapsed_s": time.time() - t_start}]
+              "leader_full_val": best_score, "best": 0, "best_score": best_score, "elapsed_s": clock() - t_start}]
   log(f"[apo round 0] seed prompt full-val {best_score:.3f}")
+  last_round_s = 0.0
   for rnd in range(1, s.beam_rounds + 1):
-    if s.time_budget_s and time.time() - t_start > s.time_budget_s:
-      log(f"[apo] time budget {s.time_budget_s:.0f} s spent after {rnd - 1} rounds; stopping")
+    t_round = clock()
+    if s.time_budget_s and t_round - t_start + last_round_s > s.time_budget_s:
+      log(f"[apo] time budget {s.time_budget_s:.0f} s: {t_round - t_start:.0f} s spent, the last round took "
+          f"{last_round_s:.0f} s; stopping after {rnd - 1} rounds")
       break
     if len(beam) < s.beam_width:
       parents = [beam[i % len(beam)] for i in range(s.beam_width)]
@@ -235,10 +239,11 @@ def apo(agent, seed_prompt: str, train_tasks: Sequence[Any], val_tasks: Sequence
     history.append({"round": rnd, "beam": [c.id for c in beam], "beam_scores": [c.scores[key] for c in beam],
                     "children": [c.id for c in children], "rejected": [c.id for c in rejected],
                     "leader": beam[0].id, "leader_full_val": leader, "best": best.id, "best_score": best_score,
-                    "elapsed_s": time.time() - t_start})
+                    "elapsed_s": clock() - t_start})
+    last_round_s = clock() - t_round
     log(f"[apo round {rnd}] scores {[(c.id, round(c.scores[key], 3)) for c in pool_]}; beam "
         f"{[c.id for c in beam]}, leader full-val {leader:.3f}, best {best.id} ({best_score:.3f}), "
-        f"{time.time() - t_start:.0f} s")
+        f"{clock() - t_start:.0f} s")
   version = store.add_resource(resource, best.prompt, {
       "score": best_score, "candidate": best.id, "history": history,
       "candidates": [dataclasses.asdict(c) for c in candidates], "settings": dataclasses.asdict(s)})
