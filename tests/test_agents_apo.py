@@ -91,7 +91,8 @@ def test_unusable_candidates_are_logged_and_skipped(tmp_path):
             ScriptedLLM(script), store, s, num_workers=2, log=logs.append)
   reasons = [c.rejected for c in res.candidates]  # a round's expansions run concurrently: order within a round varies
   assert reasons[0] == "" and sorted(reasons[1:4]) == ["empty", "lacks ['rule']", "same as its parent"]
-  assert sorted(reasons[4:], key=bool)[2].startswith("ConnectionError: editor down") and sorted(reasons[4:])[:2] == ["", ""]
+  assert sorted(reasons[4:], key=bool)[2].startswith("ConnectionError: editor down")
+  assert sorted(reasons[4:])[:2] == ["", ""]
   bad2 = next(c.id for c in res.candidates[4:] if c.rejected)
   assert [h["rejected"] for h in res.history] == [[], [1, 2, 3], [bad2]] and res.history[1]["children"] == []
   assert all(not c.scores for c in res.candidates if c.rejected)  # never scored
@@ -118,8 +119,8 @@ def test_time_budget_stops_the_search(tmp_path):
   s2 = dataclasses.replace(s, time_budget_s=60.0)
   editor = ScriptedLLM(lambda r, i: "<prompt>Solve it. rule0 rule1</prompt>")
   logs = []
-  res = apo(agent, "Solve it. rule0", list(range(3)), list(range(3)), None, critic, editor, Store(str(tmp_path / "t.sqlite")),
-            s2, num_workers=1, log=logs.append, clock=lambda: next(ticks))
+  res = apo(agent, "Solve it. rule0", list(range(3)), list(range(3)), None, critic, editor,
+            Store(str(tmp_path / "t.sqlite")), s2, num_workers=1, log=logs.append, clock=lambda: next(ticks))
   assert [h["round"] for h in res.history] == [0, 1] and len(editor.calls) == 1
   assert "the last round took 30 s; stopping after 1 rounds" in logs[-1]
 

@@ -111,7 +111,8 @@ def report(args, rl, ap, wall) -> str:
               f"| seed | {ap['seed_val']:.3f} | {ap['seed_test_greedy']:.3f} |",
               f"| best (candidate {ap['best_id']}) | {ap['best_val']:.3f} | {ap['best_test_greedy']:.3f} |", "",
               "Best prompt:", "", "```", ap["best_prompt"], "```", "",
-              "| candidate | parent | round | scores | rejected | prompt (first 160 chars) |", "|---|---|---|---|---|---|"]
+              "| candidate | parent | round | scores | rejected | prompt (first 160 chars) |",
+              "|---|---|---|---|---|---|"]
     for c in ap["candidates"]:
       scores = ", ".join(f"{k}: {v:.3f}" for k, v in c["scores"].items())
       text = c["prompt"][:160].replace("\n", " ").replace("|", "/")
