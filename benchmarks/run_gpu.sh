@@ -42,8 +42,8 @@ for stage in "$@"; do
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} model.remat=full model.logits_chunk=32 ;;
     apo)    # APO of the calculator agent's prompt, local SmolLM2 as agent, critic and editor; Agent Lightning's
             # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); no round starts that would end past
-            # 180 s of search; hard stop at 300 s
-            timeout -s TERM ${APO_TIMEOUT:-300} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
+            # 330 s of search; hard stop at 560 s (the H100 run took 188 s)
+            timeout -s TERM ${APO_TIMEOUT:-560} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;

@@ -47,10 +47,10 @@ def _cpu(config):  # the 2-core CPU run of experiments/agents/RESULTS.md (~20-25
   config.apo.time_budget_s = 900.0
 
 
-def _gpu5(config):  # one H100 in ~5 min: Agent Lightning's example sizes (29 validation tasks, 2 rounds)
+def _gpu5(config):  # one H100 in ~3-9 min: Agent Lightning's example sizes (29 validation tasks, 2 rounds)
   config.task.num_val = 29
   config.apo.update(val_batch_size=29, gradient_batch_size=4, beam_width=2, branch_factor=2, beam_rounds=2,
-                    time_budget_s=180.0)
+                    time_budget_s=330.0)
 
 
 PRESETS = {"smoke": _smoke, "cpu": _cpu, "gpu5": _gpu5}

@@ -167,7 +167,7 @@ def test_parse_check_prompt_and_settings():
 
 
 def test_apo_presets_validate_and_bound_the_gpu_run():
-  """gpu5 (benchmarks/run_gpu.sh apo) uses Agent Lightning's sizes and a search budget below the stage's 300 s
+  """gpu5 (benchmarks/run_gpu.sh apo) uses Agent Lightning's sizes and a search budget below the stage's 560 s
   hard stop; a validation batch larger than the validation set is a clear config error."""
   from configs.apo import get_config
   from fineflax.config_checks import ConfigError
@@ -176,7 +176,7 @@ def test_apo_presets_validate_and_bound_the_gpu_run():
     validate(get_config(preset))
   g = get_config("gpu5")
   assert (g.task.num_val, g.apo.val_batch_size, g.apo.beam_width, g.apo.branch_factor, g.apo.beam_rounds) == \
-      (29, 29, 2, 2, 2) and 0 < g.apo.time_budget_s <= 180
+      (29, 29, 2, 2, 2) and 0 < g.apo.time_budget_s <= 330
   g.apo.val_batch_size = 30
   with pytest.raises(ConfigError, match="val_batch_size"):
     validate(g)
