@@ -5,6 +5,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# One persistent XLA compilation cache for the whole run (both xdist workers and every subprocess a test
+# starts): the many tests that jit the same tiny-model functions anew compile each program once.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    "/tmp", f"fineflax-test-jax-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 import pytest
 
