@@ -101,6 +101,28 @@ def torch_device_name() -> str:
   return f"cuda: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
 
 
+def torch_random_llama(shape: dict, device: str):
+  """A transformers LlamaForCausalLM of `shape` (the benchmarks' shape dicts), bf16, eval mode, weights
+  N(0, 0.02) and norms 1, built on `device` without the default initialisation."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  from transformers.initialization import no_init_weights
+  rope = dict(shape.get("rope_scaling") or ())
+  theta = shape.get("rope_theta", 10000.0)
+  cfg = LlamaConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                    intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
+                    num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
+                    head_dim=shape["head_dim"], rms_norm_eps=shape.get("rms_norm_eps", 1e-5),
+                    tie_word_embeddings=True, max_position_embeddings=131072,
+                    rope_parameters=dict(rope, rope_theta=theta) if rope else {"rope_type": "default", "rope_theta": theta})
+  with no_init_weights(), torch.device(device):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+  return model
+
+
 def time_torch_lora_steps(model, forward, tokens, *, lr: float, warmup: int, steps: int,
                           reset_peak_after_warmup: bool = False) -> dict:
   """Times AdamW steps (bf16 autocast, LM loss on `tokens`, clip 1.0) of a peft model's trainable params.

@@ -99,24 +99,10 @@ def jax_worker(spec: dict) -> dict:
 
 def torch_worker(spec: dict) -> dict:
   import torch
-  from transformers import LlamaConfig, LlamaForCausalLM
-  from transformers.initialization import no_init_weights
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   out = {"device": _gpu.torch_device_name(), "rows": []}
   for name, shape in spec["shapes"].items():
-    rope = dict(shape.get("rope_scaling") or ())
-    cfg = LlamaConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
-                      intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
-                      num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
-                      head_dim=shape["head_dim"], rms_norm_eps=shape.get("rms_norm_eps", 1e-5),
-                      tie_word_embeddings=True, max_position_embeddings=131072,
-                      rope_parameters=dict(rope, rope_theta=shape.get("rope_theta", 10000.0)) if rope
-                      else {"rope_type": "default", "rope_theta": shape.get("rope_theta", 10000.0)})
-    with no_init_weights(), torch.device(dev):
-      model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    with torch.no_grad():
-      for p in model.parameters():
-        p.normal_(0, 0.02) if p.ndim > 1 else p.fill_(1.0)
+    model = _gpu.torch_random_llama(shape, dev)
     n = spec["new_tokens"]
     for cache in ["dynamic"] + (["static"] if spec.get("hf_static") else []):
       for batch in spec["batches"]:
