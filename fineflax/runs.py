@@ -92,6 +92,21 @@ def load_history(workdir: str) -> tuple[list[dict], bool]:
     return [json.loads(line) for line in f if line.strip()], False
 
 
+def seed_evaluations(runs_dir, name: str, seeds, metric: str) -> list[list[dict]]:
+  """Per seed with a run folder RUNS_DIR/NAME-SEED, the history records holding `metric` (its evaluations,
+  in step order); seeds without a run or without an evaluation are left out."""
+  out = []
+  for seed in seeds:
+    try:
+      hist, _ = load_history(os.path.join(str(runs_dir), f"{name}-{seed}"))
+    except FileNotFoundError:
+      continue
+    evals = [h for h in hist if metric in h]
+    if evals:
+      out.append(evals)
+  return out
+
+
 def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
   """(mean, half-width of the 95% confidence interval of the mean: t_{0.975, n-1} · s / sqrt(n));
   the half-width is nan for one value."""

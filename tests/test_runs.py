@@ -72,3 +72,15 @@ def test_time_budget_stops_runs_and_skips_those_it_cannot_start(tmp_path):
   codes = run_parallel({"a": slow, "b": slow}, str(tmp_path), max_parallel=1, deadline=t0 + 2, min_run_s=1)
   assert codes == {"a": 124, "b": NOT_STARTED}  # timeout's exit code after SIGTERM; b had < 1 s left
   assert time.time() - t0 < 10
+
+
+def test_seed_evaluations_skip_missing_runs_and_records_without_the_metric(tmp_path):
+  import json
+  from fineflax.runs import seed_evaluations
+  (tmp_path / "m-0").mkdir()
+  (tmp_path / "m-0" / "history.json").write_text(json.dumps(
+      [{"step": 0, "eval_em": 0.1}, {"step": 1, "loss": 2.0}, {"step": 2, "eval_em": 0.3}]))
+  (tmp_path / "m-2").mkdir()
+  (tmp_path / "m-2" / "history.json").write_text(json.dumps([{"step": 1, "loss": 1.0}]))
+  out = seed_evaluations(tmp_path, "m", [0, 1, 2], "eval_em")
+  assert [[h["step"] for h in e] for e in out] == [[0, 2]]

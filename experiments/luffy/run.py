@@ -26,8 +26,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from configs.luffy_arith import SFT_RL_SFT_STEPS  # noqa: E402
 from experiments import compare  # noqa: E402
 from fineflax.io import atomic_write_text  # noqa: E402
-from experiments.common import command_line, load_history, plot_curves  # noqa: E402
-from fineflax.runs import mean_ci95  # noqa: E402
+from experiments.common import command_line, plot_curves  # noqa: E402
+from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
 
 CONFIG = "configs/luffy_arith.py"
 METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_noshape": "luffy_noshape"}
@@ -62,15 +62,7 @@ def final_table(runs_dir: pathlib.Path, methods, seeds, k: int) -> tuple[str, di
   lines = ["| method | steps | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
   finals = {}
   for name in methods:
-    last = []
-    for seed in seeds:
-      try:
-        hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
-      except FileNotFoundError:
-        continue
-      evals = [h for h in hist if "eval_accuracy" in h]
-      if evals:
-        last.append(evals[-1])
+    last = [evals[-1] for evals in seed_evaluations(runs_dir, name, seeds, "eval_accuracy")]
     if not last:
       continue
     finals[name] = last
@@ -90,14 +82,8 @@ def plots(runs_dir: pathlib.Path, out: pathlib.Path, methods, seeds, k: int) -> 
     metric = metric.replace("pass_at_8", f"pass_at_{k}")
     series = {}
     for name in methods:
-      for seed in seeds:
-        try:
-          hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
-        except FileNotFoundError:
-          continue
-        pts = [(h["step"], h[metric]) for h in hist if metric in h]
-        if pts:
-          series.setdefault(name, []).append(tuple(map(list, zip(*pts))))
+      for evals in seed_evaluations(runs_dir, name, seeds, metric):
+        series.setdefault(name, []).append(([h["step"] for h in evals], [h[metric] for h in evals]))
     if series:
       plot_curves(series, label, str(out / fname), title=label, xlabel="step (sft_rl: 50 SFT steps first)")
       written.append(fname)

@@ -31,9 +31,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments import compare  # noqa: E402
-from experiments.common import command_line, load_config, load_history, plot_curves  # noqa: E402
+from experiments.common import command_line, load_config, plot_curves  # noqa: E402
 from fineflax.io import atomic_write_text  # noqa: E402
-from fineflax.runs import mean_ci95  # noqa: E402
+from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
 
 CONFIG = "configs/search_r1.py"
 METHODS = {"search_r1": "grpo_only", "combined": ""}
@@ -91,16 +91,8 @@ def summary(base: dict, runs_dir: pathlib.Path, methods, seeds) -> tuple[str, di
     values[key] = {c: [base[s][key][c] for s in seeds if c in base[s][key]] for c in cols}
     rows.append((label, "-", values[key]))
   for name in methods:
-    first, last = [], []
-    for seed in seeds:
-      try:
-        hist, _ = load_history(str(runs_dir / f"{name}-{seed}"))
-      except FileNotFoundError:
-        continue
-      evals = [h for h in hist if "eval_em" in h]
-      if evals:
-        first.append(evals[0])
-        last.append(evals[-1])
+    evals = seed_evaluations(runs_dir, name, seeds, "eval_em")
+    first, last = [e[0] for e in evals], [e[-1] for e in evals]
     for tag, hs in (("untrained", first), ("trained", last)):
       if not hs or (tag == "untrained" and hs[0]["step"] != 0):
         continue
@@ -169,14 +161,8 @@ def main(argv=None) -> int:
   for fname, (metric, label) in PLOTS.items():
     series = {}
     for name in args.methods:
-      for seed in args.seeds:
-        try:
-          hist, _ = load_history(str(out / "runs" / f"{name}-{seed}"))
-        except FileNotFoundError:
-          continue
-        pts = [(h["step"], h[metric]) for h in hist if metric in h]
-        if pts:
-          series.setdefault(name, []).append(tuple(map(list, zip(*pts))))
+      for evals in seed_evaluations(out / "runs", name, args.seeds, metric):
+        series.setdefault(name, []).append(([h["step"] for h in evals], [h[metric] for h in evals]))
     if series:
       plot_curves(series, label, str(out / fname), title=label)
       figs.append(fname)
