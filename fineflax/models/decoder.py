@@ -157,12 +157,19 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
   if mask is None:
     mask = jnp.tril(jnp.ones((t, k.shape[1]), jnp.bool_))[None]
-  hkv = k.shape[2]
+  return grouped_attention(q, k, v, mask, scale, cap)
+
+
+def grouped_attention(q, k, v, mask, scale: float, cap: float | None, kv_layout: str = "bskd"):
+  """XLA grouped-query attention: q [B,T,Hq,D], k / v [B,S,Hkv,D] ("bskd") or [B,Hkv,S,D] ("bksd", the
+  unrolled decoder's cache), mask [B,T,S] bool -> [B,T,Hq,D]; scores = softcap(q.k * scale, cap) in f32."""
+  b, t, hq, d = q.shape
+  hkv = k.shape[kv_layout.index("k")]
   q = q.reshape(b, t, hkv, hq // hkv, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.einsum(f"btkgd,{kv_layout}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
   scores = jnp.where(mask[:, None, None], softcap(scores, cap), _NEG)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  out = jnp.einsum(f"bkgts,{kv_layout}->btkgd", probs, v)
   return out.reshape(b, t, hq, d)
 
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, _NEG, materialize, rms_norm, softcap
+from fineflax.models.decoder import ACTIVATIONS, grouped_attention, materialize, rms_norm
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
@@ -130,19 +130,6 @@ def _project(x, lp, group, names, sizes, lora, scale, dtype):
   return out
 
 
-def _attend(q, k, v, mask, scale, cap):
-  """Grouped-query attention over the cache layout: q [B, T, Hq, D], k / v [B, Hkv, S, D], mask
-  [B, T, S] -> [B, T, Hq, D]; scores = softcap(q.k * scale, cap) (as `decoder._attention`, xla)."""
-  b, t, hq, d = q.shape
-  hkv = k.shape[1]
-  q = q.reshape(b, t, hkv, hq // hkv, d)
-  scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask[:, None, None], softcap(scores, cap), _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-  return out.reshape(b, t, hq, d)
-
-
 def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, cache: dict, *, positions,
                      attention_mask, lora=None, lora_scale: float = 1.0, dtype=jnp.float32):
   """(final-norm hidden [B, T, H], new cache): `decoder.forward_hidden` with a cache, layers unrolled.
@@ -194,7 +181,8 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
     if dist is not None and window:
       m = m & (dist < window)
     m = m | self_mask
-    attn = _attend(q, ks[i].astype(dtype), vs[i].astype(dtype), m, scale, c.attn_logit_softcapping)
+    attn = grouped_attention(q, ks[i].astype(dtype), vs[i].astype(dtype), m, scale, c.attn_logit_softcapping,
+                             kv_layout="bksd")
     (o,) = _project(attn.reshape(b, t, nq), lp, "o", ("o",), (c.hidden_size,), ll, lora_scale, dtype)
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
