@@ -22,29 +22,11 @@ from typing import Sequence
 import numpy as np
 
 from memory import filters
-from memory.index import KINDS, SPACES, VectorIndex, distances
+from memory.index import VectorIndex, distances, index_options
 
 INCLUDE = ("documents", "metadatas", "embeddings", "distances")
 log = logging.getLogger("memory.collection")
 _CHUNK = 900  # ids per `IN (...)` lookup
-
-
-def index_options(metadata: dict, where: str) -> dict:
-  """VectorIndex keyword arguments from collection metadata; ValueError naming a bad key."""
-  space = metadata.get("hnsw:space", "l2")
-  if space not in SPACES:
-    raise ValueError(f"{where}: hnsw:space={space!r}; choose one of {SPACES}")
-  kind = metadata.get("index:kind", "auto")
-  if kind not in KINDS:
-    raise ValueError(f"{where}: index:kind={kind!r}; choose one of {KINDS}")
-  out = {"space": space, "kind": kind}
-  for key, name in (("index:ivf_threshold", "ivf_threshold"), ("index:nprobe", "nprobe")):
-    if key in metadata:
-      value = metadata[key]
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: {key}={value!r} must be a positive int")
-      out[name] = value
-  return out
 
 
 def _vectors(values, dim: int | None, where: str) -> np.ndarray:

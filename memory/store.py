@@ -123,7 +123,8 @@ class VectorStore:
     l2 (default) / cosine / ip picks the distance; "index:kind" auto / flat / ivf, "index:ivf_threshold"
     and "index:nprobe" the index (memory.index). An existing collection keeps its stored metadata.
     reranker: an object with `.score(query, texts)`."""
-    from memory.collection import Collection, index_options
+    from memory.collection import Collection
+    from memory.index import index_options
     if not isinstance(name, str) or not _NAME.match(name):
       raise ValueError(f"collection name {name!r}: use 1-63 characters [A-Za-z0-9_.-], starting alphanumeric")
     index_options(metadata or {}, f"collection {name!r} metadata")
