@@ -63,6 +63,21 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16
           "index": jnp.zeros((), jnp.int32)}
 
 
+def cache_masks(cache: dict, attention_mask, positions):
+  """Masks of T new tokens written at slots [index, index + T) of a KV cache: (index, kv_mask [B, S] (slot
+  holds a real token), key_pos [B, S] (slot positions), mask [B, T, S] (causal over slots and real keys),
+  self_mask [1, T, S] (each token's own slot, so that a padding query still sees one key))."""
+  t = attention_mask.shape[1]
+  index = cache["index"]
+  kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
+  key_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
+  slots = jnp.arange(kv_mask.shape[1])
+  causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
+  mask = causal[None] & kv_mask[:, None, :]
+  self_mask = (slots[None, :] == (index + jnp.arange(t))[:, None])[None]
+  return index, kv_mask, key_pos, mask, self_mask
+
+
 def materialize(w, dtype) -> jnp.ndarray:
   """A weight as a dense array of `dtype`: dequantises quantised tensors, casts arrays."""
   return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)
@@ -223,13 +238,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   else:
     if segment_ids is not None:
       raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-    index = cache["index"]
-    kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
-    key_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
-    slots = jnp.arange(kv_mask.shape[1])
-    causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
-    mask = causal[None] & kv_mask[:, None, :]
-    self_mask = (slots[None, :] == (index + jnp.arange(t))[:, None])[None]  # each token sees itself
+    index, kv_mask, key_pos, mask, self_mask = cache_masks(cache, attention_mask, positions)
     impl = "xla"
   # sliding layers: a query at position p sees keys at positions (p - window, p]
   windows = jnp.asarray(c.layer_windows(), jnp.int32)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, grouped_attention, materialize, rms_norm
+from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, rms_norm
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
@@ -146,13 +146,7 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
   x = dparams["embed"][tokens].astype(dtype)
   if c.embed_scale:
     x = x * jnp.asarray(c.hidden_size ** 0.5, dtype)
-  index = cache["index"]
-  kv_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (0, index))
-  key_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
-  slots = jnp.arange(kv_mask.shape[1])
-  causal = slots[None, :] <= (index + jnp.arange(t))[:, None]
-  mask = causal[None] & kv_mask[:, None, :]
-  self_mask = (slots[None, :] == (index + jnp.arange(t))[:, None])[None]
+  index, kv_mask, key_pos, mask, self_mask = cache_masks(cache, attention_mask, positions)
   dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
   inv_freqs, rope_factors = layer_rope(c, positions)
   scale = c.head_dim ** -0.5 if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
