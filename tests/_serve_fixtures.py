@@ -6,8 +6,6 @@ import contextlib
 import os
 import pathlib
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -101,21 +99,9 @@ def thread_server(argv):
 
 
 def start_subprocess_server(argv, timeout: float = 120.0):
-  """`python -m fineflax.serve argv` in a subprocess; returns (Popen, base_url) once /health answers."""
+  """`python -m fineflax.serve argv` in a subprocess (this checkout first on PYTHONPATH); returns
+  (Popen, base_url) once /health answers."""
+  from fineflax.serve.spawn import spawn_server
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parents[1]),
                                                      os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  port = argv[argv.index("--port") + 1]
-  url = f"http://127.0.0.1:{port}"
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if proc.poll() is not None:
-      raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
-    try:
-      urllib.request.urlopen(url + "/health", timeout=1).read()
-      return proc, url
-    except OSError:
-      time.sleep(0.2)
-  proc.kill()
-  raise RuntimeError("server did not start in time")
+  return spawn_server(argv, env=env, timeout=timeout)

@@ -5,6 +5,8 @@ import signal
 import sqlite3
 import urllib.request
 
+import pytest
+
 from _serve_fixtures import free_port, server_argv, start_subprocess_server, tiny_chat_model
 
 
@@ -46,3 +48,16 @@ def test_sigkill_right_after_acknowledged_feedback_loses_nothing(tmp_path):
       "SELECT id, variant, answer, settings_json, messages_json FROM responses").fetchone()
   assert (rid, variant, answer) == (resp["id"], "tiny", resp["choices"][0]["message"]["content"])
   assert json.loads(settings)["max_tokens"] == 3 and json.loads(messages) == msgs
+
+
+def test_spawn_server_reports_a_server_that_exits(tmp_path):
+  """A server that cannot start is an error that carries its own message (the log, or stderr's tail)."""
+  from fineflax.serve.spawn import spawn_server
+  missing = str(tmp_path / "no-such-model")
+  with pytest.raises(RuntimeError, match="exited with") as err:
+    spawn_server(["--model", missing, "--port", str(free_port())], timeout=120)
+  assert "no-such-model" in str(err.value)
+  log = tmp_path / "serve.log"
+  with pytest.raises(RuntimeError, match=f"see {log}"):
+    spawn_server(["--model", missing, "--port", str(free_port())], log_path=log, timeout=120)
+  assert "no-such-model" in log.read_text()

@@ -13,13 +13,13 @@ import json
 import os
 import pathlib
 import random
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
 import numpy as np
+
+from fineflax.serve.spawn import spawn_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED_TRAIN = ROOT / "fineflax" / "data" / "samples" / "arithmetic_messages.jsonl"
@@ -83,22 +83,9 @@ def env_with_root(cache_dir=None) -> dict:
 
 
 def start_server(argv: list[str], log_path, timeout: float = 900.0, cache_dir=None):
-  """`python -m fineflax.serve argv` (stderr to log_path); returns (Popen, base URL) once /health answers."""
-  err = open(log_path, "w")
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv], env=env_with_root(cache_dir), cwd=ROOT,
-                          stdout=err, stderr=subprocess.STDOUT)
-  url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if proc.poll() is not None:
-      raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
-    try:
-      urllib.request.urlopen(url + "/health", timeout=2).read()
-      return proc, url
-    except OSError:
-      time.sleep(0.5)
-  proc.kill()
-  raise RuntimeError(f"the server did not answer /health in {timeout:.0f} s; see {log_path}")
+  """`python -m fineflax.serve argv` (output to log_path); returns (Popen, base URL) once /health answers."""
+  return spawn_server(argv, env=env_with_root(cache_dir), log_path=log_path, cwd=ROOT, timeout=timeout,
+                      poll_s=0.5)
 
 
 def post_json(url: str, body: dict) -> dict:
