@@ -88,9 +88,10 @@ def main(argv=None):
   t0, codes = time.time(), {}
   gpus = visible_gpus()
   if not args.collect:
+    # seed-major order: a call cut short by --time-budget leaves every method with the same seeds done
     runs_ = {f"{name}-{seed}": (f"{args.config}:{presets}" if presets else args.config,
                                 str(out / "runs" / f"{name}-{seed}"), [f"seed={seed}", *args.set, *over])
-             for name, presets, over in methods for seed in args.seeds}
+             for seed in args.seeds for name, presets, over in methods}
     if args.in_process:
       codes = {name: run_in_process(*spec) for name, spec in runs_.items()}
     else:
