@@ -81,6 +81,8 @@ def main(argv=None):
                   help="seconds for all runs together: each run is stopped (SIGTERM, checkpoint saved) by then "
                        "and runs with under a minute left are not started; call again to resume them")
   ap.add_argument("--title", default="")
+  ap.add_argument("--device", default="", help="the device the runs ran on (with --collect elsewhere; "
+                                                "default: this machine's)")
   args = ap.parse_args(argv)
   methods = [parse_method(m) for m in args.method]
   out = pathlib.Path(args.out)
@@ -112,7 +114,7 @@ def main(argv=None):
                                          "steps_run": hist[-1]["step"] if hist else 0,
                                          "evals": [h for h in hist if args.metric in h]}
   wall = time.time() - t0
-  device = device_name()
+  device = args.device or device_name()
   series = {n: [([h["step"] for h in hist if args.metric in h], [h[args.metric] for h in hist if args.metric in h])
                 for hist in hs] for n, hs in histories.items()}
   series = {n: [r for r in rs if r[0]] for n, rs in series.items() if any(r[0] for r in rs)}
@@ -137,7 +139,8 @@ def main(argv=None):
   md = f"""## {args.title or 'Comparison'} ({time.strftime('%Y-%m-%d')})
 
 - command: `{command_line()}`
-- device: {device}; {len(gpus) or 'no'} GPUs, {placement}; wall time {wall:.0f} s
+- device: {device}; {f'{len(gpus) or "no"} GPUs, {placement}; wall time {wall:.0f} s' if not args.collect else
+                     'tabulated with --collect from the runs already in --out'}
 - methods: {'; '.join(f'{n} = `{args.config}:{p}` {" ".join(o)}' for n, p, o in methods)}; common overrides:
   `{' '.join(args.set)}`; seeds {args.seeds}
 - cells: mean ± 95% confidence interval (Student t) over seeds, n = runs that reached the step

@@ -54,15 +54,19 @@ def method_specs(methods, steps: int, smoke: bool, pass_k: int) -> list[str]:
   return specs
 
 
-def final_table(runs_dir: pathlib.Path, methods, seeds, k: int) -> tuple[str, dict]:
-  """Markdown: per method, each metric at every seed's last evaluation, mean ± 95% CI over seeds."""
+def final_table(runs_dir: pathlib.Path, methods, seeds, k: int, final_steps: dict | None = None
+                ) -> tuple[str, dict]:
+  """Markdown: per method, each metric at the evaluation of step final_steps[method] (default: each seed's
+  last evaluation), mean ± 95% CI over the seeds that reached it; seeds cut short are named."""
   cols = [(f"eval_{p}accuracy", f"{label} acc") for p, label in SETS]
   cols += [(f"eval_{p}pass_at_{k}", f"{label} pass@{k}") for p, label in SETS]
   cols += [("eval_sample_entropy", "sample entropy"), ("eval_completion_length", "greedy length")]
   lines = ["| method | steps | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
   finals = {}
   for name in methods:
-    last = [evals[-1] for evals in seed_evaluations(runs_dir, name, seeds, "eval_accuracy")]
+    per_seed = seed_evaluations(runs_dir, name, seeds, "eval_accuracy")
+    want = (final_steps or {}).get(name)
+    last = [e for evals in per_seed for e in evals[-1:] if want is None or e["step"] == want]
     if not last:
       continue
     finals[name] = last
@@ -71,7 +75,10 @@ def final_table(runs_dir: pathlib.Path, methods, seeds, k: int) -> tuple[str, di
       vals = [h[key] for h in last if key in h]
       m, ci = mean_ci95(vals) if vals else (float("nan"), float("nan"))
       cells.append("-" if not vals else f"{m:.3f} ± {ci:.3f}" if len(vals) > 1 else f"{m:.3f}")
-    lines.append(f"| {name} | {', '.join(str(h['step']) for h in last)} | " + " | ".join(cells) + " |")
+    short = len(per_seed) - len(last)
+    steps = f"{last[0]['step']} (n={len(last)}{f'; {short} cut short' if short else ''})" if want else \
+        ", ".join(str(h["step"]) for h in last)
+    lines.append(f"| {name} | {steps} | " + " | ".join(cells) + " |")
   return "\n".join(lines), finals
 
 
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
   ap.add_argument("--set", nargs="*", default=[], help="config overrides for every run, key=value")
   ap.add_argument("--smoke", action="store_true", help="the configs' smoke preset: 2 steps, tiny sets")
   ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
+  ap.add_argument("--device", default="", help="with --collect: the device the runs ran on")
   ap.add_argument("--in-process", action="store_true", help="runs one after another in this process (CPU)")
   args = ap.parse_args(argv)
   out = pathlib.Path(args.out)
@@ -118,14 +126,17 @@ def main(argv=None) -> int:
            "--title", f"LUFFY five-way, {args.split} split" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
            "--extra-metrics", *[m.replace("pass_at_8", f"pass_at_{k}") for m in EXTRA],
            *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
-           *(["--collect"] if args.collect else []), *(["--in-process"] if args.in_process else []), "--set", *common, *args.set]
+           *(["--collect"] if args.collect else []), *(["--device", args.device] if args.device else []),
+           *(["--in-process"] if args.in_process else []), "--set", *common, *args.set]
   for spec in method_specs(args.methods, args.steps, args.smoke, args.pass_k if not args.smoke else 8):
     cargv += ["--method", spec]
   code = compare.main(cargv)
-  table, finals = final_table(out / "runs", args.methods, args.seeds, k)
+  final_steps = None if args.smoke else \
+      {m: args.steps + (SFT_RL_SFT_STEPS if m == "sft_rl" else 0) for m in args.methods}
+  table, finals = final_table(out / "runs", args.methods, args.seeds, k, final_steps)
   figs = plots(out / "runs", out, args.methods, args.seeds, k)
   md = (out / "RESULTS.md").read_text()
-  md += (f"\n### Final evaluation ({args.split} split; each seed's last evaluation; mean ± 95% CI)\n\n"
+  md += (f"\n### Final evaluation ({args.split} split; step {args.steps} of RL; mean ± 95% CI)\n\n"
          f"command: `{command_line()}`\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n")
   atomic_write_text(out / "RESULTS.md", md)
   res = json.loads((out / "results.json").read_text())
