@@ -80,11 +80,19 @@ def launch_argv(config: str, workdir: str, overrides: Sequence[str] = ()) -> lis
 
 def load_history(workdir: str) -> tuple[list[dict], bool]:
   """(history, finished) of one run: WORKDIR/history.json, or for a run stopped before writing it, the
-  per-step metrics it logged (WORKDIR/logs/metrics.jsonl) with finished=False."""
+  per-step metrics it logged (WORKDIR/logs/metrics.jsonl). finished: history.json exists and its last
+  step reaches the run's num_steps (WORKDIR/config.json, where present; a run stopped by a signal writes
+  history.json too)."""
   path = os.path.join(workdir, "history.json")
   if os.path.exists(path):
     with open(path) as f:
-      return json.load(f), True
+      hist = json.load(f)
+    config = os.path.join(workdir, "config.json")
+    if hist and os.path.exists(config):
+      with open(config) as f:
+        num_steps = json.load(f).get("num_steps")
+      return hist, num_steps is None or hist[-1]["step"] >= num_steps
+    return hist, True
   log = os.path.join(workdir, "logs", "metrics.jsonl")
   if not os.path.exists(log):
     raise FileNotFoundError(f"{workdir}: the run left neither history.json nor logs/metrics.jsonl")

@@ -37,6 +37,10 @@ def test_load_history_prefers_history_then_falls_back_to_logged_metrics(tmp_path
   assert load_history(str(tmp_path / "run")) == (steps, False)
   (tmp_path / "run" / "history.json").write_text(json.dumps(steps[:2]))
   assert load_history(str(tmp_path / "run")) == (steps[:2], True)
+  (tmp_path / "run" / "config.json").write_text(json.dumps({"num_steps": 2}))  # stopped at step 1 of 2
+  assert load_history(str(tmp_path / "run")) == (steps[:2], False)
+  (tmp_path / "run" / "config.json").write_text(json.dumps({"num_steps": 1}))
+  assert load_history(str(tmp_path / "run")) == (steps[:2], True)
   with pytest.raises(FileNotFoundError, match="neither history.json"):
     load_history(str(tmp_path / "missing"))
 
