@@ -66,10 +66,11 @@ for stage in "$@"; do
               --extra-metrics eval_em_2hop eval_searches reward_mean \
               --set model.source=$GGUF num_steps=${STEPS:-40} eval_every=${EVAL_EVERY:-10} \
               model.remat=full model.logits_chunk=32 ;;
-    luffy5) # LUFFY five-way, 5 methods x 4 seeds = 20 runs, 2 per GPU. ~25 min of 4 x H100 in all: call this
-            # stage 3 times (each call stops every run at the budget with a checkpoint; the next resumes them,
-            # runs already complete return at once); RESULTS.md is rewritten from every run's history each call
-            # (cheaper: LUFFY_SET="rl.prompts_per_step=16", about half the RL time, 2 calls)
+    luffy5) # LUFFY five-way, 5 methods x 4 seeds = 20 runs (3,200 steps). Measured 2026-11-26 with
+            # PER_GPU=5 EVAL_EVERY=50 LUFFY_SET="rl.prompts_per_step=16" on one H100: ~1.4 steps/s over the
+            # 5 runs, so ~40 min of one H100 (4 calls; ~10 min of 4 x H100). Each call stops every run at the
+            # budget with a checkpoint on this machine's disk; the next call on the SAME machine resumes them
+            # (a fresh machine starts them over); complete runs return at once; RESULTS.md is rewritten each call
             python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy5 --seeds ${SEEDS:-0 1 2 3} \
               --per-gpu ${PER_GPU:-2} --time-budget ${TIME_BUDGET:-520} --steps ${STEPS:-150} \
               --eval-every ${EVAL_EVERY:-30} --set model.remat=full model.logits_chunk=32 ${LUFFY_SET:-} ;;
