@@ -1,0 +1,140 @@
+"""`model.layer_loop = "unrolled"` (a Python loop over per-layer slices) computes what the layer scan does:
+logits, LoRA gradients and one SFT step, on f32 and NF4 weights; same remat policy per layer; and its
+compiled training step holds no dynamic-update-slice of per-layer residual stacks (the mechanism)."""
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fineflax import lora as L
+from fineflax import quant
+from fineflax.models import ModelConfig, forward, init_params
+from fineflax.models.decoder import REMAT_POLICIES
+from fineflax.train.sft_step import make_sft_fns
+from fineflax.train.state import init_state
+
+C = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8)
+UNROLLED = dataclasses.replace(C, layer_loop="unrolled")
+GRAD_RTOL = 4e-5  # norm-relative, per LoRA leaf (see the first test)
+
+
+def _setup(kind):
+  params = init_params(C, jax.random.PRNGKey(0))
+  if kind == "nf4":
+    params = quant.quantize_params(params, kind="nf4")
+  lora = L.init_lora(params, C, L.LoraConfig(r=4, alpha=8.0), jax.random.PRNGKey(1))
+  lora = jax.tree.map(lambda x: x + 0.05, lora)  # b = 0 at init: make the adapters matter
+  return params, lora
+
+
+def _batch(a=1, b=2, t=16):
+  rng = np.random.RandomState(0)
+  seg = np.where(np.arange(t) < t // 2, 1, 2)  # two packed segments a row
+  pos = np.where(seg == 1, np.arange(t), np.arange(t) - t // 2)
+  return {"tokens": rng.randint(0, C.vocab_size, (a, b, t)).astype(np.int32),
+          "targets": rng.randint(0, C.vocab_size, (a, b, t)).astype(np.int32),
+          "loss_mask": (rng.rand(a, b, t) > 0.2).astype(np.float32),
+          "attention_mask": np.ones((a, b, t), np.int32),
+          "positions": np.broadcast_to(pos, (a, b, t)).astype(np.int32).copy(),
+          "segment_ids": np.broadcast_to(seg, (a, b, t)).astype(np.int32).copy()}
+
+
+def _rel(x, y) -> float:
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  return float(np.linalg.norm(x - y) / np.linalg.norm(x))
+
+
+@functools.lru_cache(maxsize=None)
+def _grad_fn(config):
+  """jit of (loss, logits), d loss / d lora for (params, lora, micro-batch): one compile per config."""
+  def loss(lora, params, mb):
+    logits = forward(params, config, mb["tokens"][0], positions=mb["positions"][0],
+                     segment_ids=mb["segment_ids"][0], lora=lora, lora_scale=2.0, remat="full")
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, mb["targets"][0][..., None], -1)), logits
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+@pytest.mark.parametrize("kind", ["f32", "nf4"])
+def test_unrolled_logits_and_lora_grads_equal_the_scan(kind):
+  params, lora = _setup(kind)
+  mb = _batch()
+  (loss_s, logits_s), g_s = _grad_fn(C)(lora, params, mb)
+  (loss_u, logits_u), g_u = _grad_fn(UNROLLED)(lora, params, mb)
+  assert _rel(logits_s, logits_u) < 1e-6
+  assert abs(float(loss_s) - float(loss_u)) <= 1e-6 * abs(float(loss_s))
+  # gradients: f32 round-off only. On this model each path is 2-3e-5 (norm-relative) from an evaluation
+  # with f64 weights and activations, and they differ from each other by ~1e-5 (XLA fuses L copies of
+  # the body differently from one scanned body)
+  errs = jax.tree.map(_rel, g_s, g_u)
+  assert max(jax.tree.leaves(errs)) < GRAD_RTOL, errs
+  # the comparison can fail: the layers in reverse order (scanned) are far from the unrolled loop
+  rev = jax.tree.map(lambda a: a[::-1], params["layers"])
+  (_, logits_r), g_r = _grad_fn(C)(jax.tree.map(lambda a: a[::-1], lora), dict(params, layers=rev), mb)
+  assert _rel(logits_r, logits_u) > 1e-3
+  assert min(jax.tree.leaves(jax.tree.map(lambda a, b: _rel(a, b[::-1]), g_u, g_r))) > 1e-3
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_unrolled_loop_checkpoints_every_layer_with_the_remat_policy(remat):
+  params, lora = _setup("f32")
+  tok = jnp.zeros((1, 8), jnp.int32)
+  for config in (C, UNROLLED):
+    jaxpr = jax.make_jaxpr(lambda lo: forward(params, config, tok, lora=lo, remat=remat))(lora)
+    eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    eqns = eqns[0].params["jaxpr"].jaxpr.eqns if eqns else jaxpr.jaxpr.eqns
+    policies = [e.params["policy"] for e in eqns if "remat" in e.primitive.name or e.primitive.name == "checkpoint"]
+    expected = 0 if remat == "none" else (C.num_layers if config is UNROLLED else 1)
+    assert len(policies) == expected and all(p is REMAT_POLICIES[remat] for p in policies), (config, policies)
+
+
+OPT = optax.adamw(1e-2)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_step(kind, dropout, loop):
+  """(compiled SFT step, its HLO text, params, lora, batch) for remat=full, logits_chunk=8, 2 micro-batches."""
+  params, lora = _setup(kind)
+  batch = _batch(a=2)
+  train, _ = make_sft_fns(OPT, model_config=dataclasses.replace(C, layer_loop=loop), lora_scale=2.0,
+                          lora_dropout=dropout, remat="full", logits_chunk=8)
+  compiled = train.lower(init_state(lora, OPT, seed=3), params, batch).compile()
+  return compiled, compiled.as_text(), params, lora, batch
+
+
+@pytest.mark.parametrize("kind,dropout", [("f32", 0.0), ("nf4", 0.1)])
+def test_one_sft_step_unrolled_equals_scan(kind, dropout):
+  out = {}
+  for loop in ("scan", "unrolled"):
+    compiled, _, params, lora, batch = _compiled_step(kind, dropout, loop)
+    out[loop] = compiled(init_state(lora, OPT, seed=3), params, batch)
+  (s_s, m_s), (s_u, m_u) = out["scan"], out["unrolled"]
+  assert abs(float(m_s["loss"]) - float(m_u["loss"])) <= 1e-6 * abs(float(m_s["loss"]))
+  assert abs(float(m_s["grad_norm"]) - float(m_u["grad_norm"])) <= GRAD_RTOL * float(m_s["grad_norm"])
+  errs = jax.tree.map(lambda a, b, a0: _rel(np.asarray(a) - np.asarray(a0), np.asarray(b) - np.asarray(a0)),
+                      s_s["lora"], s_u["lora"], lora)
+  assert max(jax.tree.leaves(errs)) < GRAD_RTOL, errs
+
+
+def residual_stack_updates(hlo_text: str) -> int:
+  """dynamic-update-slice ops of a compiled step outside the chunked loss head (whose chunk scan has its own)."""
+  return sum(1 for line in hlo_text.splitlines()
+             if re.search(r"= \S+ dynamic-update-slice\(", line) and "loss_head" not in line)
+
+
+@pytest.mark.parametrize("kind,dropout", [("f32", 0.0), ("nf4", 0.1)])
+def test_unrolled_step_has_no_residual_stack_updates(kind, dropout):
+  counts = {loop: residual_stack_updates(_compiled_step(kind, dropout, loop)[1]) for loop in ("scan", "unrolled")}
+  assert counts["unrolled"] == 0 and counts["scan"] > 0, counts
+
+
+def test_unknown_layer_loop_is_a_clear_error():
+  params, _ = _setup("f32")
+  with pytest.raises(ValueError, match=r"layer_loop='while'; choose one of \('scan', 'unrolled'\)"):
+    forward(params, dataclasses.replace(C, layer_loop="while"), jnp.zeros((1, 4), jnp.int32))
