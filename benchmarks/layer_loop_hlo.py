@@ -2,6 +2,7 @@
 
   python benchmarks/layer_loop_hlo.py                 # Llama-3.2-1B shape, 4 x 1024, bf16 and NF4, this backend
   python benchmarks/layer_loop_hlo.py --smoke         # tiny shape (seconds)
+  python benchmarks/layer_loop_hlo.py --section layer_loop_hlo_cpu   # also writes that RESULTS.md section
 
 Builds the training step as benchmarks/sft.py does (`make_sft_fns`, LoRA r=16 on all linears, logits chunk 256,
 one right-padded sequence a row) from abstract arrays (`jax.eval_shape`: no weights are allocated), compiles it
@@ -26,7 +27,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import markdown_table  # noqa: E402
+from benchmarks._results import markdown_table, write_section  # noqa: E402
 
 
 def count_ops(hlo_text: str) -> dict:
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
   p.add_argument("--quant", nargs="*", default=["none", "nf4"], choices=("none", "nf4"))
   p.add_argument("--remat", nargs="*", default=["none", "full"], choices=("none", "dots", "full"))
   p.add_argument("--out", default=None, help="folder for layer_loop_hlo.json")
+  p.add_argument("--section", default=None, help="also write this RESULTS.md section")
   args = p.parse_args(argv)
   import jax
 
@@ -95,11 +97,18 @@ def main(argv=None) -> int:
         rows.append([quant, remat, loop, c["dus"], c["dus_layers"], c["ds"], c["while"], round(secs, 1)])
         print(f"[hlo] {quant} remat={remat} {loop}: {c} ({secs:.0f}s)", file=sys.stderr, flush=True)
   name = "tiny" if args.smoke else args.model
-  md = "\n".join([f"HLO op counts of the compiled SFT step, {name} shape, {b} x {t}, backend "
+  command = "python benchmarks/layer_loop_hlo.py " + " ".join(argv if argv is not None else sys.argv[1:])
+  md = "\n".join([f"## Layer scan vs unrolled layer loop: HLO op counts ({args.section or 'layer_loop_hlo'})", "",
+                  f"Command: `{command.strip()}`. HLO op counts of the compiled SFT step, {name} shape, {b} x {t}, backend "
                   f"{jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}:", "",
                   markdown_table(["weights", "remat", "layer loop", "dynamic-update-slice", "of which outside loss head",
-                                  "dynamic-slice", "while", "compile s"], rows)])
+                                  "dynamic-slice", "while", "compile s"], rows), "",
+                  "Counts are instructions of the optimised HLO (fusion bodies included): under the scan each "
+                  "op of the while bodies runs once per layer. The two dynamic-update-slices left in the "
+                  "unrolled step are the chunked loss head's (`loss_head`)."])
   print(md)
+  if args.section:
+    write_section(args.section, md)
   if args.out:
     from fineflax.io import atomic_write_text
     out = pathlib.Path(args.out)

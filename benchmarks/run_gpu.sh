@@ -35,7 +35,7 @@ for stage in "$@"; do
             python3 benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
             cp benchmarks/RESULTS.md "$OUT/"
             python3 benchmarks/profile_step.py --layer-loop unrolled --out "$OUT/profile"   # vs section profile
-            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" ;;  # DUS counts on GPU
+            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py --gguf "$GGUF" ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
