@@ -168,3 +168,11 @@ def test_config_layer_loop_is_validated():
   with pytest.raises(ConfigError, match=r"config.model.layer_loop='while': choose one of 'scan', 'unrolled'"):
     validate(load_config("configs/grpo_arith.py:smoke", ["model.layer_loop=while"]))
   validate(load_config("configs/grpo_arith.py:smoke", ["model.layer_loop=unrolled"]))
+
+
+def test_a_run_resumes_across_layer_loops():
+  from fineflax.train.run_config import config_diff
+  saved = {"model": {"remat": "none"}, "seed": 0}  # a config from before model.layer_loop existed
+  assert config_diff(saved, {"model": {"remat": "none", "layer_loop": "unrolled"}, "seed": 0}) == []
+  assert config_diff(saved, {"model": {"remat": "full", "layer_loop": "scan"}, "seed": 0}) == [
+      ("model.remat", "none", "full")]
