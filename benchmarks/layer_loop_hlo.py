@@ -12,6 +12,8 @@ the scan's while body runs L times, each op of the unrolled program once):
   dus         dynamic-update-slice: under the scan, writing each layer's saved activations / gradients into
               [L, ...] stacks; `dus_layers` leaves out the chunked loss head's own scan (`loss_head` scope)
   ds          dynamic-slice: reading layer i's slice of a stack (weights, residuals)
+  slice       static slices (the unrolled loop's per-layer weights: a copy unless XLA fuses it into its user)
+  copy        copy instructions (layout changes, buffers the scan carries)
   while       while loops (the layer scan forward and backward, the loss head's chunk scan)
 Prints a table (and writes DIR/layer_loop_hlo.json with --out).
 """
@@ -31,12 +33,14 @@ from benchmarks._results import markdown_table, write_section  # noqa: E402
 
 
 def count_ops(hlo_text: str) -> dict:
-  """{dus, dus_layers, ds, while}: instruction counts of an HLO module's text (see the module docstring)."""
+  """{dus, dus_layers, ds, slice, copy, while}: instruction counts of an HLO module's text (see the module docstring)."""
   lines = hlo_text.splitlines()
   has = lambda line, op: re.search(rf"\s{op}\(", line.split(", metadata=")[0]) is not None
   return {"dus": sum(has(ln, "dynamic-update-slice") for ln in lines),
           "dus_layers": sum(has(ln, "dynamic-update-slice") and "loss_head" not in ln for ln in lines),
           "ds": sum(has(ln, "dynamic-slice") for ln in lines),
+          "slice": sum(has(ln, "slice") for ln in lines),
+          "copy": sum(has(ln, "copy") for ln in lines),
           "while": sum(has(ln, "while") for ln in lines)}
 
 
@@ -94,7 +98,8 @@ def main(argv=None) -> int:
         text, secs = compiled_text(dataclasses.replace(mc, layer_loop=loop), quant, remat, b, t, chunk)
         c = count_ops(text)
         records.append(dict(c, quant=quant, remat=remat, layer_loop=loop, compile_s=secs))
-        rows.append([quant, remat, loop, c["dus"], c["dus_layers"], c["ds"], c["while"], round(secs, 1)])
+        rows.append([quant, remat, loop, c["dus"], c["dus_layers"], c["ds"], c["slice"], c["copy"], c["while"],
+                     round(secs, 1)])
         print(f"[hlo] {quant} remat={remat} {loop}: {c} ({secs:.0f}s)", file=sys.stderr, flush=True)
   name = "tiny" if args.smoke else args.model
   command = "python benchmarks/layer_loop_hlo.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -102,7 +107,7 @@ def main(argv=None) -> int:
                   f"Command: `{command.strip()}`. HLO op counts of the compiled SFT step, {name} shape, {b} x {t}, backend "
                   f"{jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}:", "",
                   markdown_table(["weights", "remat", "layer loop", "dynamic-update-slice", "of which outside loss head",
-                                  "dynamic-slice", "while", "compile s"], rows), "",
+                                  "dynamic-slice", "slice", "copy", "while", "compile s"], rows), "",
                   "Counts are instructions of the optimised HLO (fusion bodies included): under the scan each "
                   "op of the while bodies runs once per layer. The two dynamic-update-slices left in the "
                   "unrolled step are the chunked loss head's (`loss_head`)."])
