@@ -283,11 +283,12 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
   return "\n".join([
       title, "", f"Device: {device}. Command: `{command}`.",
       "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
-      "Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
-      "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). "
-      "weights: bytes of the base parameters; bits/param: of the NF4 linear kernels.", "",
-      markdown_table(["model shape", "QLoRA peak GB", "QLoRA weights GB", "bits/param",
-                      "bf16 LoRA peak GB", "bf16 weights GB", "target GB", "met"], mem_rows), "",
+      *(["Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
+         "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). "
+         "weights: bytes of the base parameters; bits/param: of the NF4 linear kernels.", "",
+         markdown_table(["model shape", "QLoRA peak GB", "QLoRA weights GB", "bits/param",
+                         "bf16 LoRA peak GB", "bf16 weights GB", "target GB", "met"], mem_rows), ""]
+        if any(r["part"] == "memory" for r in rows) else []),
       f"Training step speed, {SPEED_MODEL} shape, batch {sp.get('batch')} x seq {sp.get('seq')}, "
       f"{sp.get('warmup')} warm-up + {sp.get('steps')} timed steps (remat full / gradient checkpointing on):", "",
       markdown_table(["case", "tokens/s", "step ms", "MFU", "peak GB", "compile / 1st step s"], spd_rows), "",
