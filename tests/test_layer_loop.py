@@ -1,5 +1,5 @@
 """`model.layer_loop = "unrolled"` (a Python loop over per-layer slices) computes what the layer scan does:
-logits, LoRA gradients and one SFT step, on f32 and NF4 weights; same remat policy per layer; and its
+logits, and one SFT step's loss and LoRA gradients, on f32 and NF4 weights; same remat policy per layer; and its
 compiled training step holds no dynamic-update-slice of per-layer residual stacks (the mechanism)."""
 import dataclasses
 import functools
@@ -21,16 +21,21 @@ from fineflax.train.state import init_state
 C = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                 num_kv_heads=2, head_dim=8)
 UNROLLED = dataclasses.replace(C, layer_loop="unrolled")
-GRAD_RTOL = 4e-5  # norm-relative, per LoRA leaf (see the first test)
+# LoRA gradients, norm-relative per leaf: f32 round-off only. On this model each path is 2-3e-5 from an
+# evaluation with f64 weights and activations, and they differ from each other by ~1e-5 (XLA fuses L
+# copies of the body differently from one scanned body); a wrong layer order or key is off by > 1e-3
+GRAD_RTOL = 4e-5
 
 
+@functools.lru_cache(maxsize=None)
 def _setup(kind):
-  params = init_params(C, jax.random.PRNGKey(0))
-  if kind == "nf4":
-    params = quant.quantize_params(params, kind="nf4")
-  lora = L.init_lora(params, C, L.LoraConfig(r=4, alpha=8.0), jax.random.PRNGKey(1))
-  lora = jax.tree.map(lambda x: x + 0.05, lora)  # b = 0 at init: make the adapters matter
-  return params, lora
+  def build(key):
+    params = init_params(C, key)
+    if kind == "nf4":
+      params = quant.quantize_params(params, kind="nf4")
+    lora = L.init_lora(params, C, L.LoraConfig(r=4, alpha=8.0), jax.random.PRNGKey(1))
+    return params, jax.tree.map(lambda x: x + 0.05, lora)  # b = 0 at init: make the adapters matter
+  return jax.jit(build)(jax.random.PRNGKey(0))
 
 
 def _batch(a=1, b=2, t=16):
@@ -51,34 +56,23 @@ def _rel(x, y) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _grad_fn(config):
-  """jit of (loss, logits), d loss / d lora for (params, lora, micro-batch): one compile per config."""
-  def loss(lora, params, mb):
-    logits = forward(params, config, mb["tokens"][0], positions=mb["positions"][0],
-                     segment_ids=mb["segment_ids"][0], lora=lora, lora_scale=2.0, remat="full")
-    logp = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.take_along_axis(logp, mb["targets"][0][..., None], -1)), logits
-  return jax.jit(jax.value_and_grad(loss, has_aux=True))
+def _logits_fn(config):
+  """jit of the logits for (params, lora, micro-batch [1, B, T]) with packed segments: one compile per config."""
+  return jax.jit(lambda params, lora, mb: forward(params, config, mb["tokens"][0], positions=mb["positions"][0],
+                                                  segment_ids=mb["segment_ids"][0], lora=lora, lora_scale=2.0))
 
 
 @pytest.mark.parametrize("kind", ["f32", "nf4"])
-def test_unrolled_logits_and_lora_grads_equal_the_scan(kind):
+def test_unrolled_logits_equal_the_scan(kind):
   params, lora = _setup(kind)
   mb = _batch()
-  (loss_s, logits_s), g_s = _grad_fn(C)(lora, params, mb)
-  (loss_u, logits_u), g_u = _grad_fn(UNROLLED)(lora, params, mb)
+  logits_s = _logits_fn(C)(params, lora, mb)
+  logits_u = _logits_fn(UNROLLED)(params, lora, mb)
   assert _rel(logits_s, logits_u) < 1e-6
-  assert abs(float(loss_s) - float(loss_u)) <= 1e-6 * abs(float(loss_s))
-  # gradients: f32 round-off only. On this model each path is 2-3e-5 (norm-relative) from an evaluation
-  # with f64 weights and activations, and they differ from each other by ~1e-5 (XLA fuses L copies of
-  # the body differently from one scanned body)
-  errs = jax.tree.map(_rel, g_s, g_u)
-  assert max(jax.tree.leaves(errs)) < GRAD_RTOL, errs
   # the comparison can fail: the layers in reverse order (scanned) are far from the unrolled loop
-  rev = jax.tree.map(lambda a: a[::-1], params["layers"])
-  (_, logits_r), g_r = _grad_fn(C)(jax.tree.map(lambda a: a[::-1], lora), dict(params, layers=rev), mb)
+  rev = lambda tree: jax.tree.map(lambda a: a[::-1], tree)
+  logits_r = _logits_fn(C)(dict(params, layers=rev(params["layers"])), rev(lora), mb)
   assert _rel(logits_r, logits_u) > 1e-3
-  assert min(jax.tree.leaves(jax.tree.map(lambda a, b: _rel(a, b[::-1]), g_u, g_r))) > 1e-3
 
 
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
@@ -94,7 +88,7 @@ def test_unrolled_loop_checkpoints_every_layer_with_the_remat_policy(remat):
     assert len(policies) == expected and all(p is REMAT_POLICIES[remat] for p in policies), (config, policies)
 
 
-OPT = optax.adamw(1e-2)
+OPT = optax.sgd(1.0)  # the update is the gradient: the step test compares gradients (Adam's first step ~ sign)
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,6 +104,8 @@ def _compiled_step(kind, dropout, loop):
 
 @pytest.mark.parametrize("kind,dropout", [("f32", 0.0), ("nf4", 0.1)])
 def test_one_sft_step_unrolled_equals_scan(kind, dropout):
+  """Same loss, gradient norm and updated LoRA params; with SGD(lr=1) the update is minus the LoRA gradient
+  (of the packed, chunked-loss, remat=full, 2-micro-batch step; NF4: with LoRA dropout)."""
   out = {}
   for loop in ("scan", "unrolled"):
     compiled, _, params, lora, batch = _compiled_step(kind, dropout, loop)
