@@ -3,6 +3,7 @@
   python benchmarks/profile_step.py --out DIR               # GPU: Llama-3.2-1B shape, 4 x 1024, bf16 LoRA
   python benchmarks/profile_step.py --quant nf4 --out DIR   # the same step on NF4 (QLoRA) weights
   python benchmarks/profile_step.py --smoke --out DIR       # CPU check: tiny shape
+  python benchmarks/profile_step.py --layer-loop unrolled --out DIR   # layers as a Python loop (model.layer_loop)
 
 Builds the step exactly as `benchmarks/sft.py` does (`make_sft_fns`, LoRA r=16 on all linears, AdamW + clip,
 one right-padded sequence a row), times `--steps` steps without the profiler (tokens/s, MFU as in
@@ -208,7 +209,7 @@ def build_step(args):
 
   shape, batch = (SMOKE_SHAPES["tiny"] if args.smoke else SHAPES[args.model])
   b, t = args.batch or batch, args.seq or (64 if args.smoke else 1024)
-  mc = model_config({"shape": shape, "seq": t})
+  mc = model_config({"shape": shape, "seq": t, "layer_loop": args.layer_loop})
   dtype = jnp.bfloat16
   params = init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
   lora, scale, _ = _lora_params(params, mc, jax.random.PRNGKey(1))
@@ -233,6 +234,8 @@ def main(argv=None) -> int:
   p.add_argument("--model", default="Llama-3.2-1B", help="a shape of benchmarks/sft.py")
   p.add_argument("--quant", default="none", choices=("none", "nf4"))
   p.add_argument("--remat", default="none", choices=("none", "dots", "full"))
+  p.add_argument("--layer-loop", default="scan", choices=("scan", "unrolled"),
+                 help="model.layer_loop: lax.scan over the stacked layers or a Python loop over them")
   p.add_argument("--logits-chunk", type=int, default=256)
   p.add_argument("--batch", type=int, default=None)
   p.add_argument("--seq", type=int, default=None)
@@ -267,7 +270,7 @@ def main(argv=None) -> int:
       raise SystemExit(f"profile_step: no .xplane.pb written under {trace_dir}")
     events = device_events(paths[0])
   name = ("tiny" if args.smoke else args.model) + f", {b} x {t}, {'QLoRA NF4' if args.quant == 'nf4' else 'bf16'}" \
-      + f" LoRA, remat {args.remat}"
+      + f" LoRA, remat {args.remat}" + (", unrolled layers" if args.layer_loop == "unrolled" else "")
   s = summarize(events, hlo, args.steps, 1000 * step_s, args.top)
   case = {"name": name, "device": device, "quant": args.quant, "tokens_s": b * t / step_s,
           "mfu": "n/a" if u is None else f"{100 * u:.1f}%",
@@ -276,7 +279,8 @@ def main(argv=None) -> int:
   print(md)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  tag = f"{'tiny' if args.smoke else args.model}_{args.quant}_{args.remat}"
+  tag = f"{'tiny' if args.smoke else args.model}_{args.quant}_{args.remat}" + (
+      "_unrolled" if args.layer_loop == "unrolled" else "")
   from fineflax.io import atomic_write_text
   atomic_write_text(out / f"profile_{tag}.md", md + "\n")
   atomic_write_text(out / f"profile_{tag}.json", json.dumps(dict(s, **case), indent=1))

@@ -3,6 +3,8 @@ vs transformers + peft.
 
   python benchmarks/qlora.py            # GPU (H100): about 5 minutes; writes the "qlora" section of RESULTS.md
   python benchmarks/qlora.py --smoke    # CPU check with tiny shapes; prints only (RESULTS.md untouched)
+  python benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
+                                        # QLoRA and bf16 speed with the layer scan and the unrolled loop
 
 Every case: random weights of the model's shape built on the device layer by layer (bf16; NF4 = block 64 with
 double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
@@ -14,6 +16,7 @@ memory: seq 1024, batch 1, one step; peak = JAX `peak_bytes_in_use` since the wo
 speed: Llama-3.2-1B shape, batch 4 x seq 1024, tokens/s = B*T*steps / time of `steps` steps after warm-up.
 torch: `AutoModelForCausalLM.from_config` (bf16, sdpa) + peft `get_peft_model`, gradient checkpointing on
 (matching remat "full"), fused AdamW, same GPU, same run. Each case runs in a fresh subprocess.
+`--layer-loop` sets `model.layer_loop` of the fineflax cases (scan, unrolled, or both: each case once each).
 """
 from __future__ import annotations
 
@@ -183,16 +186,21 @@ def torch_worker(spec: dict) -> dict:
 def cases(args) -> list[dict]:
   models = SMOKE_MODELS if args.smoke else MODELS
   seq = 32 if args.smoke else 1024
+  loops = ("scan", "unrolled") if args.layer_loop == "both" else (args.layer_loop,)
   out = []
   for name in MEMORY_TARGET_GB:
     for quant in ("nf4", "none"):
-      out.append(dict(part="memory", model=name, config=models[name], framework="fineflax", quant=quant,
-                      batch=1, seq=seq, steps=1, warmup=0, remat="full"))
+      for loop in loops:
+        out.append(dict(part="memory", model=name, config=dict(models[name], layer_loop=loop),
+                        framework="fineflax", quant=quant, batch=1, seq=seq, steps=1, warmup=0, remat="full"))
   speed = dict(part="speed", model=SPEED_MODEL, config=models[SPEED_MODEL], batch=2 if args.smoke else 4,
                seq=seq, steps=2 if args.smoke else args.steps, warmup=1 if args.smoke else 2)
-  out.append(dict(speed, framework="fineflax", quant="nf4", remat="full"))
-  out.append(dict(speed, framework="fineflax", quant="none", remat="full"))
-  out.append(dict(speed, framework="torch", quant="none"))
+  for quant in ("nf4", "none"):
+    for loop in loops:
+      out.append(dict(speed, config=dict(speed["config"], layer_loop=loop), framework="fineflax", quant=quant,
+                      remat="full"))
+  if not args.skip_torch:
+    out.append(dict(speed, framework="torch", quant="none"))
   return out
 
 
@@ -217,11 +225,16 @@ def gb(x) -> str:
 def label(r: dict) -> str:
   if r["framework"] == "torch":
     return "transformers + peft bf16 LoRA (grad ckpt)"
-  return "fineflax " + ("QLoRA (NF4 + double quant)" if r["quant"] == "nf4" else "bf16 LoRA")
+  loop = r.get("config", {}).get("layer_loop", "scan")
+  return ("fineflax " + ("QLoRA (NF4 + double quant)" if r["quant"] == "nf4" else "bf16 LoRA")
+          + (", unrolled layers" if loop == "unrolled" else ""))
 
 
 def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
-  mem = {(r["model"], r["quant"]): r for r in rows if r["part"] == "memory"}
+  mem = {(r["model"], r["quant"]): r for r in rows if r["part"] == "memory"
+         and r["config"].get("layer_loop", "scan") == "scan"}  # the memory table: scan (see mem_loops)
+  mem_loops = [f"- {r['model']} {label(r)}: peak {gb(r.get('peak_bytes'))} GB" for r in rows
+               if r["part"] == "memory" and r["config"].get("layer_loop") == "unrolled"]
   mem_rows = []
   for name, target in MEMORY_TARGET_GB.items():
     q, d = mem.get((name, "nf4"), {}), mem.get((name, "none"), {})
@@ -249,6 +262,16 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
     ratio = tps[q_name] / tps[b_name]
     ratios.append(f"- QLoRA / bf16 LoRA tokens/s: **{ratio:.2f}x** (target >= 1.0x: "
                   f"{'met' if ratio >= 1.0 else 'missed'})")
+  for quant in ("nf4", "none"):
+    s_name, u_name = (label({"framework": "fineflax", "quant": quant, "config": {"layer_loop": loop}})
+                      for loop in ("scan", "unrolled"))
+    if s_name in tps and u_name in tps:
+      ratios.append(f"- {u_name} / scan tokens/s: **{tps[u_name] / tps[s_name]:.2f}x**")
+  u_q, u_b = (label({"framework": "fineflax", "quant": q, "config": {"layer_loop": "unrolled"}}) for q in ("nf4", "none"))
+  if u_q in tps and u_b in tps:
+    ratio = tps[u_q] / tps[u_b]
+    ratios.append(f"- unrolled layers: QLoRA / bf16 LoRA tokens/s: **{ratio:.2f}x** (target >= 1.0x: "
+                  f"{'met' if ratio >= 1.0 else 'missed'})")
   if b_name in tps and t_name in tps:
     ratios.append(f"- fineflax bf16 LoRA / transformers + peft: **{tps[b_name] / tps[t_name]:.2f}x** "
                   "(target >= 1.3x)")
@@ -260,16 +283,17 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
   return "\n".join([
       title, "", f"Device: {device}. Command: `{command}`.",
       "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
-      "Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
-      "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). "
-      "weights: bytes of the base parameters; bits/param: of the NF4 linear kernels.", "",
-      markdown_table(["model shape", "QLoRA peak GB", "QLoRA weights GB", "bits/param",
-                      "bf16 LoRA peak GB", "bf16 weights GB", "target GB", "met"], mem_rows), "",
+      *(["Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
+         "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). "
+         "weights: bytes of the base parameters; bits/param: of the NF4 linear kernels.", "",
+         markdown_table(["model shape", "QLoRA peak GB", "QLoRA weights GB", "bits/param",
+                         "bf16 LoRA peak GB", "bf16 weights GB", "target GB", "met"], mem_rows), ""]
+        if any(r["part"] == "memory" for r in rows) else []),
       f"Training step speed, {SPEED_MODEL} shape, batch {sp.get('batch')} x seq {sp.get('seq')}, "
       f"{sp.get('warmup')} warm-up + {sp.get('steps')} timed steps (remat full / gradient checkpointing on):", "",
       markdown_table(["case", "tokens/s", "step ms", "MFU", "peak GB", "compile / 1st step s"], spd_rows), "",
       FLOPS_NOTE.format(peak="unknown device: n/a" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"), "",
-      *ratios])
+      *ratios, *(["", "Peak memory with the unrolled layer loop:"] + mem_loops if mem_loops else [])])
 
 
 def main():
@@ -277,6 +301,10 @@ def main():
   ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU; print only")
   ap.add_argument("--steps", type=int, default=10, help="timed steps of the speed cases")
   ap.add_argument("--only", choices=("memory", "speed"), help="run one part")
+  ap.add_argument("--layer-loop", default="scan", choices=("scan", "unrolled", "both"),
+                  help="model.layer_loop of the fineflax cases (both: each case with each)")
+  ap.add_argument("--skip-torch", action="store_true", help="no transformers + peft speed case")
+  ap.add_argument("--section", default="qlora", help="RESULTS.md section to write (default qlora)")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
@@ -284,7 +312,7 @@ def main():
     result = torch_worker(spec) if spec["framework"] == "torch" else fineflax_worker(spec)
     _gpu.print_result(result)
     return
-  command = "python benchmarks/qlora.py" + (" --smoke" if args.smoke else "")
+  command = " ".join(["python benchmarks/qlora.py"] + sys.argv[1:])
   rows = []
   for case in cases(args):
     if args.only and case["part"] != args.only:
@@ -302,9 +330,11 @@ def main():
     print(f"[{time.perf_counter() - t0:6.1f}s] {case['part']} {case['model']} {label(case)}: {summary}",
           file=sys.stderr, flush=True)
   md = report(rows, _gpu.device_name(), command, args.smoke)
+  if args.section != "qlora":
+    md = md.replace("## QLoRA: memory and speed", f"## QLoRA: memory and speed ({args.section})", 1)
   print(md)
   if not args.smoke:
-    write_section("qlora", md)
+    write_section(args.section, md)
 
 
 if __name__ == "__main__":

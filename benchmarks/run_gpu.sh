@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile sampler decode rl apo sweep grpo
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
@@ -29,6 +29,13 @@ for stage in "$@"; do
             python3 benchmarks/qlora.py ;;                      # 7B-shape QLoRA peaks, QLoRA vs bf16 speed + MFU
     profile) python3 benchmarks/profile_step.py --out "$OUT/profile"               # 1B bf16 LoRA step by op
              python3 benchmarks/profile_step.py --quant nf4 --out "$OUT/profile" ;;  # same on NF4 weights
+    unroll) # issue 17: layer scan vs unrolled layer loop (model.layer_loop), 1B shape, 4 x 1024, one H100, < 8 min
+            python3 benchmarks/sft.py --models Llama-3.2-1B --frameworks fineflax --layer-loop both \
+              --section sft_unroll --out "$OUT/sft_unroll.json"                      # remat none / full x 2 loops
+            python3 benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
+            cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/profile_step.py --layer-loop unrolled --out "$OUT/profile"   # vs section profile
+            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py --gguf "$GGUF" ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;

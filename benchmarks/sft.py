@@ -4,6 +4,8 @@
   python benchmarks/sft.py --smoke         # CPU check: tiny shapes, 2 steps, prints only (RESULTS.md untouched)
   python benchmarks/sft.py --torch-compile # adds a torch.compile case per model (slow to compile)
   python benchmarks/sft.py --sweep         # adds remat=dots, logits_chunk=1024 and masked-attention cases
+  python benchmarks/sft.py --layer-loop both --models Llama-3.2-1B --frameworks fineflax --section sft_unroll
+                                           # each fineflax case with the layer scan and the unrolled loop
 
 Both sides: random bf16 weights of the model's shape (tied embeddings), random tokens, loss on every
 token, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (fp32 adapters, bf16 compute), AdamW + global-norm clip 1.
@@ -14,7 +16,8 @@ peft `get_peft_model`, autocast bf16, fused AdamW, gradient checkpointing off / 
 Every case runs in a fresh subprocess (separate memory peaks; JAX with XLA_PYTHON_CLIENT_PREALLOCATE=false).
 tokens/s = B * T * steps / time of `steps` timed steps after `warmup` untimed ones (the first compiles).
 ratio = tokens/s over the torch case with matching recomputation (remat none <-> checkpointing off,
-remat dots/full <-> checkpointing on). MFU = `fineflax.models.flops.lora_step_flops` / step time / the
+remat dots/full <-> checkpointing on). `--layer-loop` picks `model.layer_loop` (scan: `lax.scan` over the
+stacked layers; unrolled: a Python loop over per-layer slices; both: every fineflax case once each). MFU = `fineflax.models.flops.lora_step_flops` / step time / the
 GPU's dense bf16 peak (`peak_bf16_flops`; formula printed under the table), the same model FLOPs for both
 frameworks.
 """
@@ -152,7 +155,7 @@ def model_config(spec: dict):
   return ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
                      num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
                      head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
-                     max_position_embeddings=max(t, 2048))
+                     max_position_embeddings=max(t, 2048), layer_loop=spec.get("layer_loop", "scan"))
 
 
 def step_flops(spec: dict) -> float:
@@ -182,9 +185,12 @@ def cases(args) -> list[dict]:
       sweep.insert(1, ("none", chunk, False))
     if args.sweep:
       sweep += [("none", min(1024, seq), True), ("dots", chunk, True)]
+    loops = ("scan", "unrolled") if args.layer_loop == "both" else (args.layer_loop,)
     for remat, logits_chunk, causal in sweep:
-      out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk, causal_prefix=causal,
-                      default=(remat, logits_chunk, causal) == ("none", chunk, True)))
+      for loop in loops:
+        out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk, causal_prefix=causal,
+                        layer_loop=loop,
+                        default=(remat, logits_chunk, causal, loop) == ("none", chunk, True, "scan")))
     for ckpt in (False, True):
       out.append(dict(base, framework="torch", ckpt=ckpt, compile=False))
     if args.torch_compile:
@@ -196,6 +202,7 @@ def setting(c: dict) -> str:
   if c["framework"] == "fineflax":
     return (f"remat={c['remat']}, logits_chunk={c['logits_chunk']}"
             + ("" if c.get("causal_prefix", True) else ", masked attention")
+            + (", unrolled layers" if c.get("layer_loop", "scan") == "unrolled" else "")
             + (" (default)" if c.get("default") else ""))
   return ("sdpa, " + ("grad ckpt on" if c["ckpt"] else "grad ckpt off")
           + (", torch.compile" if c["compile"] else ""))
@@ -241,6 +248,7 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
       summary.append(f"- {model}: best fineflax ({setting(best['fineflax'])}) {best['fineflax']['tokens_s']:.0f} "
                      f"tokens/s vs best transformers+peft ({setting(best['torch'])}) {best['torch']['tokens_s']:.0f}: "
                      f"**{best['fineflax']['tokens_s'] / best['torch']['tokens_s']:.2f}x** (target >= 1.5x)")
+    summary += loop_ratios(ok, peak)
   versions = {}
   for r in rows:
     versions.update(r.get("versions", {}))
@@ -258,6 +266,23 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
   return "\n".join(lines)
 
 
+def loop_ratios(rows: list[dict], peak) -> list[str]:
+  """One line per fineflax setting run with both layer loops: unrolled vs scan tokens/s and MFU."""
+  key = lambda r: (r["model"], r["remat"], r["logits_chunk"], r.get("causal_prefix", True))
+  runs = {(key(r), r.get("layer_loop", "scan")): r for r in rows if r["framework"] == "fineflax"}
+  lines = []
+  for (k, loop), u in runs.items():
+    s = runs.get((k, "scan"))
+    if loop != "unrolled" or s is None:
+      continue
+    m = [mfu(step_flops(r), r["seconds"] / r["steps"], peak) for r in (s, u)]
+    pct = " / ".join("n/a" if x is None else f"{100 * x:.1f}%" for x in m)
+    lines.append(f"- {k[0]} {setting(dict(s, default=False))}: unrolled / scan layer loop tokens/s "
+                 f"**{u['tokens_s'] / s['tokens_s']:.2f}x** (MFU scan / unrolled: {pct}; compile "
+                 f"{s['compile_s']:.0f} / {u['compile_s']:.0f} s)")
+  return lines
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--smoke", action="store_true", help="tiny shapes on any device; print only")
@@ -269,6 +294,9 @@ def main(argv=None) -> int:
   p.add_argument("--frameworks", nargs="*", default=None, help="subset of fineflax, torch")
   p.add_argument("--torch-compile", action="store_true", help="add a torch.compile case per model")
   p.add_argument("--sweep", action="store_true", help="add remat=dots, logits_chunk=1024, masked attention")
+  p.add_argument("--layer-loop", default="scan", choices=("scan", "unrolled", "both"),
+                 help="model.layer_loop of the fineflax cases (both: each case with each)")
+  p.add_argument("--section", default="sft", help="RESULTS.md section to write (default sft)")
   p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "sft.json"))
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
@@ -293,6 +321,8 @@ def main(argv=None) -> int:
     rows.append(row)
   device = _gpu.device_name()
   md = report(rows, device, command.strip(), args.smoke)
+  if args.section != "sft":
+    md = md.replace("## SFT training throughput", f"## SFT training throughput ({args.section})", 1)
   print(md)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -301,8 +331,8 @@ def main(argv=None) -> int:
                              "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1))
   os.replace(tmp, out)
   if not args.smoke:
-    write_section("sft", md)
-  print(f"[sft] wrote {out}" + ("" if args.smoke else " and RESULTS.md section 'sft'")
+    write_section(args.section, md)
+  print(f"[sft] wrote {out}" + ("" if args.smoke else f" and RESULTS.md section {args.section!r}")
         + f" in {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
   return 0 if all("tokens_s" in r for r in rows) else 1
 

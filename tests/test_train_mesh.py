@@ -1,4 +1,5 @@
-"""The SFT step on a 2x2 ("data", "fsdp") mesh of forced CPU devices equals the one-device step."""
+"""The SFT step on a 2x2 ("data", "fsdp") mesh of forced CPU devices equals the one-device step (with the
+layer scan and with the unrolled layer loop)."""
 import os
 import subprocess
 import sys
@@ -38,6 +39,14 @@ SCRIPT = textwrap.dedent("""
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
                  s1["lora"], s2["lora"])
+    # the unrolled layer loop (model.layer_loop) under the same mesh: same step
+    import dataclasses
+    train_u, _ = make_sft_fns(opt, model_config=dataclasses.replace(c, layer_loop="unrolled"), lora_scale=2.0)
+    s3, m3 = train_u(replicate(init_state(lora, opt, 0), mesh), shard_params(base, mesh),
+                     shard_batch(batch, mesh, batch_axis=1))
+    np.testing.assert_allclose(float(m1["loss"]), float(m3["loss"]), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
+                 s1["lora"], s3["lora"])
     print("OK", float(m1["loss"]))
 """)
 

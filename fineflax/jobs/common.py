@@ -37,12 +37,14 @@ def setup_model(config):
 
   The base is quantised per `config.model.quant` on the linears `config.model.quant_targets` (default
   every linear; the grammar of LoRA targets: short names, HF names, "all-linear"); the attention
-  kernel is `config.model.attention` (auto, cudnn or xla).
+  kernel is `config.model.attention` (auto, cudnn or xla), the layer loop `config.model.layer_loop`
+  (scan or unrolled).
   """
   dtype = compute_dtype(config)
   t0 = time.time()
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
-  model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"))
+  model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"),
+                                     layer_loop=config.model.get("layer_loop", "scan"))
   if config.model.quant != "none":
     targets = tuple(config.model.get("quant_targets", ("all-linear",)))
     params = quant.quantize_params(params, targets=targets, kind=config.model.quant)

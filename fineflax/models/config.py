@@ -54,6 +54,7 @@ class ModelConfig:
   attn_logit_softcapping: float | None = None  # scores <- cap * tanh(scores / cap)
   final_logit_softcapping: float | None = None  # logits <- cap * tanh(logits / cap)
   attention: str = "auto"  # attention kernel: auto (cuDNN for bf16/f16 on GPU, else XLA), cudnn or xla
+  layer_loop: str = "scan"  # layers run as: scan (lax.scan over the stacked params) or unrolled (a Python loop)
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """One pure-functional decoder for the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM2), Gemma 2 /
 Gemma 3 text and Phi-3.
 
-Parameter pytree (layers stacked on a leading axis L and run under `jax.lax.scan`):
+Parameter pytree (layers stacked on a leading axis L and run under `jax.lax.scan`, or a Python loop over
+per-layer slices with `config.layer_loop == "unrolled"`: see `run_layers`):
 
   embed            [V, H]
   layers/attn_norm [L, H]          layers/mlp_norm [L, H]
@@ -195,6 +196,29 @@ REMAT_POLICIES = {
 }
 
 
+LAYER_LOOPS = ("scan", "unrolled")
+
+
+def run_layers(layer, carry, xs, num_layers: int, loop: str = "scan"):
+  """carry after `layer(carry, xs_i)` for i = 0 .. L-1, xs_i = slice i of every leaf of `xs` ([L, ...]).
+
+  loop="scan": `jax.lax.scan` (one compiled layer body; the backward pass keeps each layer's residuals
+  in [L, ...] stacks written by dynamic-update-slice and copies weight slices out of the stacked leaves).
+  loop="unrolled": a Python loop over static slices (`jnp.split` along L, whose transpose is a
+  concatenate), so the program holds L copies of the body and every residual is its own buffer.
+  Same `layer` function (with its remat policy) either way, so the same arithmetic.
+  """
+  if loop == "scan":
+    return jax.lax.scan(layer, carry, xs)[0]
+  if loop != "unrolled":
+    raise ValueError(f"layer_loop={loop!r}; choose one of {LAYER_LOOPS}")
+  leaves, treedef = jax.tree.flatten(xs)
+  parts = [[p.squeeze(0) for p in jnp.split(a, num_layers, axis=0)] for a in leaves]
+  for i in range(num_layers):
+    carry, _ = layer(carry, treedef.unflatten([p[i] for p in parts]))
+  return carry
+
+
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
                    positions=None, attention_mask=None, segment_ids=None, cache=None, lora=None,
                    lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
@@ -303,7 +327,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   ck = cv = None if cache is None else cache["k"]
   cv = None if cache is None else cache["v"]
   xs = (jnp.arange(c.num_layers), layers, lora, keys, windows, inv_freqs, rope_factors)
-  (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), xs)
+  x, ck, cv = run_layers(layer, (x, ck, cv), xs, c.num_layers, c.layer_loop)
   x = norm(x, params["final_norm"])
   if cache is None:
     return x

@@ -14,10 +14,11 @@ import time
 
 from fineflax.io import atomic_write_text
 
-# fields a resumed run may change: its length, evaluation/logging cadence and where it runs
+# fields a resumed run may change: its length, evaluation/logging cadence and where and how it runs
+# (model.layer_loop: the same arithmetic as a scan or an unrolled loop; absent in configs older than it)
 RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_batch_size", "log_every",
                      "checkpoint.*", "resume", "verbose", "sample_prompt", "sample_max_new_tokens",
-                     "mesh.*", "distributed.*")
+                     "mesh.*", "distributed.*", "model.layer_loop")
 RUN_OUTPUTS = ("checkpoints", "logs", "history.json", "summary.json", "adapter", "config.json")
 
 
