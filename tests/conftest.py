@@ -10,17 +10,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     "/tmp", f"fineflax-test-jax-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-# XLA:CPU without LLVM's expensive optimisation passes: the tests' tiny programs compile about twice as fast
-# (compiling is most of the suite's time) and run no slower. Subprocesses inherit it (tests that set their
-# own XLA_FLAGS append to `xla_flags()`).
-FAST_COMPILE = "--xla_llvm_disable_expensive_passes=true"
-if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
-
-
-def xla_flags(*flags: str) -> str:
-  """This run's XLA_FLAGS (the fast-compile flag above) with `flags` added, for a subprocess's env."""
-  return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
 
 import pytest
 

@@ -10,7 +10,6 @@ import textwrap
 import ml_collections
 import pytest
 
-from conftest import xla_flags
 from fineflax.config_checks import ConfigError
 from fineflax.train.distributed import settings
 
@@ -59,8 +58,7 @@ def _free_port() -> int:
 
 
 def _spawn(args, devices):
-  env = dict(os.environ, XLA_FLAGS=xla_flags(f"--xla_force_host_platform_device_count={devices}"),
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
   return subprocess.Popen([sys.executable, "-c", WORKER, *map(str, args)], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -8,8 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import xla_flags
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SETUP = textwrap.dedent("""
@@ -132,7 +130,7 @@ RESHARD = SETUP + textwrap.dedent("""
 
 
 def _run(script, *args):
-  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=4"), JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=1200)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]

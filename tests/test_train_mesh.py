@@ -4,8 +4,6 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import xla_flags
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -45,7 +43,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_sft_step_equals_single_device():
-  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=4"), JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
