@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from configs.luffy_arith import SFT_RL_SFT_STEPS  # noqa: E402
 from experiments import compare  # noqa: E402
 from fineflax.io import atomic_write_text  # noqa: E402
-from experiments.common import command_line, plot_curves  # noqa: E402
+from experiments.common import add_runner_args, command_line, plot_curves, runner_argv  # noqa: E402
 from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
 
 CONFIG = "configs/luffy_arith.py"
@@ -103,31 +103,21 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default="experiments/luffy/out")
   ap.add_argument("--steps", type=int, default=150, help="RL steps (rollout batches) of every method")
   ap.add_argument("--eval-every", type=int, default=30)
-  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
   ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
   ap.add_argument("--split", default="test", choices=("test", "validation"),
                   help="held-out split evaluated: validation to tune, test to report")
   ap.add_argument("--pass-k", type=int, default=8)
-  ap.add_argument("--per-gpu", type=int, default=2)
-  ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
-  ap.add_argument("--time-budget", type=int, default=0, help="seconds for this call (compare.py)")
   ap.add_argument("--set", nargs="*", default=[], help="config overrides for every run, key=value")
   ap.add_argument("--smoke", action="store_true", help="the configs' smoke preset: 2 steps, tiny sets")
-  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
-  ap.add_argument("--device", default="", help="with --collect: the device the runs ran on")
-  ap.add_argument("--in-process", action="store_true", help="runs one after another in this process (CPU)")
+  add_runner_args(ap, per_gpu=2)
   args = ap.parse_args(argv)
   out = pathlib.Path(args.out)
   common = [*([f"model.source={args.model}"] if args.model else []), f"task.eval_split={args.split}"]
   common += ["eval_at_start=False"] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"]
   k = 2 if args.smoke else args.pass_k
-  cargv = ["--config", CONFIG, "--out", str(out), "--seeds", *map(str, args.seeds),
-           "--per-gpu", str(args.per_gpu), "--parallel", str(args.parallel),
+  cargv = ["--config", CONFIG, "--out", str(out), *runner_argv(args),
            "--title", f"LUFFY five-way, {args.split} split" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
-           "--extra-metrics", *[m.replace("pass_at_8", f"pass_at_{k}") for m in EXTRA],
-           *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
-           *(["--collect"] if args.collect else []), *(["--device", args.device] if args.device else []),
-           *(["--in-process"] if args.in_process else []), "--set", *common, *args.set]
+           "--extra-metrics", *[m.replace("pass_at_8", f"pass_at_{k}") for m in EXTRA], "--set", *common, *args.set]
   for spec in method_specs(args.methods, args.steps, args.smoke, args.pass_k if not args.smoke else 8):
     cargv += ["--method", spec]
   code = compare.main(cargv)

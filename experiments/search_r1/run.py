@@ -31,7 +31,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from experiments import compare  # noqa: E402
-from experiments.common import command_line, load_config, plot_curves  # noqa: E402
+from experiments.common import (add_runner_args, command_line, load_config, plot_curves,  # noqa: E402
+                                runner_argv)
 from fineflax.io import atomic_write_text  # noqa: E402
 from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
 
@@ -128,14 +129,9 @@ def main(argv=None) -> int:
   ap.add_argument("--methods", nargs="+", default=["search_r1"], choices=list(METHODS))
   ap.add_argument("--steps", type=int, default=60)
   ap.add_argument("--eval-every", type=int, default=15)
-  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
-  ap.add_argument("--per-gpu", type=int, default=1)
-  ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
-  ap.add_argument("--time-budget", type=int, default=0, help="seconds for the RL runs of this call")
   ap.add_argument("--set", nargs="*", default=[], help="config overrides for every run and the baselines")
   ap.add_argument("--smoke", action="store_true", help="the config's smoke preset: tiny KB, one step")
-  ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
-  ap.add_argument("--in-process", action="store_true", help="runs one after another in this process (CPU)")
+  add_runner_args(ap, per_gpu=1)
   ap.add_argument("--baselines-child", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.baselines_child:
@@ -147,12 +143,9 @@ def main(argv=None) -> int:
   run_common = common + ([] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"])
   run_common += ["eval_at_start=True"]
   base = baselines(args, args.seeds, common)
-  cargv = ["--config", CONFIG, "--out", str(out), "--seeds", *map(str, args.seeds), "--metric", "eval_em",
-           "--per-gpu", str(args.per_gpu), "--parallel", str(args.parallel),
+  cargv = ["--config", CONFIG, "--out", str(out), *runner_argv(args), "--metric", "eval_em",
            "--title", "Search-R1 vs RAG, SmolLM2-135M QLoRA" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
-           "--extra-metrics", *EXTRA, *(["--time-budget", str(args.time_budget)] if args.time_budget else []),
-           *(["--collect"] if args.collect else []), *(["--in-process"] if args.in_process else []),
-           "--set", *run_common]
+           "--extra-metrics", *EXTRA, "--set", *run_common]
   for name in args.methods:
     cargv += ["--method", f"{name}=" + ",".join(p for p in (METHODS[name], "smoke" if args.smoke else "") if p)]
   code = compare.main(cargv)
