@@ -143,20 +143,18 @@ def main(argv=None):
   adapters["noisy_after"] = str(wd / "adapter")
 
   # 6. A/B on held-out questions: weak before vs weak after (the judge is skipped: see RESULTS.md)
+  def ab_eval(a: str, b: str, eval_dir: pathlib.Path, log: str) -> float:  # fineflax.evals A/B: a vs b adapters
+    return run_cmd([sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters[a]}",
+                    "--b", f"{args.model}+{adapters[b]}", "--data", str(eval_path), "--rewards", "math_last_number",
+                    "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4", "--resamples", "2000",
+                    "--out", str(eval_dir)], work / log, commands)
+
   eval_dir = out / "eval_noisy_before_vs_after"
-  times["evals_s"] = run_cmd(
-      [sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters['noisy']}",
-       "--b", f"{args.model}+{adapters['noisy_after']}", "--data", str(eval_path),
-       "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
-       "--resamples", "2000", "--out", str(eval_dir)], work / "evals.log", commands)
+  times["evals_s"] = ab_eval("noisy", "noisy_after", eval_dir, "evals.log")
   ab = json.loads((eval_dir / "results.json").read_text())
   ref_dir, ab_ref = out / "eval_tuned_vs_noisy_after", None
   if args.reference_eval:  # for scale: the better variant against the weak one after its SFT
-    times["evals_reference_s"] = run_cmd(
-        [sys.executable, "-m", "fineflax.evals", "--a", f"{args.model}+{adapters['tuned']}",
-         "--b", f"{args.model}+{adapters['noisy_after']}", "--data", str(eval_path),
-         "--rewards", "math_last_number", "--max-tokens", str(s["max_tokens"]), "--local-quant", "nf4",
-         "--resamples", "2000", "--out", str(ref_dir)], work / "evals_reference.log", commands)
+    times["evals_reference_s"] = ab_eval("tuned", "noisy_after", ref_dir, "evals_reference.log")
     ab_ref = json.loads((ref_dir / "results.json").read_text())
   times["total_s"] = time.time() - t_start
 
