@@ -255,23 +255,20 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
     u = mfu(step_flops(r), r["seconds"] / r["steps"], peak)
     spd_rows.append([name, round(r["tokens_s"]), round(1000 * r["seconds"] / r["steps"], 1),
                      "n/a" if u is None else f"{100 * u:.1f}%", gb(r["peak_bytes"]), round(r["compile_s"], 1)])
-  q_name, b_name, t_name = (label({"framework": "fineflax", "quant": "nf4"}),
-                            label({"framework": "fineflax", "quant": "none"}), label({"framework": "torch"}))
+  name = {(quant, loop): label({"framework": "fineflax", "quant": quant, "config": {"layer_loop": loop}})
+          for quant in ("nf4", "none") for loop in ("scan", "unrolled")}
+  b_name, t_name = name["none", "scan"], label({"framework": "torch"})
   ratios = []
-  if q_name in tps and b_name in tps:
-    ratio = tps[q_name] / tps[b_name]
-    ratios.append(f"- QLoRA / bf16 LoRA tokens/s: **{ratio:.2f}x** (target >= 1.0x: "
-                  f"{'met' if ratio >= 1.0 else 'missed'})")
+  for loop, prefix in (("scan", ""), ("unrolled", "unrolled layers: ")):
+    q, b = name["nf4", loop], name["none", loop]
+    if q in tps and b in tps:
+      ratio = tps[q] / tps[b]
+      ratios.append(f"- {prefix}QLoRA / bf16 LoRA tokens/s: **{ratio:.2f}x** (target >= 1.0x: "
+                    f"{'met' if ratio >= 1.0 else 'missed'})")
   for quant in ("nf4", "none"):
-    s_name, u_name = (label({"framework": "fineflax", "quant": quant, "config": {"layer_loop": loop}})
-                      for loop in ("scan", "unrolled"))
+    s_name, u_name = name[quant, "scan"], name[quant, "unrolled"]
     if s_name in tps and u_name in tps:
       ratios.append(f"- {u_name} / scan tokens/s: **{tps[u_name] / tps[s_name]:.2f}x**")
-  u_q, u_b = (label({"framework": "fineflax", "quant": q, "config": {"layer_loop": "unrolled"}}) for q in ("nf4", "none"))
-  if u_q in tps and u_b in tps:
-    ratio = tps[u_q] / tps[u_b]
-    ratios.append(f"- unrolled layers: QLoRA / bf16 LoRA tokens/s: **{ratio:.2f}x** (target >= 1.0x: "
-                  f"{'met' if ratio >= 1.0 else 'missed'})")
   if b_name in tps and t_name in tps:
     ratios.append(f"- fineflax bf16 LoRA / transformers + peft: **{tps[b_name] / tps[t_name]:.2f}x** "
                   "(target >= 1.3x)")

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fineflax.io import read_json
 
 NOT_STARTED = -1  # exit code reported for a run that the time budget left no time to start
 
@@ -85,14 +86,10 @@ def load_history(workdir: str) -> tuple[list[dict], bool]:
   history.json too)."""
   path = os.path.join(workdir, "history.json")
   if os.path.exists(path):
-    with open(path) as f:
-      hist = json.load(f)
+    hist = read_json(path)
     config = os.path.join(workdir, "config.json")
-    if hist and os.path.exists(config):
-      with open(config) as f:
-        num_steps = json.load(f).get("num_steps")
-      return hist, num_steps is None or hist[-1]["step"] >= num_steps
-    return hist, True
+    num_steps = read_json(config).get("num_steps") if hist and os.path.exists(config) else None
+    return hist, num_steps is None or hist[-1]["step"] >= num_steps
   log = os.path.join(workdir, "logs", "metrics.jsonl")
   if not os.path.exists(log):
     raise FileNotFoundError(f"{workdir}: the run left neither history.json nor logs/metrics.jsonl")
