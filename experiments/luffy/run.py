@@ -40,6 +40,11 @@ PLOTS = {"pass_at_k.png": ("eval_pass_at_8", "pass@k, held-out (T=0.7)"),
          "train_entropy.png": ("entropy", "policy entropy in the RL loss (training rows)")}
 
 
+def total_steps(name: str, steps: int) -> int:
+  """num_steps of a method's run: `steps` RL (or SFT) steps; sft_rl first runs its SFT steps."""
+  return steps + (SFT_RL_SFT_STEPS if name == "sft_rl" else 0)
+
+
 def method_specs(methods, steps: int, smoke: bool, pass_k: int) -> list[str]:
   """compare.py --method values: NAME=PRESETS[,smoke][;num_steps=...] (sft_rl gets 50 extra SFT steps)."""
   specs = []
@@ -48,7 +53,7 @@ def method_specs(methods, steps: int, smoke: bool, pass_k: int) -> list[str]:
     if smoke:  # one step each (sft_rl: one SFT step, then one RL step)
       over = [f"num_steps={2 if name == 'sft_rl' else 1}"]
     else:
-      over = [f"num_steps={steps + SFT_RL_SFT_STEPS}"] if name == "sft_rl" else []
+      over = [f"num_steps={total_steps(name, steps)}"] if name == "sft_rl" else []
     over += [f"task.pass_k={pass_k}"] if pass_k != 8 else []
     specs.append(";".join([f"{name}={presets}", *over]))
   return specs
@@ -122,7 +127,7 @@ def main(argv=None) -> int:
     cargv += ["--method", spec]
   code = compare.main(cargv)
   final_steps = None if args.smoke else \
-      {m: args.steps + (SFT_RL_SFT_STEPS if m == "sft_rl" else 0) for m in args.methods}
+      {m: total_steps(m, args.steps) for m in args.methods}
   table, finals = final_table(out / "runs", args.methods, args.seeds, k, final_steps)
   figs = plots(out / "runs", out, args.methods, args.seeds, k)
   md = (out / "RESULTS.md").read_text()
