@@ -35,7 +35,8 @@ for stage in "$@"; do
             python3 benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
             cp benchmarks/RESULTS.md "$OUT/"
             python3 benchmarks/profile_step.py --layer-loop unrolled --out "$OUT/profile"   # vs section profile
-            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu ;;
+            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu
+            cp benchmarks/RESULTS.md "$OUT/" ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py --gguf "$GGUF" ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
@@ -94,6 +95,24 @@ for stage in "$@"; do
               --set model.remat=full model.logits_chunk=32
             mkdir -p "$OUT/combined" && cp /root/work/sr1rag/*.md /root/work/sr1rag/*.png /root/work/sr1rag/*.json \
               "$OUT/combined/" && tar czf "$OUT/combined-logs.tgz" -C /root/work/sr1rag logs ;;
+    finish16) # issue 16's last runs + issue 17's unroll stage on one 4-GPU machine (nvidia-h100-x4), one call
+            # of < 10 min; the same call again on the SAME machine resumes what the budget stopped. Defaults:
+            # GPU 0 the unroll stage, GPUs 1-2 the LUFFY five-way's seed 3 (4 runs, settings of luffy5's
+            # seeds 0-2), GPU 3 Search-R1 alone x 4 seeds (40 steps, as the masking ablation whose masked
+            # arm is the combined mode). Run folders (no checkpoints) come back as tarballs.
+            mkdir -p /root/work/sr1rag && cp -n experiments/search_r1/baselines.json /root/work/sr1rag/
+            [ -n "${F16_UNROLL_GPU-0}" ] && { CUDA_VISIBLE_DEVICES=${F16_UNROLL_GPU-0} timeout -s TERM 560 \
+              bash benchmarks/run_gpu.sh unroll > "$OUT/unroll.log" 2>&1 & }
+            CUDA_VISIBLE_DEVICES=${F16_LUFFY_GPUS:-1,2} python3 experiments/luffy/run.py --model "$GGUF" \
+              --out /root/work/luffy5 --seeds 3 --methods rl sft_rl luffy luffy_noshape --per-gpu 2 \
+              --time-budget ${TIME_BUDGET:-470} --steps 150 --eval-every 50 \
+              --set model.remat=full model.logits_chunk=32 rl.prompts_per_step=16 > "$OUT/luffy3.log" 2>&1 &
+            CUDA_VISIBLE_DEVICES=${F16_SR1_GPUS:-3} python3 experiments/search_r1/run.py --model "$GGUF" \
+              --out /root/work/sr1rag --methods search_r1 --seeds 0 1 2 3 --per-gpu ${F16_SR1_PER_GPU:-4} \
+              --time-budget ${TIME_BUDGET:-470} --steps 40 --eval-every 10 \
+              --set model.remat=full model.logits_chunk=32 > "$OUT/sr1.log" 2>&1 &
+            wait
+            for d in luffy5 sr1rag; do tar czf "$OUT/$d-runs.tgz" -C /root/work --exclude=checkpoints --exclude=adapter $d; done ;;
     scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
     mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
             MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=4 --config.rl.prompts_per_step=16 --config.rl.group_size=8 --config.rl.max_new_tokens=96 --config.task.num_eval=32"

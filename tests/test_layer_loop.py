@@ -161,9 +161,34 @@ def test_unrolled_per_layer_inputs_and_kv_cache_match_the_scan():
 def test_config_layer_loop_is_validated():
   from fineflax.config_checks import ConfigError
   from fineflax.jobs.resolve import load_config, validate
-  with pytest.raises(ConfigError, match=r"config.model.layer_loop='while': choose one of 'scan', 'unrolled'"):
+  with pytest.raises(ConfigError, match=r"config.model.layer_loop='while': choose one of 'auto', 'scan', 'unrolled'"):
     validate(load_config("configs/grpo_arith.py:smoke", ["model.layer_loop=while"]))
   validate(load_config("configs/grpo_arith.py:smoke", ["model.layer_loop=unrolled"]))
+  assert load_config("configs/quickstart.py")["model"]["layer_loop"] == "auto"  # the configs' default
+
+
+@pytest.mark.parametrize("loop,remat,backend,want", [
+    ("auto", "none", "gpu", "unrolled"),  # measured faster and smaller (benchmarks/RESULTS.md, sft_unroll)
+    ("auto", "full", "gpu", "scan"),  # unrolled: +40-55% peak memory under remat for 2-4% speed
+    ("auto", "dots", "gpu", "scan"),
+    ("auto", "none", "cpu", "scan"),  # CPU: only a longer compile
+    ("unrolled", "full", "cpu", "unrolled"),  # an explicit choice is kept
+    ("scan", "none", "gpu", "scan"),
+])
+def test_auto_layer_loop_resolves_by_backend_and_remat(loop, remat, backend, want):
+  from fineflax.models.decoder import resolve_layer_loop
+  assert resolve_layer_loop(loop, remat, backend) == want
+
+
+def test_setup_model_resolves_auto_on_this_backend(tiny_smol):
+  from fineflax.jobs.common import setup_model
+  from fineflax.jobs.resolve import load_config
+  config = load_config("configs/quickstart.py", [f"model.source={tiny_smol}", "model.quant=none"])
+  assert config.model.layer_loop == "auto"
+  assert setup_model(config)[1].layer_loop == "scan"  # CPU
+  with pytest.raises(ValueError, match=r"model.layer_loop='while'; choose one of \('auto', 'scan', 'unrolled'\)"):
+    from fineflax.models.decoder import resolve_layer_loop
+    resolve_layer_loop("while", "none")
 
 
 def test_a_run_resumes_across_layer_loops():

@@ -14,6 +14,7 @@ from fineflax import lora as lora_lib
 from fineflax import quant
 from fineflax.io import read_json
 from fineflax.models import load
+from fineflax.models.decoder import resolve_layer_loop
 from fineflax.sampling import format_chat, generate
 from fineflax.train.loop import LoopResult, write_summary
 
@@ -38,13 +39,14 @@ def setup_model(config):
   The base is quantised per `config.model.quant` on the linears `config.model.quant_targets` (default
   every linear; the grammar of LoRA targets: short names, HF names, "all-linear"); the attention
   kernel is `config.model.attention` (auto, cudnn or xla), the layer loop `config.model.layer_loop`
-  (scan or unrolled).
+  (scan, unrolled, or auto: `decoder.resolve_layer_loop`).
   """
   dtype = compute_dtype(config)
   t0 = time.time()
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
   model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"),
-                                     layer_loop=config.model.get("layer_loop", "scan"))
+                                     layer_loop=resolve_layer_loop(config.model.get("layer_loop", "scan"),
+                                                                           config.model.remat))
   if config.model.quant != "none":
     targets = tuple(config.model.get("quant_targets", ("all-linear",)))
     params = quant.quantize_params(params, targets=targets, kind=config.model.quant)

@@ -75,14 +75,14 @@ def _last_line(message: str) -> str:
 def validate_common(config) -> None:
   """Bounded fields every job shares (model, LoRA, optimizer, checkpoints, cadence)."""
   from fineflax.jobs.common import DTYPES
-  from fineflax.models.decoder import ATTENTION_IMPLS, LAYER_LOOPS, LINEAR_NAMES, REMAT_POLICIES
+  from fineflax.models.decoder import ATTENTION_IMPLS, LAYER_LOOP_CHOICES, LINEAR_NAMES, REMAT_POLICIES
   from fineflax.models.targets import resolve_targets
   one_of(config, "model.dtype", DTYPES)
   one_of(config, "model.quant", ("none", "nf4", "int8"))
   one_of(config, "model.remat", REMAT_POLICIES)
   one_of(config, "model.attention", ATTENTION_IMPLS)
   if "layer_loop" in config.model:
-    one_of(config, "model.layer_loop", LAYER_LOOPS)
+    one_of(config, "model.layer_loop", LAYER_LOOP_CHOICES)
   positive_int(config, "model.logits_chunk")
   for key in ("lora.targets", "model.quant_targets"):
     require(config, key, lambda v: bool(resolve_targets(tuple(v))),
