@@ -8,7 +8,9 @@ Per model, with a 32-token random prompt, N = 64 new tokens, greedy, EOS ignored
     impl="unrolled" (the new default on GPUs), batch 1, 64 and 256; at batch 1 also "unrolled-in_out"
     (the unrolled path with [in, out] kernels instead of [out, in]: does the M = 1 dot's layout matter?).
     step ms = wall time of `decode(N)` (one device loop of N steps, prefill excluded) / N;
-    tok/s = batch * N / wall time of `start` (prefill) + `decode(N)`, after one untimed run (compile;
+    tok/s = batch * N / wall time of `start` (prefill) + `decode(N)`; both the median of --repeats (5) timed
+    runs (one run of 64 tokens at batch 64 lasts ~0.1 s: single runs varied by up to 1.5x between calls),
+    after one untimed run (compile;
     batch-1 cases one at a time, so their "first call" is the compile + first run; the larger batches
     are compiled in parallel threads, then timed one at a time).
   * weight-read time = bytes of weights read per step / bandwidth: every parameter once (the tied
@@ -125,19 +127,21 @@ def jax_worker(spec: dict) -> dict:
     try:
       if case not in first:
         warm(case)
-      _, prefill_s, decode_s = run(*case)
+      timed = [run(*case)[1:] for _ in range(spec.get("repeats", 1))]  # (prefill s, decode s) each
     except Exception as e:  # e.g. out of memory: keep the other rows
       out.setdefault("errors", []).append(f"{impl} {name} B={batch}: {type(e).__name__}: {str(e)[:200]}")
       return
     same = None
     if (name, impl) in greedy and (name, "scan") in greedy:
       same = float(np.mean(greedy[name, impl] == greedy[name, "scan"]))
+    decode_s = float(np.median([d for _, d in timed]))  # medians over the repeats
+    total_s = float(np.median([p + d for p, d in timed]))
     out["rows"].append({"model": name, "impl": impl, "batch": batch, "step_ms": 1e3 * decode_s / n,
-                        "tok_s": batch * n / (prefill_s + decode_s), "first_call_s": first[case],
-                        "same_tokens": same})
+                        "tok_s": batch * n / total_s, "first_call_s": first[case], "same_tokens": same,
+                        "repeats": len(timed)})
     print(f"fineflax {impl} {name} B={batch}: {1e3 * decode_s / n:.3f} ms/step, "
-          f"{batch * n / (prefill_s + decode_s):.0f} tok/s (first call {first[case]:.1f} s)", file=sys.stderr,
-          flush=True)
+          f"{batch * n / total_s:.0f} tok/s (first call {first[case]:.1f} s; median of {len(timed)})",
+          file=sys.stderr, flush=True)
     _emit(out)
 
   if spec.get("gguf"):  # token identity on real weights, where logits are not near-ties as with random ones
@@ -303,7 +307,8 @@ def report(spec: dict, ours: dict, hf: list[dict], argv) -> str:
            f"bf16 random weights and KV cache. Measured copy bandwidth (`x + 1` over "
            f"{spec['copy_bytes'] / 2**30:.3g} GiB, read + write): {fmt(bw and bw / 1e12, 2)} TB/s; HBM peak "
            f"(data sheet): {fmt(peak and peak / 1e12, 2)} TB/s.",
-           "", "Batch-1 decode step vs the weight-read time (weights read once per step; target ratio <= 1.6):",
+           "", "Batch-1 decode step vs the weight-read time (weights read once per step; target ratio <= 1.6; "
+           f"fineflax rows: median of {spec.get('repeats', 1)} timed runs):",
            "", markdown_table(["model", "decoder", "ms/step", "weights GB", "weight read ms (measured BW)",
                                "ratio", "ratio vs HBM peak", "<= 1.6", "first call s", "tokens = scan"], lat),
            "", "Throughput, tokens/s = batch * new tokens / wall time (prefill included):", "",
@@ -336,6 +341,7 @@ def main(argv=None) -> None:
                   help="skip the batch-1 row of the unrolled decoder with [in, out] kernels (layout diagnostic)")
   ap.add_argument("--budget", type=float, default=0.0,
                   help=f"seconds for the whole run (default {BUDGET_S:.0f}, --smoke 1200); rows past it are cut")
+  ap.add_argument("--repeats", type=int, default=5, help="timed runs per fineflax row (medians reported)")
   ap.add_argument("--gguf", default="", help="SmolLM2-135M-Instruct .gguf: token identity on real weights")
   ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -349,7 +355,7 @@ def main(argv=None) -> None:
           "new_tokens": args.new_tokens or (8 if args.smoke else 64),
           "batches": [1, 4, 8] if args.smoke else [1, 64, 256], "smoke": args.smoke,
           "copy_bytes": (1 << 24) if args.smoke else (1 << 31), "in_out": not args.no_in_out,
-          "gguf": args.gguf}
+          "gguf": args.gguf, "repeats": args.repeats}
   spec["pairs"] = [(m, b) for b in spec["batches"] for m in spec["shapes"]]  # batch-major: small first
   ours = _run(dict(spec, side="jax"), _gpu.jax_env(), timeout=0.65 * args.budget)
   hf, raw = [], []

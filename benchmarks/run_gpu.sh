@@ -38,7 +38,7 @@ for stage in "$@"; do
             python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu
             cp benchmarks/RESULTS.md "$OUT/" ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
-    decode) python3 benchmarks/decode.py --gguf "$GGUF" ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 5 min
+    decode) python3 benchmarks/decode.py --gguf "$GGUF" --budget ${DECODE_BUDGET:-450} ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 8 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
     grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
     search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
