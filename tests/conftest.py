@@ -71,10 +71,12 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
-def tiny_smol(tmp_path_factory, smollm2):
-  """A tiny random Llama with SmolLM2's tokenizer and chat template (vocab 49152), as an HF folder."""
+def tiny_smol(tmp_path_factory):
+  """A tiny random Llama with SmolLM2's tokenizer and chat template (vocab 49152), as an HF folder.
+  (The tokenizer alone: a worker that never needs SmolLM2's weights does not load the 135M GGUF.)"""
+  from fineflax.models.load import load_tokenizer
   path = tmp_path_factory.mktemp("tiny_smol")
   make_hf_model("smollm2", path, vocab_size=49152, hidden_size=64, intermediate_size=128,
                 num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
-  smollm2[2].save_pretrained(path)
+  load_tokenizer("smollm2-135m-instruct").save_pretrained(path)
   return str(path)

@@ -84,28 +84,30 @@ def test_sft_init_from_loads_the_adapter_and_rejects_a_mismatch(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_loop_end_to_end(tiny_smol, tmp_path):
-  """run.py --smoke: two adapters served, 16 routed requests with feedback, SFT data, SFT, evals A/B."""
+  """run.py --smoke, smaller still: two adapters served, 8 routed requests with feedback, SFT data, SFT
+  (one step per run), evals A/B on 4 held-out questions."""
   from experiments.adaptation_loop import run
   out = tmp_path / "out"
-  res = run.main(["--smoke", "--model", tiny_smol, "--min-reward", "0", "--out", str(out)])
+  res = run.main(["--smoke", "--model", tiny_smol, "--min-reward", "0", "--out", str(out), "--variant-steps", "1",
+                  "--feedback-steps", "1", "--requests", "8", "--last", "4", "--eval-questions", "4"])
   for name in ("results.json", "RESULTS.md", "adaptation_loop.png", "eval_noisy_before_vs_after/report.md"):
     assert (out / name).stat().st_size > 0, name
   saved = json.loads((out / "results.json").read_text())
   assert saved["routing"]["share_last"] == res["routing"]["share_last"]
   r = res["routing"]
-  assert sum(v["requests"] for v in r["variants"].values()) == 16 == len(r["cumulative_regret"])
-  assert 0.0 <= r["share_last"] <= 1.0 and r["last"] == 8 and r["best"] in ("tuned", "noisy")
+  assert sum(v["requests"] for v in r["variants"].values()) == 8 == len(r["cumulative_regret"])
+  assert 0.0 <= r["share_last"] <= 1.0 and r["last"] == 4 and r["best"] in ("tuned", "noisy")
   # the server's own statistics (/rl/stats) agree with what the users saw
   for v in ("tuned", "noisy"):
     served = res["server_stats"]["variants"][v]
     assert served["responses"] == served["feedback"] == r["variants"][v]["requests"]
     assert served["mean_reward"] == pytest.approx(r["variants"][v]["mean_reward"])
   fb = res["feedback_data"]
-  assert fb["rated"] == 16 and fb["sft_rows"] == fb["train"] > 0
+  assert fb["rated"] == 8 and fb["sft_rows"] == fb["train"] > 0
   rows = [json.loads(x) for x in (out / "work" / "feedback_sft.jsonl").read_text().splitlines()]
   assert len(rows) == fb["sft_rows"] and all(m["messages"][-1]["role"] == "assistant" for m in rows)
   assert res["heldout_disjoint_from_users"] is True
-  assert res["ab"]["n"] == 8 and {"exact_match_lenient", "math_last_number"} <= set(res["ab"]["metrics"])
+  assert res["ab"]["n"] == 4 and {"exact_match_lenient", "math_last_number"} <= set(res["ab"]["metrics"])
   assert res["ab_reference"] is None  # --reference-eval not asked
   assert "noisy after" in (out / "RESULTS.md").read_text()
   cmds = "\n".join(res["commands"])

@@ -6,13 +6,14 @@ from fineflax.jobs import dry_run_report, per_device_gib
 from fineflax.jobs.resolve import load_config
 
 
-def test_dry_run_prints_the_mesh_and_per_device_memory():
+def test_dry_run_prints_the_mesh_and_per_device_memory(tiny_smol):
   import jax
   n = jax.device_count()
-  report = dry_run_report(load_config("configs/grpo_arith.py:smoke"))
+  src = f"model.source={tiny_smol}"  # a small folder: the bundled GGUF's tensor table takes ~9 s to parse
+  report = dry_run_report(load_config("configs/grpo_arith.py:smoke", [src]))
   assert f"# mesh: data={n} x fsdp=1 over {n} " in report and "# memory estimate per device" in report
   with pytest.raises(ConfigError, match=r"config.mesh \(data=-1, fsdp=3\)"):
-    dry_run_report(load_config("configs/grpo_arith.py:smoke", ["mesh.fsdp=3"]))
+    dry_run_report(load_config("configs/grpo_arith.py:smoke", [src, "mesh.fsdp=3"]))
 
 
 def test_per_device_estimate_splits_weights_over_fsdp_and_the_batch_over_all():

@@ -1,7 +1,7 @@
 """RL on a 2x2 ("data", "fsdp") mesh of forced CPU devices equals one device, for every objective; a
 checkpoint written on 4 devices restores onto 2 and the run goes on from the same state.
 
-Each test runs a script in a subprocess: XLA_FLAGS must force 4 CPU devices before jax is imported.
+One subprocess runs both scripts: XLA_FLAGS must force 4 CPU devices before jax is imported.
 """
 import os
 import subprocess
@@ -40,7 +40,7 @@ SETUP = textwrap.dedent("""
       return out, rng.randint(0, 2, n * g).astype(np.float32)
 """)
 
-PARITY = SETUP + textwrap.dedent("""
+PARITY = textwrap.dedent("""
     mesh = make_mesh(data=2, fsdp=2)
     base4 = shard_params(base, mesh)
     assert any(len(x.sharding.device_set) == 4 and not x.sharding.is_fully_replicated
@@ -96,10 +96,10 @@ PARITY = SETUP + textwrap.dedent("""
       outs.append(s.result())
     np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
     np.testing.assert_array_equal(outs[0].valid, outs[1].valid)
-    print("OK")
+    print("PARITY OK", flush=True)
 """)
 
-RESHARD = SETUP + textwrap.dedent("""
+RESHARD = textwrap.dedent("""
     import sys
     from fineflax.train.checkpoint import Checkpointer
     rl = load_config("configs/grpo_arith.py:smoke", ["rl.beta=0.04"]).rl
@@ -125,7 +125,7 @@ RESHARD = SETUP + textwrap.dedent("""
     _, on2 = rl_update(restored, shard_params(base, m2), batch, mesh=m2, **kw)
     np.testing.assert_allclose(on2["loss"], on4["loss"], rtol=1e-5)
     assert int(restored["step"]) == 1
-    print("OK")
+    print("RESHARD OK")
 """)
 
 
@@ -137,12 +137,11 @@ def _run(script, *args):
   return r.stdout
 
 
-def test_mesh_rl_update_equals_one_device_for_every_objective():
+def test_mesh_rl_update_equals_one_device_for_every_objective_and_a_checkpoint_resumes_on_2(tmp_path):
   """advantages, loss, KL, grad norm and the LoRA after 2 updates agree to 1e-5 for grpo, luffy and
   exgrpo; a batch of 6 rows padded to 8 keeps the seq-mean loss; greedy rollouts with the base split
-  over fsdp and the rows + KV cache split over all devices give the same tokens and log-probs."""
-  _run(PARITY)
-
-
-def test_checkpoint_from_4_devices_resumes_on_2(tmp_path):
-  _run(RESHARD, str(tmp_path / "ckpt"))
+  over fsdp and the rows + KV cache split over all devices give the same tokens and log-probs. Then (same
+  process: one start-up and setup for both) a checkpoint written on 4 devices restores onto 2 and the
+  run goes on from the same state."""
+  out = _run(SETUP + PARITY + RESHARD, str(tmp_path / "ckpt"))
+  assert "PARITY OK" in out and "RESHARD OK" in out

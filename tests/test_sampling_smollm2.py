@@ -65,13 +65,28 @@ def test_smollm2_greedy_matches_transformers_on_the_same_weights(smollm2):
   assert tok.decode(ref[0, :list(ref[0]).index(im_end)]) == "The capital of France is Paris."
 
 
-def test_smollm2_greedy_matches_transformers_loading_the_gguf(smollm2):
+def test_smollm2_gguf_matches_transformers_loading_the_gguf(smollm2):
+  """One load of the GGUF by transformers' own loader (~25 s) checks the importer (config, last-token
+  logits of a chat prompt, f32) and the sampler (greedy tokens) against it."""
+  import jax
   from transformers import AutoModelForCausalLM
+  from fineflax.models import forward
   from fineflax.models.load import resolve_source
   params, config, tok = smollm2
+  assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (30, 576, 9, 3)
+  assert config.tie_word_embeddings and config.rope_theta == 100000.0
   path = resolve_source("smollm2-135m-instruct")
   model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                dtype=torch.float32).eval()
+  text = tok.apply_chat_template([{"role": "user", "content": "Name three prime numbers."}],
+                                 add_generation_prompt=True, tokenize=False)
+  ids = tok(text)["input_ids"]
+  with torch.no_grad():
+    ref = model(torch.tensor([ids])).logits[0, -1].numpy()
+  logits = np.asarray(jax.jit(lambda p, t: forward(p, config, t))(params, jnp.asarray([ids])))[0, -1]
+  rel = np.linalg.norm(logits - ref) / np.linalg.norm(ref)
+  assert rel <= 1e-3, rel
+  assert int(logits.argmax()) == int(ref.argmax())
   prompts = _prompts(tok)
   out = generate(params, config, prompts, max_new_tokens=32, temperature=0.0, dtype=jnp.float32)
   np.testing.assert_array_equal(out.tokens, hf_greedy(model, prompts, 32))

@@ -126,7 +126,7 @@ def report(args, rl, ap, wall) -> str:
   return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
   ap.add_argument("--out", default="experiments/agents/out")
@@ -137,7 +137,7 @@ def main():
   ap.add_argument("--rl-set", nargs="*", default=[], help="configs/agent_rl.py overrides a.b=value")
   ap.add_argument("--apo-set", nargs="*", default=[], help="configs/apo.py overrides a.b=value")
   ap.add_argument("--apo-presets", default="", help="configs/apo.py presets, e.g. cpu or gpu5")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   presets = "smoke" if args.smoke else ""
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
