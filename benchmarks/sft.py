@@ -82,7 +82,7 @@ def fineflax_worker(spec: dict) -> dict:
   import numpy as np
 
   from fineflax.models import init_params
-  from fineflax.models.decoder import resolve_layer_loop
+  from fineflax.models.layer_loop import resolve_layer_loop
   from fineflax.train.optim import make_optimizer
   from fineflax.train.sft_step import make_sft_fns
   from fineflax.train.state import init_state
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
   p.add_argument("--sweep", action="store_true", help="add remat=dots, logits_chunk=1024, masked attention")
   p.add_argument("--layer-loop", default="auto", choices=("auto", "scan", "unrolled", "both"),
                  help="model.layer_loop of the fineflax cases (auto: the config default, "
-                      "decoder.resolve_layer_loop; both: each case with scan and with unrolled)")
+                      "layer_loop.resolve_layer_loop; both: each case with scan and with unrolled)")
   p.add_argument("--section", default="sft", help="RESULTS.md section to write (default sft)")
   p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "sft.json"))
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)

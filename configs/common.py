@@ -20,7 +20,7 @@ def model(config, source="smollm2-135m-instruct", dtype="bfloat16", quant="nf4",
   config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla
   config.model.layer_loop = "auto"  # layers as lax.scan over stacked weights ("scan"), a Python loop with no
   #   [L, ...] residual stacks ("unrolled": longer compile), or "auto": unrolled on GPUs with remat none,
-  #   else scan (measured: decoder.resolve_layer_loop)
+  #   else scan (measured: layer_loop.resolve_layer_loop)
   return config
 
 

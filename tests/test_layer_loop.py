@@ -14,7 +14,8 @@ import pytest
 from fineflax import lora as L
 from fineflax import quant
 from fineflax.models import ModelConfig, forward, init_params
-from fineflax.models.decoder import LAYER_LOOPS, REMAT_POLICIES, forward_cached, init_cache
+from fineflax.models.decoder import REMAT_POLICIES, forward_cached, init_cache
+from fineflax.models.layer_loop import LAYER_LOOPS
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state
 
@@ -174,7 +175,7 @@ def test_config_layer_loop_is_validated():
     ("scan", "none", "gpu", "scan"),
 ])
 def test_auto_layer_loop_resolves_by_backend_and_remat(loop, remat, backend, want):
-  from fineflax.models.decoder import resolve_layer_loop
+  from fineflax.models.layer_loop import resolve_layer_loop
   assert resolve_layer_loop(loop, remat, backend) == want
 
 
@@ -185,7 +186,7 @@ def test_setup_model_resolves_auto_on_this_backend(tiny_smol):
   assert config.model.layer_loop == "auto"
   assert setup_model(config)[1].layer_loop == "scan"  # CPU
   with pytest.raises(ValueError, match=r"model.layer_loop='while'; choose one of \('auto', 'scan', 'unrolled'\)"):
-    from fineflax.models.decoder import resolve_layer_loop
+    from fineflax.models.layer_loop import resolve_layer_loop
     resolve_layer_loop("while", "none")
 
 

@@ -14,7 +14,7 @@ from fineflax import lora as lora_lib
 from fineflax import quant
 from fineflax.io import read_json
 from fineflax.models import load
-from fineflax.models.decoder import resolve_layer_loop
+from fineflax.models.layer_loop import resolve_layer_loop
 from fineflax.sampling import format_chat, generate
 from fineflax.train.loop import LoopResult, write_summary
 
@@ -39,7 +39,7 @@ def setup_model(config):
   The base is quantised per `config.model.quant` on the linears `config.model.quant_targets` (default
   every linear; the grammar of LoRA targets: short names, HF names, "all-linear"); the attention
   kernel is `config.model.attention` (auto, cudnn or xla), the layer loop `config.model.layer_loop`
-  (scan, unrolled, or auto: `decoder.resolve_layer_loop`).
+  (scan, unrolled, or auto: `layer_loop.resolve_layer_loop`).
   """
   dtype = compute_dtype(config)
   t0 = time.time()

@@ -75,7 +75,8 @@ def _last_line(message: str) -> str:
 def validate_common(config) -> None:
   """Bounded fields every job shares (model, LoRA, optimizer, checkpoints, cadence)."""
   from fineflax.jobs.common import DTYPES
-  from fineflax.models.decoder import ATTENTION_IMPLS, LAYER_LOOP_CHOICES, LINEAR_NAMES, REMAT_POLICIES
+  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_POLICIES
+  from fineflax.models.layer_loop import LAYER_LOOP_CHOICES
   from fineflax.models.targets import resolve_targets
   one_of(config, "model.dtype", DTYPES)
   one_of(config, "model.quant", ("none", "nf4", "int8"))
