@@ -254,7 +254,7 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
       if u is not None:
         summary.append(f"- {model}: best fineflax MFU **{100 * u:.1f}%**" + (
             f" (target >= 45%: {'met' if u >= 0.45 else 'missed'})" if model == "Llama-3.2-1B" else ""))
-    for kind, target in (zip(("eager", "compile"), SPEED_TARGETS.get(model, (None, None)))):
+    for kind, target in zip(("eager", "compile"), SPEED_TARGETS.get(model, (None, None))):
       ref = best[kind]
       if ff and ref:
         x = ff["tokens_s"] / ref["tokens_s"]
