@@ -46,7 +46,7 @@ def setup_model(config):
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
   model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"),
                                      layer_loop=resolve_layer_loop(config.model.get("layer_loop", "scan"),
-                                                                           config.model.remat))
+                                                                   config.model.remat))
   if config.model.quant != "none":
     targets = tuple(config.model.get("quant_targets", ("all-linear",)))
     params = quant.quantize_params(params, targets=targets, kind=config.model.quant)
