@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll sampler decode rl apo sweep grpo
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll nf4 qlora sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
@@ -36,6 +36,23 @@ for stage in "$@"; do
             cp benchmarks/RESULTS.md "$OUT/"
             python3 benchmarks/profile_step.py --layer-loop unrolled --out "$OUT/profile"   # vs section profile
             python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu
+            cp benchmarks/RESULTS.md "$OUT/" ;;
+    nf4)    # issue 17 item 3: NF4 dequantisation variants, then 7B QLoRA peaks and 1B QLoRA speed with the old
+            # (plain) and new (custom-VJP) NF4 matmul, and a smaller loss-head chunk; one H100, ~10 min
+            python3 benchmarks/nf4_dequant.py; cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only memory --quants nf4 --nf4-matmul plain --section qlora_mem_plain
+            cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only memory --quants nf4 --section qlora_mem_custom; cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only memory --quants nf4 --logits-chunk 128 --section qlora_mem_custom128
+            cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only speed --skip-torch --nf4-matmul plain --section qlora_speed_plain
+            cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only speed --skip-torch --quants nf4 --section qlora_speed_custom
+            cp benchmarks/RESULTS.md "$OUT/" ;;
+    qlora)  # issue 17's QLoRA rows: 7B peaks (step and first-call), 1B speed vs bf16 and transformers + peft,
+            # then the 7B step peaks with a smaller loss-head chunk; one H100, ~9 min
+            python3 benchmarks/qlora.py; cp benchmarks/RESULTS.md "$OUT/"
+            python3 benchmarks/qlora.py --only memory --quants nf4 --aot yes --logits-chunk 128 --section qlora_chunk128
             cp benchmarks/RESULTS.md "$OUT/" ;;
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py --gguf "$GGUF" --budget ${DECODE_BUDGET:-450} ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 8 min

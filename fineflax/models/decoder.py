@@ -85,6 +85,15 @@ def materialize(w, dtype) -> jnp.ndarray:
   return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)
 
 
+def matmul(x: jnp.ndarray, w, dtype) -> jnp.ndarray:
+  """x @ W in `dtype` for a kernel leaf W: a cast array, or a quantised tensor through
+  `fineflax.quant.quantized_matmul` (its dense copy is never kept for the backward pass)."""
+  if not hasattr(w, "dequantize"):
+    return x @ w.astype(dtype)
+  from fineflax.quant.matmul import quantized_matmul  # fineflax.quant imports this module
+  return quantized_matmul(x, w, dtype)
+
+
 def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float, offset: float = 0.0) -> jnp.ndarray:
   """x / sqrt(mean(x^2) + eps) * (offset + weight), in f32 (offset 1 for Gemma's (1 + w) norms)."""
   xf = x.astype(jnp.float32)
@@ -115,7 +124,7 @@ def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
 
 def _linear(x, p, lora_p, scale, dtype, dropout_rate, key, xa=None):
   """x @ W (+ bias) + (dropout(x) @ a) @ b * scale; `xa` = x @ a when the caller computed it already."""
-  y = x @ materialize(p["kernel"], dtype)
+  y = matmul(x, p["kernel"], dtype)
   if "bias" in p:
     y = y + p["bias"].astype(dtype)
   if lora_p is not None:

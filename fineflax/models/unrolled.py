@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, rms_norm
+from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, matmul, rms_norm
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
@@ -111,14 +111,14 @@ def _project(x, lp, group, names, sizes, lora, scale, dtype):
     if "kernel_t" in p:
       y = jax.lax.dot_general(x2, p["kernel_t"], (((1,), (1,)), ((), ())))
     else:  # [in, out]: a dense fused group, or the one quantised linear of a group ("o", "down")
-      y = x2 @ materialize(p["kernel"], dtype)
+      y = matmul(x2, p["kernel"], dtype)
     if "bias" in p:
       y = y + p["bias"].astype(dtype)
     ys = jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1) if len(names) > 1 else [y]
   else:
     ys = []
     for n in names:
-      y = x2 @ materialize(lp[n]["kernel"], dtype)
+      y = matmul(x2, lp[n]["kernel"], dtype)
       if "bias" in lp[n]:
         y = y + lp[n]["bias"].astype(dtype)
       ys.append(y)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.lora import LoraConfig, lora_scale
-from fineflax.models.decoder import (LINEAR_NAMES, _attention, logits_from_hidden, materialize,
+from fineflax.models.decoder import (LINEAR_NAMES, _attention, logits_from_hidden, matmul,
                                      rms_norm)
 from fineflax.models.rope import apply_rope, inv_frequencies
 from fineflax.sampling.decode import cast_params
@@ -96,7 +96,7 @@ def slot_forward(params, config, cache, tokens, start, *, rows=None, lora=None, 
 
     def lin(name, inp):
       p = lp[name]
-      y = inp @ materialize(p["kernel"], dtype)
+      y = matmul(inp, p["kernel"], dtype)
       if "bias" in p:
         y = y + p["bias"].astype(dtype)
       if ll is not None and name in ll:
