@@ -129,7 +129,9 @@ def report(results: dict, device: str, command: str) -> str:
            f"Device: {device}. Command: `{command}`. jax {next(iter(results.values())).get('jax', '?')}.", "",
            "x @ W and dy @ W^T: M = 4096 bf16 rows; ratio = the same product on a bf16 W / this one "
            "(1.00 = dequantisation free). GB/s: codes + scales read + bf16 written over the dequantisation "
-           "alone. fused: XLA compiled the dequantisation into the GEMM's operand.", ""]
+           "alone, timed as separate jitted calls from Python, so small kernels are dispatch-bound (~0.06 ms a "
+           "call) and the GB/s understate them; the x@W columns, one jitted call each, carry the real cost. "
+           "fused: XLA compiled the dequantisation into the GEMM's operand.", ""]
   rows = []
   for flags, r in results.items():
     if "error" in r:
