@@ -52,6 +52,7 @@ for stage in "$@"; do
     qlora)  # issue 17's QLoRA rows: 7B peaks (step and first-call), 1B speed vs bf16 and transformers + peft;
             # one H100, ~6 min
             python3 benchmarks/qlora.py; cp benchmarks/RESULTS.md "$OUT/" ;;
+    pdecode) python3 benchmarks/profile_decode.py --out "$OUT" ;;  # SmolLM2 decode step: kernels, busy vs wall
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
     decode) python3 benchmarks/decode.py --gguf "$GGUF" --budget ${DECODE_BUDGET:-450} ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 8 min
     sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
