@@ -64,10 +64,11 @@ SPEED_MODEL = "Llama-3.2-1B"
 
 # ----------------------------------------------------------------------------- fineflax worker
 
-def random_params(mc, quant: str, key, dtype):
+def random_params(mc, quant: str, key, dtype, mark=lambda stage: None):
   """Random N(0, 0.02) weights built on the device one layer (or one row chunk) at a time.
 
-  quant "nf4": every linear kernel is an NF4Tensor made inside the same per-layer loop.
+  quant "nf4": every linear kernel is an NF4Tensor made inside the same per-layer loop. `mark(stage)` is
+  called after the layers and after the embeddings (memory bookkeeping).
   """
   import jax
   import jax.numpy as jnp
@@ -96,8 +97,10 @@ def random_params(mc, quant: str, key, dtype):
       layers[n]["bias"] = jnp.zeros((L, linear_shapes(c)[n][1]), dtype)
   layers["attn_norm"] = jnp.ones((L, c.hidden_size), dtype)
   layers["mlp_norm"] = jnp.ones((L, c.hidden_size), dtype)
+  mark("layers")
   params = {"embed": chunked(next(keys), (c.vocab_size, c.hidden_size)), "layers": layers,
             "final_norm": jnp.ones((c.hidden_size,), dtype)}
+  mark("embed")
   if not c.tie_word_embeddings:
     params["lm_head"] = {"kernel": chunked(next(keys), (c.hidden_size, c.vocab_size))}
   return params
@@ -143,7 +146,8 @@ def fineflax_worker(spec: dict) -> dict:
       "tokens": tokens[..., :-1], "targets": tokens[..., 1:], "loss_mask": np.ones((1, b, t), np.float32),
       "attention_mask": np.ones((1, b, t), np.int32),
       "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy()}
-  make_params = lambda: random_params(mc, spec["quant"], jax.random.PRNGKey(0), jnp.bfloat16)
+  make_params = lambda mark_=lambda stage: None: random_params(mc, spec["quant"], jax.random.PRNGKey(0),
+                                                               jnp.bfloat16, mark_)
   make_state = lambda p: init_state(init_lora(p, mc, cfg, jax.random.PRNGKey(1)), optimizer, seed=0)
 
   def compile_step(state_, params_, batch_):
@@ -156,7 +160,7 @@ def fineflax_worker(spec: dict) -> dict:
     compiled, compile_s = compile_step(jax.eval_shape(make_state, params_shape), params_shape,
                                        jax.eval_shape(lambda: jax.tree_util.tree_map(jnp.asarray, host_batch)))
     mark("compiled")
-  params = make_params()
+  params = make_params(mark)
   jax.block_until_ready(params)
   mark("weights")
   gc.collect()
