@@ -3,16 +3,17 @@ vs transformers + peft.
 
   python benchmarks/qlora.py            # GPU (H100): about 5 minutes; writes the "qlora" section of RESULTS.md
   python benchmarks/qlora.py --smoke    # CPU check with tiny shapes; prints only (RESULTS.md untouched)
-  python benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
-                                        # QLoRA and bf16 speed with the layer scan and the unrolled loop
+  python benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll  # scan vs unrolled
 
 Every case: random weights of the model's shape built on the device layer by layer (bf16; NF4 = block 64 with
 double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
 random tokens, loss on every token through `fineflax.train.sft_step` (jitted, LoRA/optimizer state donated;
-logits in chunks of 256 positions under `jax.checkpoint`, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (f32
-adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer).
+logits in chunks of 256 positions, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,
+down (f32 adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer).
 memory: seq 1024, batch 1, one step; peak = JAX `peak_bytes_in_use` since the worker process started
-(weights, adapters, optimizer state, activations and XLA temporaries all included).
+(weights, adapters, optimizer state, activations and XLA temporaries all included); with `--aot` (default
+both) the step is also compiled from shapes before the weights exist, so XLA's autotuning scratch is not
+stacked on the resident weights; workers never use the persistent compilation cache.
 speed: Llama-3.2-1B shape, batch 4 x seq 1024, tokens/s = B*T*steps / time of `steps` steps after warm-up.
 torch: `AutoModelForCausalLM.from_config` (bf16, sdpa) + peft `get_peft_model`, gradient checkpointing on
 (matching remat "full"), fused AdamW, same GPU, same run. Each case runs in a fresh subprocess.
@@ -129,10 +130,9 @@ def fineflax_worker(spec: dict) -> dict:
   stages = {}  # stage -> (GB in use, GB peak so far): where the process peak happens
 
   def mark(stage):
-    stats = jax.devices()[0].memory_stats() or {}
-    live = sum(a.nbytes for a in jax.live_arrays())  # arrays Python still holds
+    stats = jax.devices()[0].memory_stats() or {}  # in use, peak, and what live arrays hold
     stages[stage] = [round(v / 1e9, 3) for v in (stats.get("bytes_in_use", 0), stats.get("peak_bytes_in_use", 0),
-                                                 live)]
+                                                 sum(a.nbytes for a in jax.live_arrays()))]
 
   cfg = LoraConfig(r=LORA_R, alpha=LORA_ALPHA, target_modules=TARGETS)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(LR, weight_decay=0.0))
@@ -166,7 +166,6 @@ def fineflax_worker(spec: dict) -> dict:
   gc.collect()
   jax.clear_caches()  # the weight builders' executables are not part of training (the AOT step is kept)
   mark("weights_cleared")
-  after_params = _gpu.jax_peak_bytes()
   leaves = jax.tree_util.tree_leaves(params)
   param_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
   kernel = params["layers"]["gate"]["kernel"]
@@ -181,11 +180,10 @@ def fineflax_worker(spec: dict) -> dict:
     mark("compiled")
   mem = compiled.memory_analysis()
   temp_bytes = None if mem is None else int(mem.temp_size_in_bytes)
-  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
-                                 steps=spec["steps"])
+  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"], steps=spec["steps"])
   mark("steps")
   return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
-          "peak_after_params": after_params, "xla_temp_bytes": temp_bytes, "param_bytes": int(param_bytes), "bits": bits,
+          "xla_temp_bytes": temp_bytes, "param_bytes": int(param_bytes), "bits": bits,
           "state_bytes": int(state_bytes), "stages_gb": stages,
           "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
 
@@ -237,10 +235,8 @@ def cases(args) -> list[dict]:
                           remat="full", aot=aot, **variant))
   speed = dict(part="speed", model=SPEED_MODEL, config=models[SPEED_MODEL], batch=2 if args.smoke else 4,
                seq=seq, steps=2 if args.smoke else args.steps, warmup=1 if args.smoke else 2)
-  for quant in quants:
-    for loop in loops:
-      out.append(dict(speed, config=dict(speed["config"], layer_loop=loop), framework="fineflax", quant=quant,
-                      remat="full", **variant))
+  out += [dict(speed, config=dict(speed["config"], layer_loop=loop), framework="fineflax", quant=quant,
+               remat="full", **variant) for quant in quants for loop in loops]
   if not args.skip_torch:
     out.append(dict(speed, framework="torch", quant="none"))
   return out
@@ -248,9 +244,8 @@ def cases(args) -> list[dict]:
 
 def step_flops(r: dict) -> float:
   """Model FLOPs of one step of a speed case (`fineflax.models.flops.lora_step_flops`)."""
-  config = dict(r["config"])
-  config["rope_scaling"] = None  # no effect on FLOPs; JSON turned it into lists
   from fineflax.models import ModelConfig
+  config = dict(r["config"], rope_scaling=None)  # no effect on FLOPs; JSON turned it into lists
   return lora_step_flops(ModelConfig(**config), r["batch"], r["seq"], LORA_R, TARGETS)["total"]
 
 
