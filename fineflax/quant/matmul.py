@@ -8,7 +8,8 @@ to the backward pass (it is the matmul's residual): one bf16 copy of every quant
 and every linear of a layer at once inside a rematerialised layer. Here the residual is the quantised W
 itself, so a dense W lives only while its own matmul runs (optimisation barriers tie each dequantisation to
 the matmul's input, so XLA cannot schedule all of a layer's ahead of time); the price is one more
-dequantisation a linear per step (measured in benchmarks/RESULTS.md, section qlora). Values are the same as the plain product.
+dequantisation a linear per step (benchmarks/RESULTS.md, section qlora_notes). Values equal the plain
+product's.
 """
 from __future__ import annotations
 

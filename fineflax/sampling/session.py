@@ -258,13 +258,11 @@ class SamplerSession:
   def _new_cache(self) -> dict:
     """An empty KV cache (unrolled: per-layer k / v [B, Hkv, S, Dh]; scan: k / v [L, B, S, Hkv, Dh]); with
     a mesh, created directly split over its devices by rows, so no device (or process) holds all of it."""
-    if self.impl == "unrolled":
-      make, row_axis = lambda: init_unrolled_cache(self.config, self.batch, self.cache_len, self.dtype), {}
-    else:
-      make, row_axis = lambda: init_cache(self.config, self.batch, self.cache_len, self.dtype), {"k": 1, "v": 1}
+    make = functools.partial(_empty_cache, self.impl, self.config, self.batch, self.cache_len, self.dtype)
     if self.mesh is None or self.mesh.devices.size == 1:
-      return _empty_cache(self.impl, self.config, self.batch, self.cache_len, self.dtype)
+      return make()
     from fineflax.train.mesh import batch_sharding
+    row_axis = {} if self.impl == "unrolled" else {"k": 1, "v": 1}
     shardings = {k: jax.tree.map(lambda x, k=k: batch_sharding(self.mesh, row_axis.get(k, 0), len(x.shape))
                                  if x.shape else NamedSharding(self.mesh, P()), v)
                  for k, v in jax.eval_shape(make).items()}
