@@ -11,6 +11,9 @@ import torch
 from _sampling_fixtures import hf_greedy
 from fineflax.sampling import format_chat, generate
 
+# One xdist worker runs this file's tests: only it loads the 135M GGUF (the session smollm2 fixture, ~8 s).
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 MESSAGES = [[{"role": "system", "content": "You are a helpful assistant."},
              {"role": "user", "content": "What is the capital of France?"}],
             [{"role": "user", "content": "Name three colors."}]]

@@ -1,6 +1,9 @@
 """Training infrastructure: orbax checkpoints (round trip, last-N + best retention, failed writes), metrics."""
 import errno
 import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +69,24 @@ def test_metric_writer_jsonl_and_tensorboard(tmp_path):
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert rows[0]["step"] == 1 and rows[0]["loss"] == 2.5 and rows[1]["loss"] == "nan"
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path))
+
+
+def test_metric_writer_keeps_torch_out_of_a_process_without_it(tmp_path):
+  """tensorboardX is imported without torch (a job process starts seconds faster); the events are written,
+  and torch still imports afterwards."""
+  code = textwrap.dedent(f"""
+      import glob, sys
+      from fineflax.train.metric_writer import MetricWriter
+      w = MetricWriter({str(tmp_path)!r})
+      w.write_scalars(1, {{"reward_mean": 0.5}})
+      w.write_text(1, "sample", "hello")
+      w.close()
+      print("torch" in sys.modules, b"reward_mean" in open(glob.glob({str(tmp_path)!r} + "/events.*")[0], "rb").read())
+      import torch
+      print(torch.zeros(2).sum().item())
+  """)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0 and r.stdout.split() == ["False", "True", "0.0"], r.stdout + r.stderr[-2000:]
 
 
 def test_schedule_warmup_then_cosine():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import pathlib
 
@@ -47,13 +48,36 @@ def resolve_source(source: str) -> pathlib.Path:
 
 
 ASSETS = pathlib.Path(__file__).parent / "assets"
+# Model types for which AutoTokenizer loads a folder whose tokenizer_config.json names the generic fast class
+# as that class (tests/test_models_tokenizer.py checks each against AutoTokenizer); phi3 and qwen2 are not
+# (transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS: their own tokenizer class is used instead).
+GENERIC_TOKENIZER_MODEL_TYPES = (None, "llama", "mistral", "qwen3", "gemma2", "gemma3", "gemma3_text")
+
+
+def _folder_tokenizer(folder: pathlib.Path):
+  """AutoTokenizer.from_pretrained(folder), but a folder with tokenizer.json whose tokenizer_config.json
+  names the generic class (TokenizersBackend = PreTrainedTokenizerFast), without auto_map, and whose
+  config.json (if any) has a model type in GENERIC_TOKENIZER_MODEL_TYPES, is loaded by that class directly:
+  the same tokenizer, without AutoTokenizer's import of torch (seconds per process)."""
+  try:
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    model_cfg = folder / "config.json"
+    model_type = json.loads(model_cfg.read_text()).get("model_type") if model_cfg.exists() else None
+  except (OSError, ValueError):
+    tok_cfg, model_type = {}, None
+  if ((folder / "tokenizer.json").exists() and "auto_map" not in tok_cfg
+      and tok_cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+      and model_type in GENERIC_TOKENIZER_MODEL_TYPES):
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+  from transformers import AutoTokenizer
+  return AutoTokenizer.from_pretrained(str(folder))
 
 
 def _bundled_tokenizer(alias: str):
   """The alias's tokenizer shipped with fineflax (JSON gzipped), unpacked once into the cache."""
   import gzip
   import shutil
-  from transformers import AutoTokenizer
   src = ASSETS / alias
   digest = hashlib.sha1((src / "tokenizer.json.gz").read_bytes()).hexdigest()[:16]
   target = CACHE_DIR / "tokenizers" / f"{alias}-{digest}"
@@ -70,28 +94,28 @@ def _bundled_tokenizer(alias: str):
       os.replace(tmp, target)
     except OSError:  # another process unpacked it first
       shutil.rmtree(tmp, ignore_errors=True)
-  return AutoTokenizer.from_pretrained(str(target))
+  return _folder_tokenizer(target)
 
 
 def load_tokenizer(source: str | os.PathLike):
   """A transformers tokenizer for a folder, an alias (bundled copy) or a .gguf file (converted once by
   transformers, which needs torch for that, then cached)."""
-  from transformers import AutoTokenizer
   if str(source) in ALIASES and (ASSETS / str(source) / "tokenizer.json.gz").exists():
     return _bundled_tokenizer(str(source))
   path = resolve_source(str(source))
   if path.is_dir():
     try:
-      return AutoTokenizer.from_pretrained(str(path))
+      return _folder_tokenizer(path)
     except Exception as e:
       raise ValueError(f"{path}: could not load a tokenizer ({e})") from e
   key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime}".encode()).hexdigest()
   cached = CACHE_DIR / "tokenizers" / key[:16]
   if (cached / "tokenizer.json").exists():
-    return AutoTokenizer.from_pretrained(str(cached))
+    return _folder_tokenizer(cached)
   if importlib.util.find_spec("torch") is None:
     raise ImportError(f"{path}: transformers converts GGUF tokenizers only with torch installed "
                       "(pip install torch==2.13.0), or point at a folder holding tokenizer.json")
+  from transformers import AutoTokenizer
   tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
   tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
   tok.save_pretrained(str(tmp))

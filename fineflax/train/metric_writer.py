@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 
 
@@ -23,8 +24,7 @@ class MetricWriter:
       self._clu = metric_writers.create_default_writer(logdir, asynchronous=False)
       self._tbx = None
     else:
-      from tensorboardX import SummaryWriter
-      self._clu, self._tbx = None, SummaryWriter(logdir)
+      self._clu, self._tbx = None, _tensorboardx_writer()(logdir)
 
   def write_scalars(self, step: int, scalars: dict) -> None:
     clean = {k: float(v) for k, v in scalars.items()}
@@ -50,6 +50,21 @@ class MetricWriter:
     self.flush()
     self._jsonl.close()
     (self._clu or self._tbx).close()
+
+
+def _tensorboardx_writer():
+  """tensorboardX.SummaryWriter. Its writer module imports torch when installed, only to accept torch tensors
+  (scalars and text need none): in a process that has not loaded torch it is imported with `import torch`
+  failing, which saves seconds of start-up per job process (tests/test_train_infra.py checks)."""
+  if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # makes `import torch` raise ImportError
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 def read_jsonl(path: str) -> list[dict]:
