@@ -21,7 +21,6 @@ import pathlib
 import re
 import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -73,16 +72,12 @@ def fused_dot(hlo: str) -> bool:
 
 
 def median_ms(fn, *args, calls: int, repeats: int = 5) -> float:
+  """Median over `repeats` of the ms per call of `calls` back-to-back calls (`_gpu.time_steps`)."""
   import jax
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / calls)
-  return 1000 * statistics.median(times)
+  box = [fn(*args)]  # compile
+  step = lambda: box.__setitem__(0, fn(*args))
+  sync = lambda: jax.block_until_ready(box[0])
+  return 1000 * statistics.median(_gpu.time_steps(step, calls, sync) / calls for _ in range(repeats))
 
 
 def worker(spec: dict) -> dict:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, matmul, rms_norm
+from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, matmul, rms_norm
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
