@@ -9,7 +9,8 @@ Every case: random weights of the model's shape built on the device layer by lay
 double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
 random tokens, loss on every token through `fineflax.train.sft_step` (jitted, LoRA/optimizer state donated;
 logits in chunks of 256 positions, so [B, T, V] logits never exist), LoRA r=16 alpha=32 on q,k,v,o,gate,up,
-down (f32 adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer).
+down (f32 adapters, bf16 compute), AdamW + global-norm clip 1, remat "full" (checkpoint every layer; memory
+cases also with `--remat full,offload`: the per-layer inputs in pinned host memory).
 memory: seq 1024, batch 1, one step; peak = JAX `peak_bytes_in_use` since the worker process started
 (weights, adapters, optimizer state, activations and XLA temporaries all included); with `--aot` (default
 both) the step is also compiled from shapes before the weights exist, so XLA's autotuning scratch is not
@@ -68,22 +69,30 @@ SPEED_MODEL = "Llama-3.2-1B"
 def random_params(mc, quant: str, key, dtype, mark=lambda stage: None):
   """Random N(0, 0.02) weights built on the device one layer (or one row chunk) at a time.
 
-  quant "nf4": every linear kernel is an NF4Tensor made inside the same per-layer loop. `mark(stage)` is
-  called after the layers and after the embeddings (memory bookkeeping).
+  quant "nf4": every linear kernel is built as `fineflax.models.load(..., quant="nf4")` builds it from a
+  checkpoint (`fineflax.quant.quantize_layers`: one dense layer on the device at a time, quantised and
+  written into the stacked NF4 buffers in place). `mark(stage)` is called after the layers and after the
+  embeddings (memory bookkeeping).
   """
   import jax
   import jax.numpy as jnp
 
   from fineflax.lora import linear_shapes
-  from fineflax.quant import quantize_nf4
+  from fineflax.quant import quantize_layers
 
   def normal(k, shape):
     return (0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
 
-  @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-  def stacked(k, n, shape, nf4):  # [n, *shape], one entry at a time
-    one = (lambda kk: quantize_nf4(normal(kk, shape), 64, True)) if nf4 else (lambda kk: normal(kk, shape))
-    return jax.lax.map(one, jax.random.split(k, n))
+  @functools.partial(jax.jit, static_argnums=(1, 2))
+  def stacked(k, n, shape):  # [n, *shape], one entry at a time
+    return jax.lax.map(lambda kk: normal(kk, shape), jax.random.split(k, n))
+
+  layer = jax.jit(lambda k, i, shape: normal(jax.random.fold_in(k, i), shape), static_argnums=2)
+
+  def kernel(k, shape):
+    if quant == "nf4":
+      return quantize_layers(lambda i: layer(k, i, shape), L, "nf4", double_quant=True, blocksize=64)
+    return stacked(k, L, shape)
 
   @functools.partial(jax.jit, static_argnums=(1,))
   def chunked(k, shape):  # [R, C] in 8 row chunks (1 when R is not divisible); reshaped inside the jit
@@ -92,7 +101,7 @@ def random_params(mc, quant: str, key, dtype, mark=lambda stage: None):
 
   c, L = mc, mc.num_layers
   keys = iter(jax.random.split(key, 16))
-  layers = {n: {"kernel": stacked(next(keys), L, s, quant == "nf4")} for n, s in linear_shapes(c).items()}
+  layers = {n: {"kernel": kernel(next(keys), s)} for n, s in linear_shapes(c).items()}
   if c.attention_bias:
     for n in ("q", "k", "v"):
       layers[n]["bias"] = jnp.zeros((L, linear_shapes(c)[n][1]), dtype)
@@ -223,16 +232,18 @@ def cases(args) -> list[dict]:
   seq = 32 if args.smoke else 1024
   loops = ("scan", "unrolled") if args.layer_loop == "both" else (args.layer_loop,)
   out = []
-  variant = dict(nf4_matmul=args.nf4_matmul, logits_chunk=args.logits_chunk)
+  variant = dict(nf4_matmul=args.nf4_matmul, logits_chunk=args.logits_chunk, preallocate=args.preallocate)
   aots = {"both": (True, False), "yes": (True,), "no": (False,)}[args.aot]
   quants = args.quants.split(",")
+  remats = args.remat.split(",")
   for name in MEMORY_TARGET_GB:
     for quant in quants:
       for loop in loops:
-        for aot in (aots if quant == "nf4" else aots[:1]):  # bf16: the first order only
-          out.append(dict(part="memory", model=name, config=dict(models[name], layer_loop=loop),
-                          framework="fineflax", quant=quant, batch=1, seq=seq, steps=1, warmup=0,
-                          remat="full", aot=aot, **variant))
+        for remat in (remats if quant == "nf4" else remats[:1]):  # bf16: the first policy only
+          for aot in (aots if quant == "nf4" else aots[:1]):  # bf16: the first order only
+            out.append(dict(part="memory", model=name, config=dict(models[name], layer_loop=loop),
+                            framework="fineflax", quant=quant, batch=1, seq=seq, steps=2, warmup=1,
+                            remat=remat, aot=aot, **variant))
   speed = dict(part="speed", model=SPEED_MODEL, config=models[SPEED_MODEL], batch=2 if args.smoke else 4,
                seq=seq, steps=2 if args.smoke else args.steps, warmup=1 if args.smoke else 2)
   out += [dict(speed, config=dict(speed["config"], layer_loop=loop), framework="fineflax", quant=quant,
@@ -268,21 +279,25 @@ def label(r: dict) -> str:
 
 
 def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
-  mem = {(r["model"], r["quant"], bool(r.get("aot"))): r for r in rows if r["part"] == "memory"
-         and r["config"].get("layer_loop", "scan") == "scan"}  # the memory table: scan (see mem_loops)
+  mem = {(r["model"], r["quant"], r.get("remat", "full"), bool(r.get("aot"))): r for r in rows
+         if r["part"] == "memory" and r["config"].get("layer_loop", "scan") == "scan"}  # scan (see mem_loops)
   mem_loops = [f"- {r['model']} {label(r)}: peak {gb(r.get('peak_bytes'))} GB" for r in rows
                if r["part"] == "memory" and r["config"].get("layer_loop") == "unrolled"]
   peak = lambda r: gb(r.get("peak_bytes")) if "error" not in r else "error: " + r["error"][:60]
+  remats = list(dict.fromkeys(r.get("remat", "full") for r in rows if r["part"] == "memory" and r["quant"] == "nf4"))
   mem_rows = []
   for name, target in MEMORY_TARGET_GB.items():
-    step, cold = mem.get((name, "nf4", True), {}), mem.get((name, "nf4", False), {})
-    d = mem.get((name, "none", True)) or mem.get((name, "none", False), {})
-    judged = step if step.get("peak_bytes") else cold
-    ok = "error" not in judged and judged.get("peak_bytes") is not None
-    mem_rows.append([name, peak(step) if step else "-", peak(cold) if cold else "-",
-                     gb(judged.get("param_bytes")), gb(judged.get("state_bytes")),
-                     gb(judged.get("xla_temp_bytes")), f"{judged.get('bits', float('nan')):.3f}", peak(d),
-                     f"<= {target:g}", ("yes" if judged["peak_bytes"] / 1e9 <= target else "**no**") if ok else "n/a"])
+    for remat in remats:
+      step, cold = mem.get((name, "nf4", remat, True), {}), mem.get((name, "nf4", remat, False), {})
+      d = next((r for (m, q, _, _), r in mem.items() if m == name and q == "none"), {})
+      judged = step if step.get("peak_bytes") else cold
+      ok = "error" not in judged and judged.get("peak_bytes") is not None
+      step_s = judged["seconds"] / judged["steps"] if "seconds" in judged else None
+      mem_rows.append([name, remat, peak(step) if step else "-", peak(cold) if cold else "-",
+                       gb(judged.get("param_bytes")), gb(judged.get("state_bytes")),
+                       gb(judged.get("xla_temp_bytes")), "n/a" if step_s is None else f"{step_s:.2f}",
+                       f"{judged.get('bits', float('nan')):.3f}", peak(d), f"<= {target:g}",
+                       ("yes" if judged["peak_bytes"] / 1e9 <= target else "**no**") if ok else "n/a"])
   speed = {label(r): r for r in rows if r["part"] == "speed"}
   spd_rows, tps = [], {}
   peak = peak_bf16_flops(device)
@@ -320,7 +335,7 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
   return "\n".join([
       title, "", f"Device: {device}. Command: `{command}`.",
       "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
-      *(["Peak memory of one training step (seq 1024, batch 1, LoRA r=16 on all linears, remat full, AdamW; "
+      *(["Peak memory of a training step (seq 1024, batch 1, LoRA r=16 on all linears, AdamW; "
          "random weights; JAX `peak_bytes_in_use` of a fresh process, GB = 1e9 bytes). step peak: the step "
          "compiled from shapes before the weights exist (`--aot yes`), so the process peak is the step's own; "
          "first-call peak: compiled after the weights are built, as a first jit call does, which adds XLA's "
@@ -328,9 +343,17 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
          "temporaries. weights: bytes of the base parameters; state: LoRA + AdamW (f32); temporaries: XLA's "
          "compiled plan of the step; bits/param: of the NF4 linear kernels. The target is judged on the step "
          "peak.", "",
-         markdown_table(["model shape", "QLoRA step peak GB", "QLoRA first-call peak GB", "weights GB",
-                         "state GB", "step temporaries GB", "bits/param", "bf16 LoRA peak GB", "target GB",
-                         "met"], mem_rows), "",
+         markdown_table(["model shape", "remat", "QLoRA step peak GB", "QLoRA first-call peak GB", "weights GB",
+                         "state GB", "step temporaries GB", "step s", "bits/param", "bf16 LoRA peak GB (remat "
+                         "full)", "target GB", "met"], mem_rows), "",
+         ("Allocator: JAX's default (`XLA_PYTHON_CLIENT_PREALLOCATE=true`: one region of 75% of the GPU, from "
+          "which `peak_bytes_in_use` counts the bytes handed out). " if sp_variant.get("preallocate") else
+          "Allocator grown on demand (`XLA_PYTHON_CLIENT_PREALLOCATE=false`): its region boundaries leave "
+          "chunks up to 2x a request unsplit, counted as in use (0.12-0.29 GB more than the live arrays for "
+          "these 7B builds). ") +
+         "remat: `model.remat` of the QLoRA step (full: every layer recomputed, its input kept on the device; "
+         "offload: the same with the per-layer inputs in pinned host memory). step s: seconds of the second "
+         "step (one warm-up step first).", "",
          f"NF4 linears: `{sp_variant.get('nf4_matmul')}` matmul ("
          + ("`fineflax.quant.quantized_matmul`: W dequantised again in the backward pass, no dense W kept"
             if sp_variant.get("nf4_matmul") == "custom" else "x @ W.dequantize(): the dense W is autodiff's "
@@ -360,6 +383,12 @@ def main():
   ap.add_argument("--aot", default="both", choices=("both", "yes", "no"),
                   help="memory cases: compile the step from shapes before building the weights (yes), after "
                        "them as a first jit call does (no), or each NF4 case both ways (default)")
+  ap.add_argument("--remat", default="full",
+                  help="comma list of model.remat policies of the NF4 memory cases (full, offload: the per-layer "
+                       "inputs in pinned host memory); the bf16 case takes the first")
+  ap.add_argument("--preallocate", action="store_true",
+                  help="workers run with JAX's default allocator settings (XLA_PYTHON_CLIENT_PREALLOCATE=true: one "
+                       "region of 75%% of the GPU) instead of growing the allocator on demand")
   ap.add_argument("--logits-chunk", type=int, default=LOGITS_CHUNK, help="positions per loss-head chunk")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -376,6 +405,8 @@ def main():
     t0 = time.perf_counter()
     env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # every case compiles (and autotunes) from scratch
+    if case.get("preallocate"):
+      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     if args.smoke and case["framework"] == "torch":
       env["CUDA_VISIBLE_DEVICES"] = ""
     result = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(case)], env=env)
@@ -387,12 +418,12 @@ def main():
     summary["aot"] = case.get("aot")
     print(f"[{time.perf_counter() - t0:6.1f}s] {case['part']} {case['model']} {label(case)}: {summary}",
           file=sys.stderr, flush=True)
-  md = report(rows, _gpu.device_name(), command, args.smoke)
-  if args.section != "qlora":
-    md = md.replace("## QLoRA: memory and speed", f"## QLoRA: memory and speed ({args.section})", 1)
+    md = report(rows, _gpu.device_name(), command, args.smoke)
+    if args.section != "qlora":
+      md = md.replace("## QLoRA: memory and speed", f"## QLoRA: memory and speed ({args.section})", 1)
+    if not args.smoke:  # after every case: a run cut short keeps what it measured
+      write_section(args.section, md)
   print(md)
-  if not args.smoke:
-    write_section(args.section, md)
 
 
 if __name__ == "__main__":

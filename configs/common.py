@@ -15,7 +15,8 @@ def model(config, source="smollm2-135m-instruct", dtype="bfloat16", quant="nf4",
   config.model.dtype = dtype  # compute dtype: float32 (CPU) or bfloat16 (GPU)
   config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
   config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
-  config.model.remat = remat  # per-layer gradient checkpointing: none, full or dots
+  config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots or offload (full, with
+  #   the per-layer inputs kept in pinned host memory: decoder.REMAT_POLICIES)
   config.model.logits_chunk = logits_chunk  # tokens per chunk of the vocabulary projection in the loss
   config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla
   config.model.layer_loop = "auto"  # layers as lax.scan over stacked weights ("scan"), a Python loop with no

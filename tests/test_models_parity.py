@@ -71,3 +71,17 @@ def test_bf16_checkpoint_loads(tmp_path):
 
 # The real SmolLM2 GGUF against transformers' own GGUF loader (logits and greedy tokens):
 # tests/test_sampling_smollm2.py::test_smollm2_gguf_matches_transformers_loading_the_gguf (one ~25 s load for both).
+
+
+def test_quantised_load_equals_load_then_quantize(tmp_path):
+  """load(quant="nf4") quantises the host kernels one layer at a time: same tensors as quantising the
+  loaded device params; the linears outside quant_targets and every other leaf stay dense and equal."""
+  from fineflax.quant import NF4Tensor, quantize_params
+  make_hf_model("llama", tmp_path)
+  dense, config, _ = load(tmp_path, with_tokenizer=False)
+  got, config2, _ = load(tmp_path, with_tokenizer=False, quant="nf4", quant_targets=("q_proj", "down"))
+  want = quantize_params(dense, targets=("q", "down"), kind="nf4")
+  assert config2 == config
+  assert isinstance(got["layers"]["q"]["kernel"], NF4Tensor) and not hasattr(got["layers"]["k"]["kernel"], "codes")
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6), got, want)

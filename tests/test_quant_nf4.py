@@ -13,9 +13,9 @@ bnb = pytest.importorskip("bitsandbytes")
 import bitsandbytes.functional as F  # noqa: E402
 
 from fineflax.models import ModelConfig, forward, init_params  # noqa: E402
-from fineflax.quant import (NF4_CODE, Int8Tensor, NF4Tensor, bits_per_parameter,  # noqa: E402
+from fineflax.quant import (NF4_CODE, Int8Tensor, NF4Tensor, bits_per_parameter, quantize_layers,  # noqa: E402
                             dequantize_params, dynamic_code, quantize_int8, quantize_nf4,
-                            quantize_params)
+                            quantize_params, quantize_tensor)
 from fineflax.quant.blockwise import nearest_code  # noqa: E402
 
 
@@ -158,6 +158,25 @@ def test_stacked_quantisation_equals_per_layer():
     np.testing.assert_allclose(np.asarray(sliced.dequantize(jnp.float32)),
                                np.asarray(one.dequantize(jnp.float32)), rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("kind,double_quant", [("nf4", True), ("nf4", False), ("int8", True)])
+def test_layer_by_layer_quantisation_equals_stacked(kind, double_quant):
+  """quantize_layers (one layer on the device at a time, written in place) == quantising the stacked
+  kernel, and a NumPy kernel in quantize_params takes that path (same leaves as a jax kernel)."""
+  w = np.random.default_rng(5).standard_normal((3, 40, 24)).astype(np.float32)
+  want = quantize_tensor(jnp.asarray(w), kind, double_quant=double_quant, lead_dims=1)
+  got = quantize_layers(lambda i: w[i], 3, kind, double_quant=double_quant)
+  via_params = quantize_params({"layers": {"q": {"kernel": w}}}, targets=("q",), kind=kind,
+                               double_quant=double_quant)["layers"]["q"]["kernel"]
+  for tensor in (got, via_params):
+    assert type(tensor) is type(want) and tensor.shape == want.shape and tensor.dtype == want.dtype
+    assert jax.tree_util.tree_structure(tensor) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(tensor), jax.tree_util.tree_leaves(want)):
+      assert a.shape == b.shape and a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)  # offsets: summation order
+    np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(tensor)[0]),
+                                  np.asarray(jax.tree_util.tree_leaves(want)[0]))  # codes / q: exact
 
 CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16, attention_bias=True)

@@ -49,12 +49,10 @@ def load_policy(config) -> Policy:
   """Base (quantised per `model.quant`; + the adapter `model.adapter`, if set) with the agent's sampling
   settings."""
   from fineflax import lora as lora_lib
-  from fineflax import quant
   from fineflax.models import load
   dtype = compute_dtype(config)
-  params, mc, tok = load(config.model.source, dtype=dtype)
-  if config.model.quant != "none":
-    params = quant.quantize_params(params, targets=tuple(config.model.quant_targets), kind=config.model.quant)
+  params, mc, tok = load(config.model.source, dtype=dtype, quant=config.model.quant,
+                         quant_targets=tuple(config.model.quant_targets))
   lora, scale = None, 1.0
   if config.model.get("adapter", ""):
     lora, lora_cfg = lora_lib.import_peft(config.model.adapter, mc)

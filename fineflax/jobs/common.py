@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax import lora as lora_lib
-from fineflax import quant
 from fineflax.io import read_json
 from fineflax.models import load
 from fineflax.models.layer_loop import resolve_layer_loop
@@ -43,13 +42,11 @@ def setup_model(config):
   """
   dtype = compute_dtype(config)
   t0 = time.time()
-  params, model_config, tokenizer = load(config.model.source, dtype=dtype)
+  params, model_config, tokenizer = load(config.model.source, dtype=dtype, quant=config.model.quant,
+                                         quant_targets=tuple(config.model.get("quant_targets", ("all-linear",))))
   model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"),
                                      layer_loop=resolve_layer_loop(config.model.get("layer_loop", "scan"),
                                                                    config.model.remat))
-  if config.model.quant != "none":
-    targets = tuple(config.model.get("quant_targets", ("all-linear",)))
-    params = quant.quantize_params(params, targets=targets, kind=config.model.quant)
   lora_cfg = lora_lib.LoraConfig.from_mapping(config.lora)
   init_from = config.lora.get("init_from", "")
   if init_from:

@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from fineflax import lora as lora_lib
-from fineflax import quant
 from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
 from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
 from fineflax.models import load
@@ -34,12 +33,10 @@ def setup_teacher(config, student_base, model_config, dtype):
   """(params, model config, lora, lora scale) of the teacher (see configs/distill.py)."""
   t = config.teacher
   if t.source:
-    params, t_config, _ = load(t.source, dtype=dtype, with_tokenizer=False)
+    params, t_config, _ = load(t.source, dtype=dtype, with_tokenizer=False, quant=t.quant)
     if t_config.vocab_size != model_config.vocab_size:
       raise ValueError(f"config.teacher.source={t.source!r}: vocabulary {t_config.vocab_size} != the student's "
                        f"{model_config.vocab_size}")
-    if t.quant != "none":
-      params = quant.quantize_params(params, kind=t.quant)
   else:
     params, t_config = student_base, model_config
   if not t.adapter:

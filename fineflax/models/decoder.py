@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from fineflax.models.config import ModelConfig
 from fineflax.models.layer_loop import run_layers
@@ -199,10 +200,21 @@ def grouped_attention(q, k, v, mask, scale: float, cap: float | None, kv_layout:
   return out.reshape(b, t, hq, d)
 
 
+LAYER_INPUT = "layer_input"  # checkpoint name of each layer's input (the residual stream entering it)
+
+# config.model.remat -> the per-layer `jax.checkpoint` policy:
+#   none     no rematerialisation (every activation the backward pass reads is kept)
+#   full     only each layer's input is kept ([L, B, T, H] on the device); the layer is recomputed
+#   dots     matmul outputs without batch dimensions are kept, the rest recomputed
+#   offload  as full, but each layer's input is copied to pinned host memory in the forward pass and back
+#            in the backward pass: the [L, B, T, H] residual stack leaves the device (PCIe traffic instead)
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=[LAYER_INPUT],
+        offload_src="device", offload_dst="pinned_host"),
 }
 
 
@@ -265,6 +277,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
 
   def layer(carry, xs):
     x, ck, cv = carry
+    x = checkpoint_name(x, LAYER_INPUT)  # what remat "offload" moves to host memory
     i, lp, ll, key, window, inv_freq, rope_factor = xs
     lin_keys = iter(jax.random.split(key, len(LINEAR_NAMES))) if key is not None else None
     def lin(name, inp, shared=None):

@@ -136,13 +136,20 @@ def load_numpy(source: str | os.PathLike, dtype=np.float32) -> tuple[dict, Model
   raise ValueError(f"{path}: expected a checkpoint folder or a .gguf file")
 
 
-def load(source: str | os.PathLike, dtype=jnp.float32, with_tokenizer: bool = True):
+def load(source: str | os.PathLike, dtype=jnp.float32, with_tokenizer: bool = True, quant: str = "none",
+         quant_targets=("all-linear",)):
   """(params pytree of jax arrays of `dtype`, ModelConfig, tokenizer or None).
 
   `source`: a Hugging Face checkpoint folder (config.json + safetensors, sharded or not), a .gguf file,
   an alias ("smollm2-135m-instruct") or a hub name "org/model" when online.
+  quant: "none", or the kind ("nf4", "int8") of `fineflax.quant.quantize_params` for the linears
+  `quant_targets`; they are quantised from host memory one layer at a time, so the dense model is never
+  on the device (a 7B QLoRA load peaks near its NF4 size, not at 13.5 GB of bf16).
   """
   params, config = load_numpy(source, dtype=np.dtype(jnp.dtype(dtype)))
+  if quant != "none":
+    from fineflax.quant import quantize_params  # fineflax.quant imports fineflax.models
+    params = quantize_params(params, targets=tuple(quant_targets), kind=quant)
   params = jax.tree.map(jnp.asarray, params)
   tokenizer = load_tokenizer(source) if with_tokenizer else None
   if tokenizer is not None and len(tokenizer) > config.vocab_size:

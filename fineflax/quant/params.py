@@ -5,10 +5,12 @@ biases and `lm_head` stay dense.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.decoder import LINEAR_NAMES
@@ -41,13 +43,39 @@ def quantize_tensor(w, kind: str = "nf4", *, double_quant: bool = True, blocksiz
   raise ValueError(f"quantisation kind={kind!r}; choose one of {QUANT_KINDS}")
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_layer(stacked, piece, i):
+  """stacked[i] = piece, leaf by leaf, in place (the stacked buffers are donated)."""
+  return jax.tree_util.tree_map(lambda s, p: jax.lax.dynamic_update_index_in_dim(s, p, i, 0), stacked, piece)
+
+
+def quantize_layers(get_layer: Callable[[int], object], num_layers: int, kind: str = "nf4", *,
+                    double_quant: bool = True, blocksize: int = 64) -> QuantizedTensor:
+  """The quantised stacked kernel [L, in, out] whose layer i is `get_layer(i)` [in, out] (NumPy or jax).
+
+  Equals `quantize_tensor(stack([get_layer(i) for i < L]), kind, lead_dims=1)` (each layer is quantised on
+  its own either way). The stacked buffers are allocated once, from layer 0's shapes, and every layer is
+  written into them in place (donated), so the device holds the result, one dense layer and that layer's
+  quantisation temporaries: never the dense [L, in, out] kernel, and no second copy of the result.
+  """
+  one = lambda i: quantize_tensor(jnp.asarray(get_layer(i)), kind, double_quant=double_quant,
+                                  blocksize=blocksize, lead_dims=0)
+  first = one(0)
+  stacked = jax.tree_util.tree_map(lambda p: jnp.zeros((num_layers, *p.shape), p.dtype), first)
+  for i in range(num_layers):
+    stacked = _write_layer(stacked, first if i == 0 else one(i), jnp.int32(i))
+  return stacked
+
+
 def quantize_params(params: dict, targets: Sequence[str] = LINEAR_NAMES, kind: str = "nf4", *,
                     double_quant: bool = True, blocksize: int = 64) -> dict:
   """A copy of `params` whose `layers/{t}/kernel` (t in `targets`) are quantised; nothing else changes.
 
   `targets` uses the grammar of `fineflax.models.targets` (short names, HF names, fnmatch patterns,
   "all-linear"), as LoRA targets do. Already-quantised kernels are left as they are. Unknown target
-  names raise a ValueError that lists the linear names present.
+  names raise a ValueError that lists the linear names present. A NumPy kernel (host memory, as
+  `fineflax.models.load(..., on_device=False)` gives) is quantised one layer at a time
+  (`quantize_layers`): its dense [L, in, out] array never reaches the device.
   """
   layers = params["layers"]
   targets = resolve_targets(tuple(targets), [n for n in LINEAR_NAMES if n in layers])
@@ -56,7 +84,10 @@ def quantize_params(params: dict, targets: Sequence[str] = LINEAR_NAMES, kind: s
   new_layers = dict(layers)
   for t in targets:
     kernel = layers[t]["kernel"]
-    if not is_quantized(kernel):
+    if isinstance(kernel, np.ndarray):
+      kernel = quantize_layers(kernel.__getitem__, kernel.shape[0], kind, double_quant=double_quant,
+                               blocksize=blocksize)
+    elif not is_quantized(kernel):
       kernel = quantize_tensor(kernel, kind, double_quant=double_quant, blocksize=blocksize)
     new_layers[t] = {**layers[t], "kernel": kernel}
   return {**params, "layers": new_layers}

@@ -47,7 +47,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build(args: argparse.Namespace):
   """(Server, Starlette app) from parsed arguments; loads the model and adapters."""
   import jax.numpy as jnp
-  from fineflax import quant
   from fineflax.lora import import_peft
   from fineflax.models import load
   from fineflax.serve.app import Server, create_app
@@ -55,11 +54,9 @@ def build(args: argparse.Namespace):
   from fineflax.serve.feedback import FeedbackLog
   from fineflax.serve.router import Router
 
-  params, config, tokenizer = load(args.model, dtype=jnp.float32)
+  params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
   if tokenizer is None:
     raise SystemExit(f"--model {args.model}: no tokenizer found; the server needs one")
-  if args.quant != "none":
-    params = quant.quantize_params(params, kind=args.quant)
   dtype = jnp.dtype(args.dtype)
   adapters = {}
   for spec in args.adapter:
