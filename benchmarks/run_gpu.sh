@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll nf4 qlora sampler decode rl apo sweep grpo
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
@@ -53,6 +53,8 @@ for stage in "$@"; do
             # allocator, then 1B speed vs bf16 and transformers + peft; ~8 + 4 min, two device calls
             timeout -s TERM 570 python3 benchmarks/qlora.py --only memory --remat full,offload --preallocate
             cp benchmarks/RESULTS.md "$OUT/" ;;
+    gemv)   # NF4 products with few rows (decoding): the fused Pallas kernel vs XLA vs bf16, then the 1B decode step
+            timeout -s TERM 500 python3 benchmarks/nf4_gemv.py; cp benchmarks/RESULTS.md "$OUT/" ;;
     qspeed) python3 benchmarks/qlora.py --only speed --preallocate --section qlora_speed; cp benchmarks/RESULTS.md "$OUT/" ;;
     pdecode) python3 benchmarks/profile_decode.py --out "$OUT" ;;  # SmolLM2 decode step: kernels, busy vs wall
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;

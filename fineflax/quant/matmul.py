@@ -10,10 +10,16 @@ itself, so a dense W lives only while its own matmul runs (optimisation barriers
 the matmul's input, so XLA cannot schedule all of a layer's ahead of time); the price is one more
 dequantisation a linear per step (benchmarks/RESULTS.md, section qlora_notes). Values equal the plain
 product's.
+
+Forward products of at most `nf4_gemv.MAX_ROWS` rows on a GPU (decoding) run as one Pallas kernel that
+reads the NF4 codes directly (`fineflax.quant.nf4_gemv`; same values up to the order of the f32 sums);
+FINEFLAX_NF4_KERNEL=xla keeps them on `x @ W.dequantize()`.
 """
 from __future__ import annotations
 
 import functools
+import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +32,26 @@ def _zero_cotangent(leaf):
   return np.zeros(leaf.shape, jax.dtypes.float0)
 
 
+def _product(x, w, dtype):
+  """x @ w.dequantize(dtype), through the fused NF4 kernel where it applies (see the module docstring)."""
+  from fineflax.quant import nf4_gemv
+  rows = math.prod(x.shape[:-1])
+  if (os.environ.get("FINEFLAX_NF4_KERNEL", "auto") != "xla" and jax.default_backend() == "gpu"
+      and x.dtype == jnp.dtype(dtype) == jnp.bfloat16 and nf4_gemv.supported(rows, w)):
+    y = nf4_gemv.nf4_matmul(x.reshape(rows, x.shape[-1]), w)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+  return x @ w.dequantize(dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def quantized_matmul(x: jnp.ndarray, w, dtype) -> jnp.ndarray:
   """x [..., in] @ w.dequantize(dtype) [in, out] -> [..., out]; w is any quantised tensor (fineflax.quant)."""
-  return x @ w.dequantize(dtype)
+  return _product(x, w, dtype)
 
 
 def _forward(x, w, dtype):
   x, w = jax.lax.optimization_barrier((x, w))  # dequantise only once x exists: not hoisted to the layer start
-  return x @ w.dequantize(dtype), (w, jnp.zeros((), x.dtype))
+  return _product(x, w, dtype), (w, jnp.zeros((), x.dtype))
 
 
 def _backward(dtype, residuals, dy):
