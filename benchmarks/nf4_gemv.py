@@ -6,8 +6,8 @@
 Part 1, per Llama-3.2-1B linear shape and M rows: one jitted call computes x @ W_i for 8 distinct random
 kernels W_i (so the weights are read 8 times per call, no reuse), timed as the median of 5 runs of 20 calls;
 GB/s = bytes of the 8 kernels as stored (bf16: 2 B a weight; NF4: codes + double-quantised scales) over the
-time. Variants: bf16 W; NF4 through XLA (`x @ W.dequantize(bf16)`, FINEFLAX_NF4_KERNEL=xla); NF4 through
-`fineflax.quant.nf4_gemv.nf4_matmul`. max rel err: the fused result against XLA's NF4 product.
+time. Variants: bf16 W; NF4 through XLA (`x @ W.dequantize(bf16)`, the default); NF4 through
+`fineflax.quant.nf4_gemv.nf4_matmul` (FINEFLAX_NF4_KERNEL=pallas in the decode runs). max rel err: the fused result against XLA's NF4 product.
 Part 2: the decode step of the whole 1B shape (random weights, `SamplerSession`, unrolled decoder, greedy,
 32-token prompt, 64 new tokens; step ms = decode(64) wall time / 64, median of 3) for bf16 weights, NF4 with
 XLA's product and NF4 with the fused kernel, each in its own process; same tokens: the fused and the XLA NF4
@@ -141,7 +141,7 @@ def decode_report(decodes: dict, batch: int) -> str:
     same = ("-" if name != "nf4-fused" or xla_tokens is None else
             f"{np.mean(np.array(r['tokens']) == np.array(xla_tokens)):.3f}")
     rows.append([name, f"{r['step_ms']:.3f}", "-" if base is None else f"{base / r['step_ms']:.2f}", same])
-  return "\n".join([f"Decode step, Llama-3.2-1B shape, unrolled decoder, batch {batch}:", "",
+  return "\n".join([f"Decode step, Llama-3.2-1B shape (random weights), unrolled decoder, batch {batch}:", "",
                     markdown_table(["weights", "step ms", "bf16 step / this", "same greedy tokens as NF4 via XLA"],
                                    rows)])
 
@@ -166,7 +166,7 @@ def main():
     write_section("nf4_gemv", md)
   for batch in [int(b) for b in args.batches.split(",")]:
     decodes = {}
-    for name, quant, kernel in (("bf16", "none", "auto"), ("nf4-xla", "nf4", "xla"), ("nf4-fused", "nf4", "auto")):
+    for name, quant, kernel in (("bf16", "none", "xla"), ("nf4-xla", "nf4", "xla"), ("nf4-fused", "nf4", "pallas")):
       if args.smoke and name == "nf4-fused":
         continue  # the Triton kernel needs a GPU (interpret mode is covered by part 1 and the tests)
       dspec = {"part": "decode", "smoke": args.smoke, "model": "Llama-2-7B" if args.smoke else "Llama-3.2-1B",

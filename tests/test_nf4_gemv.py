@@ -1,6 +1,6 @@
 """The fused NF4 kernel for few-row products (`fineflax.quant.nf4_gemv`), run in Pallas' interpreter on CPU:
 equal to x @ W.dequantize(bf16) up to bf16 rounding of the output, its shape rules, and the dispatch of
-`quantized_matmul` to it (GPU backend, bf16, few rows; FINEFLAX_NF4_KERNEL=xla turns it off)."""
+`quantized_matmul` to it (GPU backend, bf16, few rows, FINEFLAX_NF4_KERNEL=pallas)."""
 import functools
 
 import jax
@@ -50,15 +50,19 @@ def test_supported_shapes_and_the_error_outside_them():
     nf4_gemv.nf4_matmul(jnp.zeros((65, 256), jnp.bfloat16), w, interpret=True)
 
 
-@pytest.mark.parametrize("setting,fused", [("auto", True), ("xla", False)])
+@pytest.mark.parametrize("setting,fused", [("pallas", True), ("xla", False), (None, False)])
 def test_quantized_matmul_dispatches_few_bf16_rows_on_gpu(monkeypatch, setting, fused):
-  """On a GPU backend (faked here, the kernel interpreted) a [2, 3, K] bf16 input takes the kernel, flattened
-  to 6 rows, unless FINEFLAX_NF4_KERNEL=xla; values equal the dequantised product either way."""
+  """On a GPU backend (faked here, the kernel interpreted) with FINEFLAX_NF4_KERNEL=pallas a [2, 3, K] bf16
+  input takes the kernel, flattened to 6 rows; not with =xla or unset (the default); values equal the
+  dequantised product either way."""
   calls = []
   kernel = functools.partial(nf4_gemv.nf4_matmul, interpret=True)
   monkeypatch.setattr(nf4_gemv, "nf4_matmul", lambda x, w: calls.append(x.shape) or kernel(x, w))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", setting)
+  if setting is None:
+    monkeypatch.delenv("FINEFLAX_NF4_KERNEL", raising=False)
+  else:
+    monkeypatch.setenv("FINEFLAX_NF4_KERNEL", setting)
   x, w = _case(6, 256, 128)
   got = quantized_matmul(x.reshape(2, 3, 256), w, jnp.bfloat16)
   assert got.shape == (2, 3, 128)

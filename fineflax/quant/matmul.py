@@ -11,9 +11,10 @@ the matmul's input, so XLA cannot schedule all of a layer's ahead of time); the 
 dequantisation a linear per step (benchmarks/RESULTS.md, section qlora_notes). Values equal the plain
 product's.
 
-Forward products of at most `nf4_gemv.MAX_ROWS` rows on a GPU (decoding) run as one Pallas kernel that
-reads the NF4 codes directly (`fineflax.quant.nf4_gemv`; same values up to the order of the f32 sums);
-FINEFLAX_NF4_KERNEL=xla keeps them on `x @ W.dequantize()`.
+With FINEFLAX_NF4_KERNEL=pallas, forward products of at most `nf4_gemv.MAX_ROWS` rows on a GPU (decoding)
+run as one Pallas kernel that reads the NF4 codes directly (`fineflax.quant.nf4_gemv`; same values up to
+the order of the f32 sums). Not the default: on an H200 it was 0.96-1.12x XLA's unfused product (both
+bound by decoding the codes, not by memory; benchmarks/RESULTS.md, section nf4_gemv).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _product(x, w, dtype):
   """x @ w.dequantize(dtype), through the fused NF4 kernel where it applies (see the module docstring)."""
   from fineflax.quant import nf4_gemv
   rows = math.prod(x.shape[:-1])
-  if (os.environ.get("FINEFLAX_NF4_KERNEL", "auto") != "xla" and jax.default_backend() == "gpu"
+  if (os.environ.get("FINEFLAX_NF4_KERNEL", "xla") == "pallas" and jax.default_backend() == "gpu"
       and x.dtype == jnp.dtype(dtype) == jnp.bfloat16 and nf4_gemv.supported(rows, w)):
     y = nf4_gemv.nf4_matmul(x.reshape(rows, x.shape[-1]), w)
     return y.reshape(*x.shape[:-1], y.shape[-1])
