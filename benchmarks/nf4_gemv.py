@@ -10,8 +10,9 @@ time. Variants: bf16 W; NF4 through XLA (`x @ W.dequantize(bf16)`, the default);
 `fineflax.quant.nf4_gemv.nf4_matmul` (FINEFLAX_NF4_KERNEL=pallas in the decode runs). max rel err: the fused result against XLA's NF4 product.
 Part 2: the decode step of the whole 1B shape (random weights, `SamplerSession`, unrolled decoder, greedy,
 32-token prompt, 64 new tokens; step ms = decode(64) wall time / 64, median of 3) for bf16 weights, NF4 with
-XLA's product and NF4 with the fused kernel, each in its own process; same tokens: the fused and the XLA NF4
-runs' greedy tokens compared.
+XLA's product and NF4 with the fused kernel (--decode-only: NF4 decoded from its dense copy,
+`SamplerSession(dense_base=True)`, instead), each in its own process; same tokens: that run's greedy tokens
+against the XLA NF4 run's.
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def decode_worker(spec: dict) -> dict:
   times = []
   for i in range(4):  # the first run compiles
     s = SamplerSession(params, config, max_total_len=32 + n, temperature=0.0, eos_ids=(), dtype=jnp.bfloat16,
-                       impl="unrolled")
+                       impl="unrolled", dense_base=spec.get("dense", False))
     s.start(prompts)
     jax.block_until_ready(s.cache)
     t = time.perf_counter()
@@ -138,10 +139,11 @@ def decode_report(decodes: dict, batch: int) -> str:
     if "error" in r:
       rows.append([name, "error: " + r["error"][:80], "", ""])
       continue
-    same = ("-" if name != "nf4-fused" or xla_tokens is None else
+    same = ("-" if name not in ("nf4-fused", "nf4-dense") or xla_tokens is None else
             f"{np.mean(np.array(r['tokens']) == np.array(xla_tokens)):.3f}")
     rows.append([name, f"{r['step_ms']:.3f}", "-" if base is None else f"{base / r['step_ms']:.2f}", same])
-  return "\n".join([f"Decode step, Llama-3.2-1B shape (random weights), unrolled decoder, batch {batch}:", "",
+  device = next((r["device"] for r in decodes.values() if "device" in r), "?")
+  return "\n".join([f"Decode step, Llama-3.2-1B shape (random weights), unrolled decoder, batch {batch} ({device}):", "",
                     markdown_table(["weights", "step ms", "bf16 step / this", "same greedy tokens as NF4 via XLA"],
                                    rows)])
 
@@ -150,6 +152,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--batches", default="1,16", help="decode batch sizes of part 2")
+  ap.add_argument("--decode-only", action="store_true", help="part 2 only, with the dense-copy variant too")
+  ap.add_argument("--section", default="nf4_gemv", help="RESULTS.md section to write")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
@@ -160,23 +164,28 @@ def main():
   env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
   spec = {"part": "micro", "smoke": args.smoke, "shapes": SMOKE_SHAPES if args.smoke else SHAPES,
           "rows": [1, 16] if args.smoke else list(ROWS), "calls": 2 if args.smoke else 20}
-  micro = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=env)
-  md = micro_report(dict({"rows": []}, **micro), command)
+  if args.decode_only:
+    md = f"## NF4 decode step: NF4 base vs its dense copy (benchmarks/nf4_gemv.py --decode-only)\n\nCommand: `{command}`."
+    variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-dense", "nf4", "xla", True))
+  else:
+    micro = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=env)
+    md = micro_report(dict({"rows": []}, **micro), command)
+    variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-fused", "nf4", "pallas", False))
   if not args.smoke:
-    write_section("nf4_gemv", md)
+    write_section(args.section, md)
   for batch in [int(b) for b in args.batches.split(",")]:
     decodes = {}
-    for name, quant, kernel in (("bf16", "none", "xla"), ("nf4-xla", "nf4", "xla"), ("nf4-fused", "nf4", "pallas")):
+    for name, quant, kernel, dense in variants:
       if args.smoke and name == "nf4-fused":
         continue  # the Triton kernel needs a GPU (interpret mode is covered by part 1 and the tests)
       dspec = {"part": "decode", "smoke": args.smoke, "model": "Llama-2-7B" if args.smoke else "Llama-3.2-1B",
-               "quant": quant, "new_tokens": 8 if args.smoke else 64, "batch": batch}
+               "quant": quant, "new_tokens": 8 if args.smoke else 64, "batch": batch, "dense": dense}
       decodes[name] = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(dspec)],
                                       env=dict(env, FINEFLAX_NF4_KERNEL=kernel))
       print(name, batch, {k: v for k, v in decodes[name].items() if k != "tokens"}, file=sys.stderr, flush=True)
     md += "\n\n" + decode_report(decodes, batch)
     if not args.smoke:
-      write_section("nf4_gemv", md)
+      write_section(args.section, md)
   print(md)
 
 

@@ -55,6 +55,8 @@ for stage in "$@"; do
             cp benchmarks/RESULTS.md "$OUT/" ;;
     gemv)   # NF4 products with few rows (decoding): the fused Pallas kernel vs XLA vs bf16, then the 1B decode step
             timeout -s TERM 500 python3 benchmarks/nf4_gemv.py; cp benchmarks/RESULTS.md "$OUT/" ;;
+    dense)  # QLoRA decoding from a dense copy of the base (SamplerSession(dense_base=True)) vs NF4 vs bf16
+            python3 benchmarks/nf4_gemv.py --decode-only --section nf4_dense_decode; cp benchmarks/RESULTS.md "$OUT/" ;;
     qspeed) python3 benchmarks/qlora.py --only speed --preallocate --section qlora_speed; cp benchmarks/RESULTS.md "$OUT/" ;;
     pdecode) python3 benchmarks/profile_decode.py --out "$OUT" ;;  # SmolLM2 decode step: kernels, busy vs wall
     sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;

@@ -102,6 +102,8 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   r.max_new_tokens = max_new_tokens  # completion budget per row
   r.temperature = temperature  # rollout temperature; the loss uses the same softmax(logits / T)
   r.top_p = 1.0  # nucleus sampling mass for rollouts
+  r.dense_rollouts = False  # rollouts decode a dense copy of a quantised base (same weights; NF4 decoding
+  #   took 2.4-2.8x bf16's time on an H200), costing that copy's memory while sampling
   r.num_iterations = ml_collections.FieldReference(1)  # updates per rollout batch (mu)
   r.clip = True  # clipped surrogate (False: -r*A, LUFFY's released code)
   r.epsilon_low = 0.2  # clip range below 1

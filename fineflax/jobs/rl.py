@@ -83,7 +83,7 @@ class RLJob:
   def policy(self, lora) -> Policy:
     rl = self.rl
     return Policy(self.base, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
-                  rl.top_p, rl.max_new_tokens, self.mesh)
+                  rl.top_p, rl.max_new_tokens, self.mesh, bool(rl.get("dense_rollouts", False)))
 
   def mean_entropy(self, lora, prompt, trajectories) -> np.ndarray:
     """Mean token entropy of stored trajectories under the current policy (ExGRPO selection)."""

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, matmul, rms_norm
+from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, matmul, rms_norm
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
@@ -47,18 +47,22 @@ def _cast(x, dtype):
   return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
 
-def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True) -> dict:
+def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,
+                     dequantize: bool = False) -> dict:
   """The decode weights (see the module docstring) from a stacked `decoder` parameter pytree.
 
   Dense kernels are cast to `dtype`, concatenated per group along the output axis and (transpose=True)
   transposed, in one jitted call: a fresh copy of the dense linear weights (the caller's params are not
   modified). Quantised kernels are not copied: they stay stacked under "quantized" {name: {"kernel",
   "bias"?}} and `forward_unrolled` indexes layer i inside its jitted step, where the slice fuses into
-  the dequantisation. embed / final_norm / lm_head are cast (no copy when already `dtype`).
+  the dequantisation. dequantize=True instead dequantises them (to `dtype`) into the dense groups like
+  the rest: a dense copy of the whole base, decoded at a dense kernel's speed. embed / final_norm /
+  lm_head are cast (no copy when already `dtype`).
   """
   layers = params["layers"]
-  quantized = {n: layers[n] for _, names in GROUPS for n in names
-               if n in layers and any(_is_quantized(layers[m]["kernel"]) for m in names if m in layers)}
+  quantized = {} if dequantize else {
+      n: layers[n] for _, names in GROUPS for n in names
+      if n in layers and any(_is_quantized(layers[m]["kernel"]) for m in names if m in layers)}
   dense = {n: p for n, p in layers.items() if n not in quantized}
   out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
          "layers": _prepare_layers(dense, config, dtype, transpose)}
@@ -67,7 +71,7 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
                         for n, p in quantized.items()}
   if "lm_head" in params:
     k = params["lm_head"]["kernel"]
-    out["lm_head"] = {"kernel": k if _is_quantized(k) else _cast(k, dtype)}
+    out["lm_head"] = {"kernel": k if _is_quantized(k) and not dequantize else materialize(k, dtype)}
   return out
 
 
@@ -81,7 +85,8 @@ def _prepare_layers(layers, config: ModelConfig, dtype, transpose: bool) -> list
       names = [n for n in names if n in layers]
       if not names:
         continue
-      w = jnp.concatenate([layers[n]["kernel"][i].astype(dtype) for n in names], axis=1)
+      w = jnp.concatenate([materialize(jax.tree.map(lambda a: a[i], layers[n]["kernel"]), dtype) for n in names],
+                          axis=1)
       entry = {"kernel_t": w.T} if transpose else {"kernel": w}
       if any("bias" in layers[n] for n in names):
         entry["bias"] = jnp.concatenate(

@@ -30,7 +30,8 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
              top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None,
              stop_strings: Sequence[str] = (), tokenizer=None, rng=None, lora=None,
              lora_scale: float = 1.0, dtype=jnp.bfloat16, prompt_mask=None,
-             chunk_size: int = 32, mesh=None, impl: str | None = "auto") -> SampleOutput:
+             chunk_size: int = 32, mesh=None, impl: str | None = "auto",
+             dense_base: bool = False) -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt; returns a `SampleOutput` of width `max_new_tokens`.
 
   temperature 0 = greedy. eos_ids: None = the config's (and tokenizer's) EOS ids; () = never stop at
@@ -38,6 +39,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   Prompts: token lists of any lengths (left-padded internally), or an array with `prompt_mask`.
   mesh: a `fineflax.train.mesh` mesh; the rows (and KV cache) are split over its devices.
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `sampling.decode.decode_impl`).
+  dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"generate(max_new_tokens={max_new_tokens!r}): must be an integer >= 1")
@@ -46,7 +48,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   session = SamplerSession(params, config, max_total_len=max_new_tokens, tokenizer=tokenizer,
                            temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids,
                            rng=rng, lora=lora, lora_scale=lora_scale, dtype=dtype,
-                           chunk_size=chunk_size, mesh=mesh, impl=impl)
+                           chunk_size=chunk_size, mesh=mesh, impl=impl, dense_base=dense_base)
   session.start(prompts_as_lists(prompt_tokens, prompt_mask))
   session.decode(max_new_tokens, stop_strings)
   return session.result(width=max_new_tokens)

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.models.decoder import init_cache
 from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
+from fineflax.quant import dequantize_params
 from fineflax.sampling.decode import bucket, decode_chunk, decode_impl, feed_block
 from fineflax.sampling.processors import SamplingConfig
 
@@ -78,13 +79,17 @@ class SamplerSession:
   def __init__(self, params, config, *, max_total_len: int, tokenizer=None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
                lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None,
-               impl: str | None = "auto"):
+               impl: str | None = "auto", dense_base: bool = False):
     """impl: the decoder (see `decode_impl`; "auto": "unrolled" on GPUs, else "scan"). "unrolled"
     re-lays the weights out once here (`prepare_unrolled`): an extra copy of the dense weights while the
-    session lives."""
+    session lives. dense_base=True decodes a quantised base from a `dtype` copy of its dequantised
+    weights made here (same weights; NF4 decoding is 2.4-2.8x slower than bf16 on an H200: RESULTS.md,
+    nf4_gemv), at the memory of that copy while the session lives."""
     self.impl = decode_impl(impl)
     if self.impl == "unrolled":
-      params = prepare_unrolled(params, config, dtype)
+      params = prepare_unrolled(params, config, dtype, dequantize=dense_base)
+    elif dense_base:
+      params = dequantize_params(params, dtype)
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.mesh = mesh
     self.sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))

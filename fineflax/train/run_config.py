@@ -18,7 +18,7 @@ from fineflax.io import atomic_write_text
 # (model.layer_loop: the same arithmetic as a scan or an unrolled loop; absent in configs older than it)
 RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_batch_size", "log_every",
                      "checkpoint.*", "resume", "verbose", "sample_prompt", "sample_max_new_tokens",
-                     "mesh.*", "distributed.*", "model.layer_loop")
+                     "mesh.*", "distributed.*", "model.layer_loop", "rl.dense_rollouts")
 RUN_OUTPUTS = ("checkpoints", "logs", "history.json", "summary.json", "adapter", "config.json")
 
 
