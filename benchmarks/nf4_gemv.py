@@ -85,7 +85,8 @@ def decode_worker(spec: dict) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from benchmarks.qlora import MODELS, SMOKE_MODELS, random_params
+  from benchmarks._random_weights import random_params
+  from benchmarks.qlora import MODELS, SMOKE_MODELS
   from fineflax.models import ModelConfig
   from fineflax.sampling import SamplerSession
 

@@ -22,7 +22,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.qlora import LORA_ALPHA, LORA_R, LR, MEMORY_TARGET_GB, MODELS, TARGETS, random_params  # noqa: E402
+from benchmarks._random_weights import random_params  # noqa: E402
+from benchmarks.qlora import LORA_ALPHA, LORA_R, LR, MEMORY_TARGET_GB, MODELS, TARGETS  # noqa: E402
 
 
 def plan(name: str, seq: int, batch: int, remat: str, logits_chunk: int, quant: str = "nf4",

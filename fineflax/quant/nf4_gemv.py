@@ -1,9 +1,11 @@
 """y = x @ W for an NF4 kernel W and few rows x (decoding): one Pallas (Triton) kernel that reads the 4-bit codes.
 
 XLA does not fuse NF4 dequantisation into a matmul (benchmarks/RESULTS.md, section nf4_dequant): `x @
-W.dequantize()` writes the dense bf16 W and reads it back, 4.5 bytes a weight against 2 for a bf16 kernel,
-and at a few rows the product is bound by those bytes. Here each program decodes one tile of codes in
-registers and multiplies it at once (0.5 bytes a weight plus 1/16 for the scales):
+W.dequantize()` writes the dense bf16 W and reads it back, 4.5 bytes a weight against 2 for a bf16 kernel.
+Here each program decodes one tile of codes in registers and multiplies it at once (0.5 bytes a weight plus
+1/16 for the scales). Measured on an H200 (section nf4_gemv) it runs at XLA's speed, not at the bytes'
+bound: decoding the codes (a 15-select tree a weight) is what both spend their time on, so it is opt-in
+(`quantized_matmul`, FINEFLAX_NF4_KERNEL=pallas).
 
   W [K, N] row-major, element e = k N + n; codes byte j = (q[2j] << 4) | q[2j + 1]; block b = e // 64
   tile (kk, j): rows k in [kk BK, (kk + 1) BK), code columns [32 j, 32 j + 32) = outputs n in [64 j, 64 j + 64),
