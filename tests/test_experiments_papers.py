@@ -2,10 +2,13 @@
 the tables, results.json and plots are written (experiments/luffy/run.py, experiments/search_r1/run.py)."""
 import json
 
+import pytest
+
 from experiments.luffy import run as luffy
 from experiments.search_r1 import run as search_r1
 
 
+@pytest.mark.slow
 def test_luffy_five_way_smoke(tiny_smol, tmp_path):
   out = tmp_path / "luffy"
   assert luffy.main(["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0"]) == 0
@@ -26,6 +29,7 @@ def test_luffy_five_way_smoke(tiny_smol, tmp_path):
       p.name for p in out.iterdir()}
 
 
+@pytest.mark.slow
 def test_search_r1_vs_rag_and_combined_smoke(tiny_smol, tmp_path):
   out = tmp_path / "sr1"
   argv = ["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0",
