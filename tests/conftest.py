@@ -80,3 +80,11 @@ def tiny_smol(tmp_path_factory):
                 num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
   load_tokenizer("smollm2-135m-instruct").save_pretrained(path)
   return str(path)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked slow run first (stable sort; the rest keep their order). With --dist loadgroup, xdist
+  hands single tests to whichever worker is nearly idle, in collection order: started first, the long
+  tests overlap the short ones instead of one of them running alone on one worker at the end while the
+  other worker idles (longest-first list scheduling)."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

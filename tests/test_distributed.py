@@ -21,7 +21,8 @@ WORKER = textwrap.dedent("""
     from fineflax.jobs.resolve import load_config
     from fineflax.train import distributed
     over = {"model.source": source, "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 16,
-            "eval_batch_size": 4, "num_steps": 1, "eval_at_start": False}
+            "eval_batch_size": 4, "num_steps": 1, "eval_at_start": False,
+            "lora.targets": "('q','v')"}  # 4 adapter tensors per layer, not 14: faster compiles, same parity
     if n > 1:
       over.update({"distributed.coordinator_address": f"localhost:{port}", "distributed.num_processes": n,
                    "distributed.process_id": pid})
@@ -68,6 +69,7 @@ def _result(proc):
   return json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one(tiny_smol, tmp_path):
   port = _free_port()
   procs = [_spawn([tiny_smol, tmp_path / "two", 2, pid, port], devices=1) for pid in (0, 1)]

@@ -12,7 +12,7 @@ def test_agents_experiment_smoke(tiny_smol, tmp_path):
   in the script too): the RL and APO runs, results.json, the report and the plot."""
   out = tmp_path / "out"
   _load_run().main(["--smoke", "--model", tiny_smol, "--seeds", "0", "--out", str(out),
-                    "--rl-set", "num_steps=1", "eval_at_start=False", "task.num_eval=2"])
+                    "--rl-set", "num_steps=1", "eval_at_start=False", "task.num_eval=2", "lora.targets=('q','v')"])
   res = json.loads((out / "results.json").read_text())
   assert list(res["rl"]) == ["0"] and 0 <= res["rl"]["0"]["after"] <= 1
   assert res["apo"]["split"] == {"gradient": 4, "val": 2, "test": 2} and res["apo"]["best_prompt"]

@@ -2,13 +2,21 @@
 the tables, results.json and plots are written (experiments/luffy/run.py, experiments/search_r1/run.py)."""
 import json
 
+import pytest
+
 from experiments.luffy import run as luffy
 from experiments.search_r1 import run as search_r1
 
+# Adapters on q and v only: the same jobs, with 4 adapter tensors per layer instead of 14, so each run's
+# train step compiles ~15% faster (adapters on every linear: tests/test_jobs_common.py, test_lora_*.py).
+QV = "lora.targets=('q','v')"
 
+
+@pytest.mark.slow
 def test_luffy_five_way_smoke(tiny_smol, tmp_path):
   out = tmp_path / "luffy"
-  assert luffy.main(["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0"]) == 0
+  assert luffy.main(["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0",
+                     "--set", QV]) == 0
   res = json.loads((out / "results.json").read_text())
   assert set(res["runs"]) == set(luffy.METHODS) == set(res["final"])
   hist = {m: json.loads((out / "runs" / f"{m}-0" / "history.json").read_text()) for m in luffy.METHODS}
@@ -26,10 +34,11 @@ def test_luffy_five_way_smoke(tiny_smol, tmp_path):
       p.name for p in out.iterdir()}
 
 
+@pytest.mark.slow
 def test_search_r1_vs_rag_and_combined_smoke(tiny_smol, tmp_path):
   out = tmp_path / "sr1"
   argv = ["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0",
-          "--methods", "search_r1", "combined"]
+          "--methods", "search_r1", "combined", "--set", QV]
   assert search_r1.main(argv) == 0
   res = json.loads((out / "results.json").read_text())
   assert set(res["runs"]) == {"search_r1", "combined"}

@@ -1,6 +1,7 @@
 """The chat job: base model, with a PEFT adapter from disk, and with a memory-store system prompt."""
 import jax
 import numpy as np
+import pytest
 
 from fineflax.jobs.resolve import load_config
 from fineflax import lora as L
@@ -19,6 +20,7 @@ def _config(source, **kw):
   return c
 
 
+@pytest.mark.slow
 def test_chat_with_adapter_matches_generate_with_that_adapter(tiny_smol, tmp_path, capsys):
   params, config, tok = load(tiny_smol)
   cfg = L.LoraConfig(r=4, alpha=8.0)

@@ -7,7 +7,10 @@ from fineflax.jobs.resolve import load_config
 
 
 def test_search_r1_job_runs_one_step_with_luffy_demonstrations(tiny_smol, tmp_path):
-  c = load_config("configs/search_r1.py:smoke", [f"model.source={tiny_smol}", "eval_at_start=True"])
+  # adapters on q and v, as the Search-R1 experiment smoke (test_experiments_papers.py) trains them: this
+  # run's programs are its "combined" method's, read from the run's persistent compilation cache
+  c = load_config("configs/search_r1.py:smoke", [f"model.source={tiny_smol}", "eval_at_start=True",
+                                                 "lora.targets=('q','v')"])
   assert c.rl.objective == "luffy" and "exgrpo" not in c.rl  # no fields it does not use
   out = rl_job.run(c, str(tmp_path))
   hist = out["history"]

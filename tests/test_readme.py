@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"(<!-- readme-test: skip[^\n]*-->\n)?```(\w+)\n(.*?)```", re.S)
 
@@ -20,6 +22,7 @@ def test_every_skipped_block_says_why():
   assert all(re.search(r"skip \(.{10,}\)", m) for m in re.findall(r"<!-- readme-test:[^\n]*-->", text))
 
 
+@pytest.mark.slow
 def test_python_blocks_run_in_order(tmp_path):
   code = "\n\n".join(src for run, src in _blocks("python") if run)
   assert "load(" in code and "quantize_params" in code and "create_search_engine" in code

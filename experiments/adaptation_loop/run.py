@@ -57,11 +57,12 @@ def _relative(command: str) -> str:
   return command.replace(str(loop.ROOT) + "/", "")
 
 
-def sft_argv(model: str, workdir, sources, steps: int, s: dict, init_from: str = "") -> list[str]:
+def sft_argv(model: str, workdir, sources, steps: int, s: dict, init_from: str = "", sft_set=()) -> list[str]:
   argv = [sys.executable, "launch.py", "--config", "configs/quickstart.py", "--workdir", str(workdir),
           f"--config.model.source={model}", f"--config.data.sources={sources}", "--config.data.eval_sources=",
           f"--config.optimizer.num_steps={steps}", f"--config.checkpoint.every={steps}",
           f"--config.eval_every={steps}", f"--config.data.batch_size={s['batch_size']}", "--config.sample_prompt="]
+  argv += [f"--config.{kv}" for kv in sft_set]
   return argv + ([f"--config.lora.init_from={init_from}"] if init_from else [])
 
 
@@ -74,6 +75,8 @@ def main(argv=None):
                   help="reward log rows kept as SFT data (the smoke test's random model needs 0)")
   ap.add_argument("--router", default="thompson", choices=("thompson", "ucb1"))
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--sft-set", nargs="*", default=[],
+                  help="configs/quickstart.py overrides key=value for the three SFT runs (e.g. lora.targets=...)")
   ap.add_argument("--reference-eval", action="store_true",
                   help="also A/B tuned vs noisy-after on the held-out questions (~4 more minutes)")
   for k, v in FULL.items():
@@ -98,8 +101,8 @@ def main(argv=None):
   adapters = {}
   for name, src in (("tuned", "arithmetic_messages.jsonl"), ("noisy", str(noisy_path))):
     wd = work / f"sft_{name}"
-    times[f"sft_{name}_s"] = run_cmd(sft_argv(args.model, wd, src, s["variant_steps"], s), work / f"sft_{name}.log",
-                                     commands)
+    times[f"sft_{name}_s"] = run_cmd(sft_argv(args.model, wd, src, s["variant_steps"], s, sft_set=args.sft_set),
+                                     work / f"sft_{name}.log", commands)
     adapters[name] = str(wd / "adapter")
 
   # 2-3. serve both, simulated users with feedback, the router converges
@@ -139,7 +142,8 @@ def main(argv=None):
   # 5. SFT continues the weak variant's adapter on the feedback data
   wd = work / "sft_feedback"
   times["sft_feedback_s"] = run_cmd(sft_argv(args.model, wd, str(sft_data), s["feedback_steps"], s,
-                                             init_from=adapters["noisy"]), work / "sft_feedback.log", commands)
+                                             init_from=adapters["noisy"], sft_set=args.sft_set),
+                                    work / "sft_feedback.log", commands)
   adapters["noisy_after"] = str(wd / "adapter")
 
   # 6. A/B on held-out questions: weak before vs weak after (the judge is skipped: see RESULTS.md)
