@@ -90,9 +90,7 @@ def decode_worker(spec: dict) -> dict:
   from fineflax.models import ModelConfig
   from fineflax.sampling import SamplerSession
 
-  shape = dict((SMOKE_MODELS if spec["smoke"] else MODELS)[spec["model"]])
-  shape["rope_scaling"] = tuple(tuple(kv) for kv in shape["rope_scaling"]) if shape.get("rope_scaling") else None
-  config = ModelConfig(**shape)
+  config = ModelConfig(**(SMOKE_MODELS if spec["smoke"] else MODELS)[spec["model"]])  # imported, not JSON: hashable
   params = random_params(config, "nf4" if spec["quant"] == "nf4" else "none", jax.random.key(0), jnp.bfloat16)
   n, b = spec["new_tokens"], spec["batch"]
   prompts = np.random.default_rng(0).integers(0, config.vocab_size, (b, 32)).tolist()
@@ -163,12 +161,12 @@ def main():
     return
   command = " ".join(["python benchmarks/nf4_gemv.py"] + sys.argv[1:])
   env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
-  spec = {"part": "micro", "smoke": args.smoke, "shapes": SMOKE_SHAPES if args.smoke else SHAPES,
-          "rows": [1, 16] if args.smoke else list(ROWS), "calls": 2 if args.smoke else 20}
   if args.decode_only:
     md = f"## NF4 decode step: NF4 base vs its dense copy (benchmarks/nf4_gemv.py --decode-only)\n\nCommand: `{command}`."
     variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-dense", "nf4", "xla", True))
   else:
+    spec = {"part": "micro", "smoke": args.smoke, "shapes": SMOKE_SHAPES if args.smoke else SHAPES,
+            "rows": [1, 16] if args.smoke else list(ROWS), "calls": 2 if args.smoke else 20}
     micro = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=env)
     md = micro_report(dict({"rows": []}, **micro), command)
     variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-fused", "nf4", "pallas", False))
