@@ -16,7 +16,7 @@ API
   faiss_threads(n | num_queries=Q, num_vectors=n, dim=d): context manager, FAISS OpenMP threads in this
       thread; DenseIndex.search uses threads_for(Q, n, d): 1 unless Q >= 2 and Q*n*d >= MIN_PARALLEL_WORK
   server: python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000
-      (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3)
+      (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3) (RetrievalHTTPError: .status)
 """
 import importlib
 

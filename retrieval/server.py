@@ -8,12 +8,15 @@
 Connections: HTTP/1.1 keep-alive (TCP_NODELAY, so one query per request does not wait on Nagle + delayed
 ACK); an idle keep-alive connection closes after --keep-alive-timeout s; a connection that sends nothing,
 half a request line/headers, or half a body for --idle-timeout s is closed (it never holds a worker: the
-event loop serves every connection). Searches run on --workers threads (the rest wait); beyond
---max-connections open connections new requests get 503. Bodies may be chunked; a body over --max-body-mb
-gets 413 without the server closing the connection (the rest is read and discarded, so a client still
-streaming it sees the 413, not a broken pipe). Errors are JSON {"error": message}: 400 malformed JSON or
-fields, 404 unknown path, 405 wrong method, 413 body too large, 500 engine failure; malformed HTTP gets
-uvicorn's 400. Exit code 2 with one line for a user mistake (port in use, bad corpus); --verbose adds tracebacks.
+event loop serves every connection). Searches run on --workers threads (the rest wait, first come first
+served), --batch-queries queries per engine call: a request of many queries takes its turn again after
+each batch, so a small request waits behind at most one batch of each big one. A request of more than
+--max-queries queries gets 413; beyond --max-connections open connections new requests get 503. Bodies
+may be chunked; a body over --max-body-mb gets 413 without the server closing the connection (the rest is
+read and discarded, so a client still streaming it sees the 413, not a broken pipe). Errors are JSON
+{"error": message}: 400 malformed JSON (also nested too deeply) or fields, 404 unknown path, 405 wrong
+method, 413 body or query list too large, 500 engine failure; malformed HTTP gets uvicorn's 400. Exit
+code 2 with one line for a user mistake (port in use, bad corpus); --verbose adds tracebacks.
 """
 from __future__ import annotations
 
@@ -27,9 +30,12 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
+from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
 from retrieval.documents import Hit
 
 MAX_BODY_BYTES = 8 << 20
+MAX_QUERIES = 1024  # queries per /retrieve request (--max-queries)
+BATCH_QUERIES = 64  # queries per engine call (--batch-queries)
 
 
 class BadRequest(ValueError):
@@ -43,9 +49,9 @@ def search_r1_document(h: Hit) -> dict[str, Any]:
 def parse_request(body: bytes, default_topk: int = 3) -> tuple[list[str], int, bool]:
   """Validates a /retrieve body; topk null/absent -> default_topk; BadRequest names the field at fault."""
   try:
-    payload = json.loads(body)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise BadRequest(f"malformed JSON body: {e}") from None
+    payload = parse_json(body)
+  except ValueError as e:
+    raise BadRequest(str(e)) from None
   if not isinstance(payload, dict):
     raise BadRequest(f"body must be a JSON object, got {type(payload).__name__}")
   queries = payload.get("queries")
@@ -69,8 +75,12 @@ def format_result(hits: list[list[Hit]], return_scores: bool) -> list[list[dict]
 
 
 def make_app(engine, *, default_topk: int = 3, max_topk: int = 1000, workers: int = 4,
-             max_body_bytes: int = MAX_BODY_BYTES, verbose: bool = False):
-  """The ASGI app: /retrieve and /health over `engine` (an object with search_batch(queries, k) and len)."""
+             max_body_bytes: int = MAX_BODY_BYTES, max_queries: int = MAX_QUERIES,
+             batch_queries: int = BATCH_QUERIES, verbose: bool = False):
+  """The ASGI app: /retrieve and /health over `engine` (an object with search_batch(queries, k) and len).
+
+  A request's queries are searched `batch_queries` at a time, each batch waiting its turn for one of the
+  `workers` threads (first come, first served), so big requests take turns with small ones."""
   import anyio
   from starlette.applications import Starlette
   from starlette.exceptions import HTTPException
@@ -86,18 +96,22 @@ def make_app(engine, *, default_topk: int = 3, max_topk: int = 1000, workers: in
 
   async def read_body(request: Request) -> bytes | Response:
     declared = request.headers.get("content-length")
-    if declared is not None:
-      if not declared.isdigit():
-        return reply(400, {"error": f"bad Content-Length {declared!r}"})
-      if int(declared) > max_body_bytes:  # the parser discards the unread body; the connection stays usable
-        return reply(413, {"error": f"body of {declared} bytes exceeds the limit of {max_body_bytes}"})
-    chunks, size = [], 0
-    async for chunk in request.stream():  # Content-Length or chunked transfer encoding
-      size += len(chunk)
-      if size > max_body_bytes:
-        return reply(413, {"error": f"body exceeds the limit of {max_body_bytes} bytes"})
-      chunks.append(chunk)
-    return b"".join(chunks)
+    if declared is not None and not declared.isdigit():
+      return reply(400, {"error": f"bad Content-Length {declared!r}"})
+    body, size = await read_capped_body(request, max_body_bytes)
+    if body is None:
+      return reply(413, {"error": f"body of {size} bytes exceeds the limit of {max_body_bytes}"})
+    return body
+
+  async def search(request: Request, queries: list[str], k: int) -> list[list[Hit]] | None:
+    """The hits of all queries, one batch per turn on a worker; None when the client left meanwhile."""
+    hits = []
+    for start in range(0, len(queries), batch_queries):
+      if start and await request.is_disconnected():
+        return None
+      hits += await anyio.to_thread.run_sync(engine.search_batch, queries[start:start + batch_queries], k,
+                                             limiter=limiter)
+    return hits
 
   async def retrieve(request: Request) -> Response:
     try:
@@ -112,8 +126,13 @@ def make_app(engine, *, default_topk: int = 3, max_topk: int = 1000, workers: in
       return reply(400, {"error": str(e)})
     if not queries:
       return reply(200, {"result": []})
+    if len(queries) > max_queries:
+      return reply(413, {"error": f"{len(queries)} queries in one request exceed the limit of {max_queries} "
+                                  "(--max-queries); send them in several requests"})
     try:
-      hits = await anyio.to_thread.run_sync(engine.search_batch, queries, min(topk, max_topk), limiter=limiter)
+      hits = await search(request, queries, min(topk, max_topk))
+      if hits is None:
+        return Response(status_code=400)  # nobody is listening
     except Exception as e:  # an engine failure is the server's fault: 500, and keep serving
       log.error("search failed", exc_info=verbose)
       return reply(500, {"error": f"{type(e).__name__}: {e}"})
@@ -128,44 +147,6 @@ def make_app(engine, *, default_topk: int = 3, max_topk: int = 1000, workers: in
 
   return Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health, methods=["GET"])],
                    exception_handlers={HTTPException: http_error})
-
-
-def _protocol_class(idle_timeout: float):
-  """uvicorn's httptools protocol plus a timer: a connection waiting on its client (before or between
-  requests, or mid-body) with no bytes for idle_timeout s is closed. uvicorn alone only times out idle
-  keep-alive connections after a completed response, so a silent or half-open one would stay forever."""
-  from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-  class TimedProtocol(HttpToolsProtocol):
-    def connection_made(self, transport):
-      super().connection_made(transport)
-      self._last_data = self.loop.time()
-      self._watch = self.loop.call_later(idle_timeout, self._check_idle)
-
-    def data_received(self, data: bytes) -> None:
-      self._last_data = self.loop.time()
-      super().data_received(data)
-
-    def connection_lost(self, exc):
-      if self._watch is not None:
-        self._watch.cancel()
-        self._watch = None
-      super().connection_lost(exc)
-
-    def _check_idle(self) -> None:
-      self._watch = None
-      if self.transport.is_closing():
-        return
-      cycle = self.cycle
-      waiting_on_client = cycle is None or cycle.response_complete or cycle.more_body
-      idle = self.loop.time() - self._last_data
-      if waiting_on_client and idle >= idle_timeout:
-        self.transport.close()
-        return
-      self._watch = self.loop.call_later(max(idle_timeout - idle, 0.05) if waiting_on_client else idle_timeout,
-                                         self._check_idle)
-
-  return TimedProtocol
 
 
 class PortUnavailable(OSError):
@@ -195,13 +176,14 @@ class RetrievalServer:
   def __init__(self, engine, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
                workers: int = 4, default_topk: int = 3, max_topk: int = 1000, max_connections: int = 1000,
                keep_alive_timeout: float = 5.0, idle_timeout: float = 10.0, max_body_bytes: int = MAX_BODY_BYTES,
-               verbose: bool = False):
+               max_queries: int = MAX_QUERIES, batch_queries: int = BATCH_QUERIES, verbose: bool = False):
     import uvicorn
     self.socket = sock if sock is not None else bind_socket(host, port)
     self.host = host
     self.app = make_app(engine, default_topk=default_topk, max_topk=max_topk, workers=workers,
-                        max_body_bytes=max_body_bytes, verbose=verbose)
-    config = uvicorn.Config(self.app, http=_protocol_class(idle_timeout), lifespan="off",
+                        max_body_bytes=max_body_bytes, max_queries=max_queries, batch_queries=batch_queries,
+                        verbose=verbose)
+    config = uvicorn.Config(self.app, http=idle_timeout_protocol(idle_timeout), lifespan="off",
                             timeout_keep_alive=keep_alive_timeout, limit_concurrency=max_connections,
                             access_log=verbose, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5)
@@ -247,16 +229,37 @@ class RetrievalServer:
     self.server_close()
 
 
+class RetrievalHTTPError(RuntimeError):
+  """A /retrieve call that failed: `status` is the HTTP status (None when no answer came back)."""
+
+  def __init__(self, message: str, status: int | None = None):
+    super().__init__(message)
+    self.status = status
+
+
 def retrieve_http(url: str, queries: Sequence[str], topk: int | None = 3, return_scores: bool = True,
-                  timeout: float = 60.0) -> list[list[dict]]:
-  """Client: POSTs to `url` (…/retrieve) and returns the "result" lists; HTTP errors raise with the message."""
-  body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": return_scores}).encode()
+                  timeout: float = 60.0, max_queries: int = MAX_QUERIES) -> list[list[dict]]:
+  """Client: POSTs to `url` (…/retrieve) and returns the "result" lists, `max_queries` queries per request
+  (the server's default cap). An HTTP error raises RetrievalHTTPError with the status and the server's
+  message; a connection the server drops while the body is being sent raises it with status None."""
+  queries = list(queries)
+  if len(queries) > max_queries:
+    return [row for start in range(0, len(queries), max_queries)
+            for row in retrieve_http(url, queries[start:start + max_queries], topk, return_scores, timeout,
+                                     max_queries)]
+  body = json.dumps({"queries": queries, "topk": topk, "return_scores": return_scores}).encode()
   request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
   try:
     with urllib.request.urlopen(request, timeout=timeout) as response:
       return json.loads(response.read())["result"]
   except urllib.error.HTTPError as e:
-    raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
+    raise RetrievalHTTPError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')}", e.code) from None
+  except (urllib.error.URLError, ConnectionError) as e:
+    reason = e.reason if isinstance(e, urllib.error.URLError) else e
+    if isinstance(reason, (BrokenPipeError, ConnectionResetError)):
+      raise RetrievalHTTPError(f"{url}: the server closed the connection on a request of {len(body)} bytes "
+                               f"({reason}); the body may exceed its --max-body-mb") from None
+    raise
 
 
 KINDS = ("vector", "bm25", "hybrid")  # retrieval.engine.KINDS, spelt out so --help needs no heavy imports
@@ -277,6 +280,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--topk", type=int, default=3, help="results per query when a request sends no topk (3)")
   p.add_argument("--max-topk", type=int, default=1000, help="cap on a request's topk (1000)")
   p.add_argument("--workers", type=int, default=4, help="threads running searches at once (4)")
+  p.add_argument("--max-queries", type=int, default=MAX_QUERIES,
+                 help=f"queries per request; more get 413 ({MAX_QUERIES})")
+  p.add_argument("--batch-queries", type=int, default=BATCH_QUERIES,
+                 help=f"queries per engine call; a big request yields its worker between batches ({BATCH_QUERIES})")
   p.add_argument("--max-connections", type=int, default=1000, help="open connections beyond which requests get 503")
   p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after s (5)")
   p.add_argument("--idle-timeout", type=float, default=10.0,
@@ -288,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
   args = _parser().parse_args(argv)
-  for name in ("topk", "max_topk", "workers", "max_connections"):
+  for name in ("topk", "max_topk", "workers", "max_connections", "max_queries", "batch_queries"):
     if getattr(args, name) < 1:
       _parser().error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
   try:
@@ -305,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(2)
   server = RetrievalServer(engine, args.host, sock=sock, workers=args.workers, default_topk=args.topk,
                            max_topk=args.max_topk, max_connections=args.max_connections,
+                           max_queries=args.max_queries, batch_queries=args.batch_queries,
                            keep_alive_timeout=args.keep_alive_timeout, idle_timeout=args.idle_timeout,
                            max_body_bytes=int(args.max_body_mb * 2**20), verbose=args.verbose)
   print(f"serving {len(engine)} documents ({args.kind}) on {server.url}", file=sys.stderr, flush=True)

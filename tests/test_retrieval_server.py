@@ -1,6 +1,7 @@
 """The Search-R1 retrieval server on 127.0.0.1 (ephemeral ports, bounded loops): schema, keep-alive without a
 Nagle stall, idle and half-open connections, concurrency, chunked and oversized bodies, malformed requests,
-and the command line (port checked before the index is built, corpus errors by file line)."""
+the cap on queries per request and fair turns for big requests, and the command line (port checked before
+the index is built, corpus errors by file line)."""
 import concurrent.futures
 import http.client
 import json
@@ -10,13 +11,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from retrieval.documents import read_jsonl
 from retrieval.engine import create_search_engine
-from retrieval.server import RetrievalServer, retrieve_http
+from retrieval.server import RetrievalHTTPError, RetrievalServer, retrieve_http
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [{"id": f"d{i}", "title": f"Topic {i}", "text": f"cells protein {i % 7} glucose word{i}"} for i in range(60)]
@@ -149,12 +151,75 @@ def test_too_large_body_gets_413_and_connection_survives(server):
     (b'{"queries": ["x"', "malformed JSON"), (b"\xff\xfe", "malformed JSON"), (b"[1, 2]", "JSON object"),
     (b'{"queries": "x"}', "'queries'"), (b'{"queries": [1]}', "'queries'"), (b'{"queries": ["x"], "topk": 0}', "'topk'"),
     (b'{"queries": ["x"], "topk": "3"}', "'topk'"), (b'{"queries": ["x"], "topk": true}', "'topk'"),
-    (b'{"queries": ["x"], "return_scores": "yes"}', "'return_scores'")])
+    (b'{"queries": ["x"], "return_scores": "yes"}', "'return_scores'"),
+    (b"[" * 2000 + b"]" * 2000, "nested too deeply")])  # deeper than the JSON parser's recursion limit
 def test_malformed_json_gets_400_and_server_keeps_answering(server, body, field):
   conn = _conn(server)
   status, reply = _post(conn, body)
   assert status == 400 and field in reply["error"]
   assert _post(conn, _ask(["amyloid"]))[0] == 200
+
+
+def test_over_limit_body_reaches_urllib_as_413(server):
+  """urllib sends `Connection: close`: the server still reads the whole over-limit body before answering,
+  so the client sees the 413 (before: a broken pipe / connection reset)."""
+  with pytest.raises(RetrievalHTTPError, match="HTTP 413.*4096") as err:
+    retrieve_http(server.url, ["x" * 20_000_000], timeout=30)
+  assert err.value.status == 413
+  with pytest.raises(RetrievalHTTPError, match="HTTP 400.*'topk'") as err:
+    retrieve_http(server.url, ["amyloid"], topk=0)
+  assert err.value.status == 400
+
+
+def test_queries_per_request_are_capped_and_searched_in_batches(engine):
+  queries = [f"protein word{i}" for i in range(7)]
+  with RetrievalServer(engine, "127.0.0.1", 0, max_queries=5, batch_queries=2) as srv:
+    conn = _conn(srv)
+    status, body = _post(conn, _ask(queries[:6], 2))
+    assert status == 413 and "6 queries" in body["error"] and "limit of 5" in body["error"]
+    status, body = _post(conn, _ask(queries[:5], 2))  # three engine calls (2 + 2 + 1), answers in order
+    assert status == 200
+    expected = [[h.id for h in row] for row in engine.search_batch(queries, 2)]
+    assert [[d["id"] for d in row] for row in body["result"]] == expected[:5]
+    got = retrieve_http(srv.url, queries, topk=2, max_queries=5)  # the client splits: 5 + 2
+    assert [[r["document"]["id"] for r in row] for row in got] == expected
+
+
+class SlowEngine:
+  """Sleeps `per_query` s per query (a CPU-bound dense engine, without using the CPU)."""
+
+  def __init__(self, engine, per_query):
+    self.engine, self.per_query = engine, per_query
+
+  def __len__(self):
+    return len(self.engine)
+
+  def search_batch(self, queries, k):
+    time.sleep(self.per_query * len(queries))
+    return self.engine.search_batch(queries, k)
+
+
+def test_a_small_request_does_not_wait_for_big_ones(engine):
+  """One worker, two requests of 300 queries (3 s of engine time each), then one query: it waits for at
+  most a batch of each (2 x 8 x 10 ms), not for both big requests (before: >= 3 s)."""
+  slow = SlowEngine(engine, per_query=0.01)
+  with RetrievalServer(slow, "127.0.0.1", 0, workers=1, batch_queries=8) as srv:
+    durations = []
+
+    def big():
+      start = time.perf_counter()
+      assert len(retrieve_http(srv.url, [f"glucose {i}" for i in range(300)], timeout=60)) == 300
+      durations.append(time.perf_counter() - start)
+    threads = [threading.Thread(target=big) for _ in range(2)]
+    for t in threads:
+      t.start()
+    time.sleep(0.5)  # both big requests are in (one searching, one waiting for the worker)
+    start = time.perf_counter()
+    assert retrieve_http(srv.url, ["amyloid"], topk=1, timeout=60)[0][0]["document"]["id"] == "p5"
+    small = time.perf_counter() - start
+    for t in threads:
+      t.join(60)
+  assert len(durations) == 2 and small < 0.25 * min(durations), (small, durations)
 
 
 @pytest.mark.parametrize("raw, status", [
@@ -177,7 +242,8 @@ def _cli(*args, timeout=120):
 def test_help_documents_the_server():
   out = _cli("--help")
   assert out.returncode == 0
-  for words in ("POST /retrieve", "keep-alive", "--idle-timeout", "--workers", "413", "chunked", "--topk"):
+  for words in ("POST /retrieve", "keep-alive", "--idle-timeout", "--workers", "413", "chunked", "--topk",
+                "--max-queries", "--batch-queries"):
     assert words in out.stdout, words
 
 
