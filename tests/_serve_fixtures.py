@@ -81,9 +81,11 @@ def thread_server(argv):
   """Runs the server of `argv` in this process (uvicorn in a thread); yields (base_url, Server)."""
   import uvicorn
   from fineflax.serve.__main__ import build, parse_args
+  from fineflax.serve.app import uvicorn_config
   args = parse_args(argv)
   server, app = build(args)
-  uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning"))
+  uv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", args.port, keep_alive_timeout=args.keep_alive_timeout,
+                                     idle_timeout=args.idle_timeout))
   thread = threading.Thread(target=uv.run, daemon=True)
   thread.start()
   while not uv.started:

@@ -1,5 +1,7 @@
 """The OpenAI-compatible server, driven by the real `openai` client over HTTP on 127.0.0.1."""
 import json
+import socket
+import statistics
 import threading
 import time
 import urllib.error
@@ -20,7 +22,7 @@ def served(tmp_path_factory):
   root = tmp_path_factory.mktemp("serve")
   model = tiny_chat_model(root)
   adapters = write_adapters(model, root)
-  argv = server_argv(model, adapters, root / "log.sqlite", free_port(), "--api-key", KEY)
+  argv = server_argv(model, adapters, root / "log.sqlite", free_port(), "--api-key", KEY, "--idle-timeout", "2")
   with thread_server(argv) as (url, server):
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     yield {"url": url, "server": server, "client": client, "model": model, "adapters": adapters}
@@ -132,15 +134,101 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(served):
       (dict(body={**ok, "temperature": "hot"}), 400),
       (dict(body={**ok, "messages": [{"role": "user", "content": "x" * 20}] * 40}), 400),  # over the context
       (dict(raw=b'{"model": "tiny", "pad": "' + b"x" * (10 << 20) + b'"}'), 413),
+      (dict(raw=b'{"model": "tiny", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 400),  # too deep
+      (dict(body={**ok, "stop": ""}), 400),
+      (dict(body={**ok, "stop": ["ok", ""]}), 400),
   ]
   for kw, want in cases:
     status, body = http(url, "/v1/chat/completions", **kw)
     assert status == want, (kw.get("body"), status, body)
-    assert body["error"]["message"]
+    assert body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
   assert http(url, "/feedback", {"id": "chatcmpl-unknown", "reward": 1})[0] == 404
   assert http(url, "/feedback", {"id": "chatcmpl-unknown", "reward": "good"})[0] == 400
   status, body = http(url, "/v1/chat/completions", ok)
   assert status == 200 and body["usage"]["completion_tokens"] >= 1
+  for reward in (1e200, 2, -1.5, float("nan"), float("inf")):  # the default range is [-1, 1]
+    status, err = http(url, "/feedback", {"id": body["id"], "reward": reward})
+    assert status == 400 and "[-1, 1]" in err["error"]["message"], (reward, status, err)
+  assert http(url, "/rl/stats")[0] == 200
+
+
+def test_an_empty_stop_string_fails_only_its_own_request(served):
+  """A long streaming answer (ignore_eos) is in flight while requests with empty stop strings come: they
+  get 400, the stream ends normally (before: the engine failed every row in the batch)."""
+  c = served["client"]
+  chunks, errors = [], []
+
+  def long_stream():
+    try:
+      chunks.extend(c.chat.completions.create(
+          model="tiny", messages=MSG, max_tokens=120, temperature=0, stream=True,
+          stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    except Exception as e:  # noqa: BLE001 - reported by the assertion below
+      errors.append(e)
+  thread = threading.Thread(target=long_stream)
+  thread.start()
+  deadline = time.time() + 60
+  while time.time() < deadline and served["server"].engine.active_rows() == 0:
+    time.sleep(0.01)
+  for stop in ([""], "", ["ok", ""]):
+    with pytest.raises(openai.BadRequestError, match="stop string must not be empty"):
+      c.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, stop=stop)
+  assert served["server"].engine.active_rows() == 1  # the long answer was still running
+  thread.join(120)
+  assert not errors
+  assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
+  assert chunks[-1].usage.completion_tokens == 120
+
+
+def test_server_failures_are_server_errors(served, monkeypatch):
+  def disk_full(rows):
+    raise OSError("disk full")
+  monkeypatch.setattr(served["server"].log, "add_responses", disk_full)
+  with pytest.raises(openai.InternalServerError) as err:
+    served["client"].chat.completions.create(model="tiny", messages=MSG, max_tokens=2)
+  assert err.value.status_code == 500
+  assert err.value.body["type"] == "server_error" and "disk full" in err.value.body["message"]
+
+
+def test_big_prompts_are_capped_before_tokenising_and_do_not_stall_the_server(served, monkeypatch):
+  url, server = served["url"], served["server"]
+  big = {"model": "tiny", "messages": [{"role": "user", "content": "hello world " * 85_000}]}  # ~1 MB
+  status, body = http(url, "/v1/chat/completions", big)
+  assert status == 400 and "max_prompt_chars" in body["error"]["message"]
+  # Without the cap the prompts are tokenised (~1 s each) on worker threads: /health keeps answering.
+  monkeypatch.setattr(server, "max_prompt_chars", 10**9, raising=False)
+  statuses, latencies = [], []
+  senders = [threading.Thread(target=lambda: statuses.extend(http(url, "/v1/chat/completions", big)[0]
+                                                           for _ in range(2))) for _ in range(2)]
+  for t in senders:
+    t.start()
+  while any(t.is_alive() for t in senders):
+    start = time.perf_counter()
+    assert http(url, "/health")[0] == 200
+    latencies.append(time.perf_counter() - start)
+    time.sleep(0.02)
+  assert statuses == [400] * 4  # too long for the context
+  # generous: a tokenisation on the event loop holds /health for ~1 s (before: median 0.7-2 s)
+  assert len(latencies) >= 3 and statistics.median(latencies) < 0.3, latencies
+
+
+def test_silent_and_half_sent_connections_are_closed(served):
+  """--idle-timeout 2: a connection that sends nothing, half its headers or half its body is closed."""
+  port = int(served["url"].rsplit(":", 1)[1])
+  auth = f"Authorization: Bearer {KEY}\r\n".encode()
+  sent = [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+          b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 50\r\n\r\n{\"mo"]
+  socks = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in sent]
+  try:
+    start = time.perf_counter()
+    for s, data in zip(socks, sent):
+      s.sendall(data)
+    for s in socks:
+      assert s.recv(1024) == b""  # EOF: closed by the server (before: never; recv timed out)
+    assert time.perf_counter() - start < 10
+  finally:
+    for s in socks:
+      s.close()
 
 
 def test_client_disconnect_mid_stream_frees_its_slot(served):

@@ -83,3 +83,35 @@ def test_row_sampling_depends_only_on_its_seed_and_position():
   draws = {int(sample_rows(logits, jnp.asarray([s] * 4, jnp.uint32), pos, temp, top_p, use_top_p=True)[0][1])
            for s in range(40)}
   assert draws <= set(allowed.tolist()) and len(draws) >= 1
+
+
+def test_a_failing_row_fails_only_its_own_request():
+  """Two slots. A good request shares its decode calls first with a request whose stop 'string' is not a
+  string (validation refuses it; here it reaches the engine), then with one whose callback raises (a
+  client gone). The first gets an error, the second has no listener; the good one ends exactly as alone."""
+  params, config, _ = _model()
+  engine = Engine(params, config, DigitTokenizer(), slots=2, context=64, chunk=3, dtype=jnp.float32,
+                  eos_ids=[]).start()
+  good, bad_stop, gone_calls = [], [], []
+
+  def gone(event):
+    gone_calls.append(event)
+    raise RuntimeError("Event loop is closed")
+  prompt = [5, 9, 14, 3]
+  try:
+    for job in (Job(prompt=prompt, emit=good.append, max_tokens=7, temperature=0.0),
+                Job(prompt=prompt, emit=bad_stop.append, max_tokens=7, temperature=0.0, stop=(5,)),
+                Job(prompt=prompt, emit=gone, max_tokens=7, temperature=0.0)):
+      engine.submit(job)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (good and good[-1][0] != "delta" and len(gone_calls) >= 2):
+      time.sleep(0.01)
+  finally:
+    engine.stop()
+  assert len(bad_stop) == 1 and bad_stop[0][0] == "error" and "TypeError" in bad_stop[0][1]
+  assert [e[0] for e in gone_calls] == ["delta", "error"]  # its first delta raised; the error, too
+  ref = generate(params, config, [prompt, list(range(3, 20))], max_new_tokens=7, temperature=0.0, eos_ids=(),
+                 lora_scale=L.lora_scale(L.LoraConfig()), dtype=jnp.float32)  # the first test's shapes
+  assert [t for e in good if e[0] == "delta" for t, _ in e[3]] == ref.tokens[0].tolist()
+  assert good[-1] == ("done", 0, "length", 7)
+  assert engine.stats["errors"] == 2 and engine.stats["max_active"] == 2 and engine.active_rows() == 0

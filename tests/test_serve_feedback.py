@@ -1,13 +1,17 @@
-"""The reward log survives SIGKILL of the server right after acknowledged feedback."""
+"""The reward log survives SIGKILL of the server right after acknowledged feedback; a log holding rewards
+the server no longer accepts (huge, infinite, NULL, text) still gives statistics and sane routing."""
 import json
+import logging
 import os
 import signal
 import sqlite3
 import urllib.request
 
+import openai
 import pytest
 
-from _serve_fixtures import free_port, server_argv, start_subprocess_server, tiny_chat_model
+from _serve_fixtures import (free_port, server_argv, start_subprocess_server, thread_server, tiny_chat_model,
+                             write_adapters)
 
 
 def post(url, body):
@@ -61,3 +65,40 @@ def test_spawn_server_reports_a_server_that_exits(tmp_path):
   with pytest.raises(RuntimeError, match=f"see {log}"):
     spawn_server(["--model", missing, "--port", str(free_port())], log_path=log, timeout=120)
   assert "no-such-model" in log.read_text()
+
+
+def test_bad_rewards_already_in_the_log_are_skipped_or_clipped_at_start(tmp_path, caplog):
+  """A log of an older server: alpha has one reward of 1e200 among nine 0s, beta ten 0.9s, tiny ten 0.5s,
+  plus +-inf, NULL and text rewards. Before: /rl/stats answered 500 (inf in the JSON) for good and the
+  router sent every model=auto request to alpha (mean 1e199). Now the non-numbers are skipped, 1e200 is
+  clipped to the range's top (1), /rl/stats answers, routing follows the real means, and the log says
+  so once."""
+  from fineflax.serve.feedback import FeedbackLog
+  model = tiny_chat_model(tmp_path)
+  adapters = write_adapters(model, tmp_path)
+  path = tmp_path / "old.sqlite"
+  old = FeedbackLog(path)
+  rewards = {"alpha": [1e200] + [0.0] * 9, "beta": [0.9] * 10, "tiny": [0.5] * 10}
+  junk = [float("inf"), float("-inf"), None, "lots"]
+  for variant, values in rewards.items():
+    old.add_responses([{"id": f"{variant}-r", "variant": variant, "request": {}, "messages": [], "answer": "",
+                        "settings": {}}])
+    for r in values + junk:  # written as an older server (no range check) did
+      old.db.execute("INSERT INTO feedback(response_id, reward, created) VALUES (?, ?, 0)", (f"{variant}-r", r))
+  old.close()
+  argv = server_argv(model, adapters, path, free_port(), "--slots", "1", "--context", "64", "--chunk", "2",
+                     "--quant", "none")
+  with caplog.at_level(logging.WARNING, logger="fineflax.serve"), thread_server(argv) as (url, server):
+    for _ in range(2):
+      with urllib.request.urlopen(url + "/rl/stats", timeout=60) as r:
+        stats = json.loads(r.read())
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    answer = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=1)
+  assert {v: s["feedback"] for v, s in stats["variants"].items()} == {"alpha": 10, "beta": 10, "tiny": 10}
+  assert stats["variants"]["alpha"]["mean_reward"] == pytest.approx(0.1)
+  assert stats["router"]["variants"]["beta"]["mean"] == pytest.approx(0.9)
+  assert answer.model == "beta"  # UCB1: equal counts, so the best mean
+  warnings = [r.getMessage() for r in caplog.records if r.name == "fineflax.serve"]
+  assert len(warnings) == 1 and "12 feedback rewards that are not finite numbers skipped" in warnings[0]
+  assert "1 outside [-1, 1] clipped" in warnings[0]

@@ -31,13 +31,24 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
   ap.add_argument("--max-n", type=int, default=8, help="largest n accepted")
   ap.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+  ap.add_argument("--keep-alive-timeout", type=float, default=5.0, help="close idle keep-alive connections after s")
+  ap.add_argument("--idle-timeout", type=float, default=10.0,
+                  help="close connections silent for s before or within a request (headers or body)")
   ap.add_argument("--log", default="serve_log.sqlite", help="SQLite reward log (created if absent)")
   ap.add_argument("--log-sync", choices=("FULL", "NORMAL"), default="FULL",
                   help="SQLite synchronous setting (FULL: each acknowledged write is fsynced)")
   ap.add_argument("--router", choices=("ucb1", "thompson"), default="ucb1", help="bandit for model=auto")
+  ap.add_argument("--reward-min", type=float, default=-1.0, help="smallest reward /feedback accepts")
+  ap.add_argument("--reward-max", type=float, default=1.0,
+                  help="largest reward /feedback accepts (rewards outside the range in the log are clipped)")
   ap.add_argument("--auto-variants", default=None,
                   help="comma-separated variants model=auto routes among (default: base and adapters)")
   args = ap.parse_args(argv)
+  if not args.reward_min < args.reward_max:
+    ap.error(f"--reward-min {args.reward_min:g} --reward-max {args.reward_max:g}: need min < max")
+  for name in ("keep_alive_timeout", "idle_timeout"):
+    if not getattr(args, name) > 0:
+      ap.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: must be > 0")
   for spec in args.adapter:
     if "=" not in spec or not spec.split("=", 1)[0] or not spec.split("=", 1)[1]:
       ap.error(f"--adapter {spec!r}: expected NAME=PATH")
@@ -69,7 +80,7 @@ def build(args: argparse.Namespace):
     raise SystemExit(f"--adapter {base}=...: the name is the base model's (rename it or pass --name)")
   engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
                   dtype=dtype, chunk=args.chunk)
-  log = FeedbackLog(args.log, synchronous=args.log_sync)
+  log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   variants = [base, *adapters]
   if args.auto_variants:
     variants = [v.strip() for v in args.auto_variants.split(",") if v.strip()]
@@ -85,11 +96,13 @@ def build(args: argparse.Namespace):
 
 def main(argv=None) -> None:
   import uvicorn
+  from fineflax.serve.app import uvicorn_config
   args = parse_args(argv)
   server, app = build(args)
   print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} on "
         f"http://{args.host}:{args.port}/v1 (log {args.log})", file=sys.stderr, flush=True)
-  uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+  uvicorn.Server(uvicorn_config(app, args.host, args.port, keep_alive_timeout=args.keep_alive_timeout,
+                                idle_timeout=args.idle_timeout)).run()
 
 
 if __name__ == "__main__":

@@ -4,20 +4,25 @@
                               then `data: [DONE]`); model = the base name, an adapter name or "auto"
                               (the bandit router picks; the response's `model` names the variant)
   GET  /v1/models             the base, the adapters and "auto"
-  POST /feedback              {"id", "reward", "comment"?} -> {"feedback_id", "variant"}; unknown id: 404
+  POST /feedback              {"id", "reward", "comment"?} -> {"feedback_id", "variant"}; unknown id: 404;
+                              reward not a finite number in the log's range (--reward-min/max): 400
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI; router state
   GET  /health                {"status": "ok", "active_rows", "waiting"}
 
 Every error is a JSON {"error": {...}} with a 4xx status (5xx only for engine failures); the server keeps
-serving. With an API key, every route but /health needs `Authorization: Bearer <key>` (else 401).
-Request bodies over `max_body_bytes` get 413. A streaming client that disconnects cancels its rows.
+serving, and a request's bad parameter only ever fails that request. With an API key, every route but
+/health needs `Authorization: Bearer <key>` (else 401). Request bodies over `max_body_bytes` get 413;
+messages of more than `max_prompt_chars` characters get 400 before tokenising (default: the context times
+the longest token's length in characters, a prompt that cannot fit). JSON parsing, validation, the chat
+template and tokenising run on worker threads, not on the event loop (a 1 MB prompt takes ~1.4 s to
+tokenise on one core). A streaming client that disconnects cancels its rows. `uvicorn_config` closes
+connections that keep silent (see `retrieval.asgi.idle_timeout_protocol`).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
-import math
 import uuid
 
 from starlette.applications import Starlette
@@ -26,22 +31,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
+
 from fineflax.sampling.chat import format_chat
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
 from fineflax.serve.feedback import UnknownResponse
 
-DRAIN_CAP = 64 << 20  # an over-limit body is read (and dropped) up to this size, then the answer is sent
+
+def longest_token_chars(tokenizer) -> int:
+  """The longest token string of the vocabulary: an upper bound on the characters one token decodes to
+  (byte-level BPE writes one character per byte; SentencePiece's "▁" stands for one space)."""
+  return max(len(t) for t in tokenizer.get_vocab())
 
 
 class Server:
   """The app's state: engine, names, log, router and limits (see `create_app`)."""
 
   def __init__(self, engine, *, base_name, log, router, api_key=None, max_body_bytes=1 << 20,
-               max_tokens_limit=1024, max_n=8):
+               max_tokens_limit=1024, max_n=8, max_prompt_chars=None):
     self.engine, self.base_name, self.log, self.router = engine, base_name, log, router
     self.api_key, self.max_body_bytes = api_key, int(max_body_bytes)
     self.max_tokens_limit, self.max_n = int(max_tokens_limit), int(max_n)
+    self.max_prompt_chars = int(max_prompt_chars or engine.context * longest_token_chars(engine.tokenizer))
     self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}
 
   # -- helpers -----------------------------------------------------------------------------------
@@ -53,19 +65,13 @@ class Server:
       raise P.ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", code="invalid_api_key")
 
   async def read_json(self, request: Request):
-    total, parts = 0, []
-    async for part in request.stream():
-      total += len(part)
-      if total <= self.max_body_bytes:
-        parts.append(part)
-      elif total > DRAIN_CAP:
-        break
-    if total > self.max_body_bytes:
+    data, total = await read_capped_body(request, self.max_body_bytes)
+    if data is None:
       raise P.ApiError(413, f"request body of {total} bytes exceeds the limit of {self.max_body_bytes} bytes")
     try:
-      return json.loads(b"".join(parts))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise P.ApiError(400, f"request body is not valid JSON ({e})") from None
+      return await run_in_threadpool(parse_json, data)
+    except ValueError as e:
+      raise P.ApiError(400, str(e)) from None
 
   def resolve(self, model: str) -> str:
     if model == "auto":
@@ -76,6 +82,11 @@ class Server:
     return model
 
   def prompt_ids(self, messages) -> list[int]:
+    """The prompt's token ids (run on a worker thread); 400 for messages over `max_prompt_chars`."""
+    chars = sum(len(m["content"]) for m in messages)
+    if chars > self.max_prompt_chars:
+      raise P.ApiError(400, f"messages hold {chars} characters, more than the {self.max_prompt_chars} a prompt "
+                       f"can hold here (max_prompt_chars; the context is {self.engine.context} tokens)", "messages")
     tok = self.engine.tokenizer
     try:
       text = format_chat(tok, messages)
@@ -93,9 +104,10 @@ class Server:
   async def chat(self, request: Request):
     self.check_auth(request)
     body = await self.read_json(request)
-    req = P.parse_chat_request(body, max_tokens_limit=self.max_tokens_limit, max_n=self.max_n)
+    req = await run_in_threadpool(P.parse_chat_request, body, max_tokens_limit=self.max_tokens_limit,
+                                  max_n=self.max_n)
     variant = self.resolve(req.model)
-    prompt = self.prompt_ids(req.messages)
+    prompt = await run_in_threadpool(self.prompt_ids, req.messages)
     room = self.engine.context - len(prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None else min(self.max_tokens_limit, room)
     if max_tokens > room or room < 1:
@@ -190,17 +202,18 @@ class Server:
     body = await self.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("id"), str):
       raise P.ApiError(400, 'feedback: expected {"id": <response id>, "reward": <number>, "comment"?}', "id")
-    reward = body.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-      raise P.ApiError(400, f"reward={reward!r}: expected a finite number", "reward")
+    try:
+      reward = self.log.check_reward(body.get("reward"))
+    except ValueError as e:
+      raise P.ApiError(400, f"{e} (the server's --reward-min/--reward-max)", "reward") from None
     comment = body.get("comment")
     if comment is not None and not isinstance(comment, str):
       raise P.ApiError(400, f"comment={comment!r}: expected a string", "comment")
     try:
-      fid, variant = await run_in_threadpool(self.log.add_feedback, body["id"], float(reward), comment)
+      fid, variant = await run_in_threadpool(self.log.add_feedback, body["id"], reward, comment)
     except UnknownResponse:
       raise P.ApiError(404, f"no response with id {body['id']!r} in the log", "id", "response_not_found")
-    self.router.update(variant, float(reward))
+    self.router.update(variant, reward)
     return JSONResponse({"feedback_id": fid, "id": body["id"], "variant": variant})
 
   async def stats(self, request: Request):
@@ -243,3 +256,13 @@ def create_app(server: Server) -> Starlette:
   app = Starlette(routes=routes, lifespan=lifespan)
   app.state.server = server
   return app
+
+
+def uvicorn_config(app, host: str, port: int, *, keep_alive_timeout: float = 5.0, idle_timeout: float = 10.0,
+                   log_level: str = "warning"):
+  """The uvicorn.Config the server runs with: keep-alive connections close after `keep_alive_timeout` s
+  idle, and any connection waiting on its client (nothing sent, half the headers or half the body) for
+  `idle_timeout` s is closed, so silent connections cannot use up the file descriptors."""
+  import uvicorn
+  return uvicorn.Config(app, host=host, port=port, http=idle_timeout_protocol(idle_timeout),
+                        timeout_keep_alive=keep_alive_timeout, log_level=log_level)

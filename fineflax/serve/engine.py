@@ -13,6 +13,10 @@ power of two (new rows take the lowest free slots; rows of different adapters an
 share the call); (3) hand new tokens to their jobs: text deltas (held back while they might be the start
 of a stop string or an incomplete UTF-8 character), stop strings, EOS, budget; finished and cancelled
 rows free their slot. A request that arrives mid-generation joins at the next chunk.
+
+Errors: an exception while admitting one row or handling its output (its settings, stop strings, text,
+callback) ends that row's request with an ("error", message) event; the other rows keep going. Only a
+failure of a batched call (prefill, decode) fails every request in flight.
 """
 from __future__ import annotations
 
@@ -170,6 +174,19 @@ class Engine:
     self.rows[b] = None
     self.state["active"][b] = False
 
+  def _fail_row(self, b, e):
+    """Ends row b's request with an error event (its other rows leave at the next step); the batch goes on."""
+    job = self.rows[b].job
+    self._free(b)
+    self.stats["errors"] += 1
+    traceback.print_exc()
+    if not job.cancelled:
+      job.cancelled = True
+      try:
+        job.emit(("error", f"request failed: {type(e).__name__}: {e}"))
+      except Exception:  # the client is gone: nothing to tell
+        traceback.print_exc()
+
   def _drop_cancelled(self):
     for b, row in enumerate(self.rows):
       if row is not None and row.job.cancelled:
@@ -191,10 +208,15 @@ class Engine:
     for b, row in new:
       job = row.job
       self.rows[b] = row
-      st["pending"][b], st["pos"][b] = job.prompt[-1], len(job.prompt) - 1
-      st["budget"][b], st["active"][b], st["ignore_eos"][b] = job.max_tokens, True, job.ignore_eos
-      st["lora_ids"][b] = self.adapter_ids.get(job.adapter, 0) if job.adapter else 0
-      st["seed"][b], st["temperature"][b], st["top_p"][b] = row.seed, job.temperature, job.top_p
+      try:
+        st["pending"][b], st["pos"][b] = job.prompt[-1], len(job.prompt) - 1
+        st["budget"][b], st["ignore_eos"][b] = job.max_tokens, job.ignore_eos
+        st["lora_ids"][b] = self.adapter_ids.get(job.adapter, 0) if job.adapter else 0
+        st["seed"][b], st["temperature"][b], st["top_p"][b] = row.seed, job.temperature, job.top_p
+        st["active"][b] = True
+      except Exception as e:
+        self._fail_row(b, e)
+    new = [(b, row) for b, row in new if self.rows[b] is row]
     feed = [(b, row.job.prompt[:-1]) for b, row in new if len(row.job.prompt) > 1]
     if not feed:
       return
@@ -227,29 +249,37 @@ class Engine:
     for k in ("pending", "pos", "budget", "active"):
       st[k][:rows] = new_state[k]
     for b in np.flatnonzero(active):
-      row = self.rows[b]
-      n = int(out["emitted"][b].sum())
-      self.stats["generated_tokens"] += n
-      row.tokens += out["tokens"][b, :n].tolist()
-      row.logprobs += out["logprobs"][b, :n].tolist()
-      finished = not st["active"][b]
-      reason = "stop" if out["eos"][b] else "length"
-      if self._emit_text(row, final=finished):
-        finished, reason = True, "stop"
-      if finished:
-        row.job.emit(("done", row.index, reason, len(row.tokens)))
-        row.done = True
-        self._free(b)
+      try:
+        self._finish_step(b, out)
+      except Exception as e:  # this row's request fails, the batch goes on
+        self._fail_row(b, e)
+
+  def _finish_step(self, b, out):
+    """Hands row b's new tokens of the decode call `out` to its job; frees the row when it finished."""
+    st, row = self.state, self.rows[b]
+    n = int(out["emitted"][b].sum())
+    self.stats["generated_tokens"] += n
+    row.tokens += out["tokens"][b, :n].tolist()
+    row.logprobs += out["logprobs"][b, :n].tolist()
+    finished = not st["active"][b]
+    reason = "stop" if out["eos"][b] else "length"
+    if self._emit_text(row, final=finished):
+      finished, reason = True, "stop"
+    if finished:
+      row.job.emit(("done", row.index, reason, len(row.tokens)))
+      row.done = True
+      self._free(b)
 
   def _emit_text(self, row: _Row, final: bool) -> bool:
     """Emits the row's new text; True when a stop string ended it (the text is cut before it)."""
     toks = row.tokens if row.job.ignore_eos else [t for t in row.tokens if t not in self.eos_ids]
     text = self.tokenizer.decode(toks, skip_special_tokens=True)
-    stop_at = min((text.find(s) for s in row.job.stop if s and s in text), default=-1)
+    stops = [s for s in row.job.stop if s]  # an empty stop string stops nothing
+    stop_at = min((text.find(s) for s in stops if s in text), default=-1)
     if stop_at >= 0:
       end, hit = stop_at, True
     else:
-      hold = max((len(s) - 1 for s in row.job.stop), default=0)
+      hold = max((len(s) - 1 for s in stops), default=0)
       end, hit = len(text) if final else len(text) - hold, False
       while not final and end > row.sent and text[end - 1] == "\ufffd":
         end -= 1

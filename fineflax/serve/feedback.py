@@ -14,12 +14,19 @@ variant the model or adapter name that answered.
 
 Durability: journal_mode=WAL with synchronous=FULL, so every commit is fsynced to the WAL before the call
 returns: a response or reward that was acknowledged survives SIGKILL (and power loss).
+
+Rewards: `add_feedback` takes finite numbers in `reward_range` [lo, hi] only (ValueError otherwise). A log
+written before that rule (or by another tool) may hold other values; the statistics read it as
+  reward not a finite number (NULL, NaN, +-inf, text): skipped;  a finite reward outside [lo, hi]: clipped,
+and the first read says how many of each, once, on the `fineflax.serve` logger. The rows stay as they are.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
+import sys
 import threading
 import time
 
@@ -31,6 +38,12 @@ CREATE TABLE IF NOT EXISTS feedback(id INTEGER PRIMARY KEY, response_id TEXT, re
   created REAL);
 CREATE INDEX IF NOT EXISTS feedback_response ON feedback(response_id);
 """
+
+
+REWARD_RANGE = (-1.0, 1.0)
+BOUND_LIMIT = 1e9  # |lo|, |hi| at most this: sums of squares of many rewards stay finite
+
+log = logging.getLogger("fineflax.serve")
 
 
 class UnknownResponse(KeyError):
@@ -53,9 +66,13 @@ def ci95(n: int, total: float, total_sq: float) -> tuple[float | None, float | N
 class FeedbackLog:
   """Thread-safe appends and reads over one SQLite connection (see module docstring)."""
 
-  def __init__(self, path: str, synchronous: str = "FULL"):
+  def __init__(self, path: str, synchronous: str = "FULL", reward_range: tuple[float, float] = REWARD_RANGE):
     if synchronous.upper() not in ("FULL", "EXTRA", "NORMAL"):
       raise ValueError(f"synchronous={synchronous!r}: choose FULL, EXTRA or NORMAL")
+    lo, hi = (float(x) for x in reward_range)
+    if not (math.isfinite(lo) and math.isfinite(hi) and -BOUND_LIMIT <= lo < hi <= BOUND_LIMIT):
+      raise ValueError(f"reward range [{lo:g}, {hi:g}]: need finite bounds lo < hi within +-{BOUND_LIMIT:g}")
+    self.reward_range, self._reported = (lo, hi), False
     self.path = str(path)
     self.lock = threading.Lock()
     self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -78,8 +95,18 @@ class FeedbackLog:
       self.db.executemany("INSERT INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?)", values)
       self.db.execute("COMMIT")
 
+  def check_reward(self, reward) -> float:
+    """The reward as a float; ValueError naming the value and the range unless a finite number in it."""
+    lo, hi = self.reward_range
+    if (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+        or not lo <= reward <= hi):
+      raise ValueError(f"reward={reward!r}: expected a finite number in [{lo:g}, {hi:g}]")
+    return float(reward)
+
   def add_feedback(self, response_id: str, reward: float, comment: str | None = None) -> tuple[int, str]:
-    """Appends a reward; returns (feedback id, variant). UnknownResponse when the id is not logged."""
+    """Appends a reward; returns (feedback id, variant). UnknownResponse when the id is not logged,
+    ValueError when the reward is not a finite number in `reward_range`."""
+    reward = self.check_reward(reward)
     with self.lock:
       row = self.db.execute("SELECT variant FROM responses WHERE id = ?", (response_id,)).fetchone()
       if row is None:
@@ -89,14 +116,24 @@ class FeedbackLog:
       return int(cur.lastrowid), row[0]
 
   def reward_sums(self) -> dict[str, dict]:
-    """{variant: {"n", "sum", "sum_sq", "binary"}} over all feedback (binary: every reward is 0 or 1)."""
+    """{variant: {"n", "sum", "sum_sq", "binary"}} over all usable feedback (binary: every reward is 0 or 1);
+    rewards that are not finite numbers are skipped, others clipped to `reward_range` (module doc)."""
+    lo, hi = self.reward_range
     with self.lock:
       rows = self.db.execute(
-          "SELECT r.variant, COUNT(f.id), SUM(f.reward), SUM(f.reward * f.reward), "
-          "SUM(CASE WHEN f.reward IN (0, 1) THEN 0 ELSE 1 END) "
-          "FROM feedback f JOIN responses r ON r.id = f.response_id GROUP BY r.variant").fetchall()
+          "SELECT r.variant, SUM(f.ok), SUM(CASE WHEN f.ok THEN f.c END), SUM(CASE WHEN f.ok THEN f.c * f.c END), "
+          "SUM(f.ok AND f.c NOT IN (0, 1)), SUM(NOT f.ok), SUM(f.ok AND f.c != f.reward) "
+          "FROM (SELECT response_id, reward, MIN(MAX(reward, ?), ?) AS c, "
+          "      typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? AS ok FROM feedback) f "
+          "JOIN responses r ON r.id = f.response_id GROUP BY r.variant",
+          (lo, hi, -sys.float_info.max, sys.float_info.max)).fetchall()
+    skipped, clipped = sum(row[5] for row in rows), sum(row[6] for row in rows)
+    if (skipped or clipped) and not self._reported:
+      self._reported = True
+      log.warning(f"reward log {self.path}: {skipped} feedback rewards that are not finite numbers skipped, "
+                  f"{clipped} outside [{lo:g}, {hi:g}] clipped to it (the rows are kept as they are)")
     return {v: {"n": n, "sum": s or 0.0, "sum_sq": sq or 0.0, "binary": not other}
-            for v, n, s, sq, other in rows}
+            for v, n, s, sq, other, _, _ in rows if n}
 
   def stats(self) -> dict[str, dict]:
     """{variant: {responses, feedback, mean_reward, ci95: [low, high]}} (see `ci95`)."""

@@ -3,7 +3,8 @@
 Extension (as vLLM's): `ignore_eos: true` decodes through EOS up to max_tokens (for benchmarks).
 
 A bad field raises `ApiError(status, message, param)`, answered as
-{"error": {"message", "type": "invalid_request_error", "param", "code"}} with that HTTP status.
+{"error": {"message", "type", "param", "code"}} with that HTTP status; type is OpenAI's:
+"authentication_error" for 401, "server_error" for 5xx, "invalid_request_error" for any other 4xx.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class ApiError(Exception):
     self.status, self.message, self.param, self.code = status, message, param, code
 
   def body(self) -> dict:
-    kind = "authentication_error" if self.status == 401 else "invalid_request_error"
+    kind = ("authentication_error" if self.status == 401 else "server_error" if self.status >= 500
+            else "invalid_request_error")
     return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -98,6 +100,8 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
     stop = tuple(stop)
   else:
     raise ApiError(400, f"stop={stop!r}: expected a string or a list of at most 4 strings", "stop")
+  if "" in stop:
+    raise ApiError(400, f"stop={body.get('stop')!r}: a stop string must not be empty", "stop")
   max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
   if max_tokens is not None:
     key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
