@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from benchmarks.hostile_servers import SlowEngine
 from retrieval.documents import read_jsonl
 from retrieval.engine import create_search_engine
 from retrieval.server import RetrievalHTTPError, RetrievalServer, retrieve_http
@@ -183,20 +184,6 @@ def test_queries_per_request_are_capped_and_searched_in_batches(engine):
     assert [[d["id"] for d in row] for row in body["result"]] == expected[:5]
     got = retrieve_http(srv.url, queries, topk=2, max_queries=5)  # the client splits: 5 + 2
     assert [[r["document"]["id"] for r in row] for row in got] == expected
-
-
-class SlowEngine:
-  """Sleeps `per_query` s per query (a CPU-bound dense engine, without using the CPU)."""
-
-  def __init__(self, engine, per_query):
-    self.engine, self.per_query = engine, per_query
-
-  def __len__(self):
-    return len(self.engine)
-
-  def search_batch(self, queries, k):
-    time.sleep(self.per_query * len(queries))
-    return self.engine.search_batch(queries, k)
 
 
 def test_a_small_request_does_not_wait_for_big_ones(engine):
