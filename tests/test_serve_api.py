@@ -161,7 +161,7 @@ def test_an_empty_stop_string_fails_only_its_own_request(served):
   def long_stream():
     try:
       chunks.extend(c.chat.completions.create(
-          model="tiny", messages=MSG, max_tokens=120, temperature=0, stream=True,
+          model="tiny", messages=MSG, max_tokens=200, temperature=0, stream=True,
           stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     except Exception as e:  # noqa: BLE001 - reported by the assertion below
       errors.append(e)
@@ -177,7 +177,7 @@ def test_an_empty_stop_string_fails_only_its_own_request(served):
   thread.join(120)
   assert not errors
   assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
-  assert chunks[-1].usage.completion_tokens == 120
+  assert chunks[-1].usage.completion_tokens == 200
 
 
 def test_server_failures_are_server_errors(served, monkeypatch):
