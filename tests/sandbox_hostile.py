@@ -37,9 +37,34 @@ def cases(outside_dir: str, port: int, token: str) -> dict:
     "setsid_escape": ("import os, time\nif os.fork() == 0:\n  os.setsid()\n  if os.fork() == 0:\n"
                       f"    os.execv('/bin/sleep', ['sleep', {token!r}])\n  os._exit(0)\n"
                       "time.sleep(0.3)\nprint('parent done', flush=True)\n", {"timeout_s": 5.0}),
-    "read_root": ("import os\ntry:\n  print('LISTED', os.listdir('/root'))\nexcept OSError as e:\n"
+    "read_root": ("try:\n  print('READ', len(open('/etc/shadow').read()))\nexcept OSError as e:\n"
                   "  print('denied', e)\n", {"timeout_s": 5.0}),
   }
+
+
+def isolation_cases(unix_path: str, abstract_name: str, shm_key: int, outside_file: str) -> dict:
+  """Programs for what only the namespace modes stop (issue 36): a 0666 host Unix socket (by path and in
+  the abstract namespace), a 0666 System V shared-memory segment (libc shmget/shmat through ctypes), a
+  world-readable host file, 1 GB written in 8 MB files and 30,000 files in the work dir."""
+  connect = ("import socket\nfor addr in ({!r}, {!r}):\n  try:\n    s = socket.socket(socket.AF_UNIX)\n"
+             "    s.settimeout(2)\n    s.connect(addr)\n    s.sendall(b'hello')\n    print('CONNECTED', repr(addr))\n"
+             "  except OSError as e:\n    print('refused', repr(addr), e)\n").format(unix_path, "\0" + abstract_name)
+  shm = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+         f"i = libc.shmget({shm_key}, 0, 0)\n"
+         "if i < 0:\n  print('denied shmget errno', ctypes.get_errno())\nelse:\n"
+         "  p = libc.shmat(i, None, 0)\n  if p in (None, ctypes.c_void_p(-1).value):\n"
+         "    print('denied shmat errno', ctypes.get_errno())\n  else:\n"
+         "    print('ATTACHED', ctypes.string_at(p, 8))\n    ctypes.memmove(p, b'SANDBOX!', 8)\n")
+  fill = ("n = 0\ntry:\n  for i in range(128):\n    with open(f'big{i}', 'wb') as f:\n"
+          "      f.write(b'x' * (8 << 20))\n    n += 8\n  print('wrote', n)\nexcept OSError as e:\n"
+          "  print('stopped', n, e.errno)\n")
+  files = ("n = 0\ntry:\n  for i in range(30000):\n    open(f'f{i}', 'w').close()\n    n += 1\n"
+           "  print('created', n)\nexcept OSError as e:\n  print('stopped', n, e.errno)\n")
+  read = (f"try:\n  print('READ', open({outside_file!r}).read())\nexcept OSError as e:\n  print('denied', e)\n")
+  return {"unix_sockets": (connect, {"timeout_s": 5.0}), "sysv_shm": (shm, {"timeout_s": 5.0}),
+          "read_outside": (read, {"timeout_s": 5.0}),
+          "disk_fill": (fill, {"timeout_s": 10.0, "memory_mb": 256}),
+          "many_files": (files, {"timeout_s": 10.0})}
 
 
 def bounded_contained(stdout: str) -> bool:
