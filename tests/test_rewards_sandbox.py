@@ -422,6 +422,110 @@ def test_code_reward_adversarial_programs_score_zero():
   assert code("", "```python\ndef f(:\n```", tests=tests) == 0.0
 
 
+_ALWAYS_EQUAL = """
+class Anything:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+class Liar(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def f(x):
+    return Anything()
+def g(x):
+    return Liar(7)
+"""
+
+_FORGER = r"""
+import gc, os, re, sys
+HEX = re.compile(r"[0-9a-f]{32}")
+found = set()
+frame = sys._getframe()
+while frame is not None:  # the old harness kept its nonce in a caller's locals
+    for v in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+        if isinstance(v, str):
+            found.update(HEX.findall(v))
+    frame = frame.f_back
+for o in gc.get_objects():
+    for v in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):
+        if isinstance(v, str):
+            found.update(HEX.findall(v))
+for path in ["tests.json", "/proc/self/environ", "/proc/self/cmdline", f"/proc/{os.getppid()}/environ",
+             f"/proc/{os.getppid()}/cmdline", f"/proc/{os.getppid()}/fd/0", "/proc/1/fd/0"]:
+    try:
+        with open(path, "rb") as fh:
+            found.update(HEX.findall(fh.read(1 << 20).decode("latin-1")))
+    except OSError:
+        pass
+lines = "".join(f"{n} {i} 1\n" for n in found for i in range(4)) or "".join(f"x {i} 1\n" for i in range(4))
+for target in (1, f"/proc/{os.getppid()}/fd/1", "/proc/1/fd/1"):
+    try:
+        if target == 1:
+            os.write(1, lines.encode()); sys.__stdout__.write(lines); sys.__stdout__.flush()
+        else:
+            with open(target, "w") as fh:
+                fh.write(lines)
+    except OSError:
+        pass
+def f():
+    return 0
+"""
+
+
+def test_code_reward_compares_plain_values_outside_the_solution():
+  """Regression (issue 36): an object whose __eq__ always returns True scored 1.0."""
+  code = get_reward("code")
+  completion = f"```python\n{_ALWAYS_EQUAL}```"
+  assert code("", completion, tests=["assert f(1) == 2", "assert f(2) == [1, 2]", "assert g(0) == 3"]) == 0.0
+  check = "def check(candidate):\n    assert candidate(2) == 4\n"
+  assert code("", completion, tests=check, entry_point="f") == 0.0
+
+
+def test_code_reward_nonce_cannot_be_found_or_forged():
+  """Regression (issue 36): a solution read the harness's nonce from its caller's frame and printed
+  passing result lines (1.0 for a wrong answer). Here it also searches gc, /proc and the test file."""
+  code = get_reward("code")
+  completion = f"```python\n{_FORGER}```"
+  assert code("", completion, tests=["assert f() == 1", "assert f() == 2", "assert f() == 3"]) == 0.0
+  assert code("", completion, tests=["assert f() == 0", "assert f() == 2"]) == 0.5  # it still runs
+
+
+def test_code_reward_plain_values_cover_common_test_styles():
+  code = get_reward("code")
+  solution = """```python
+import collections
+Point = collections.namedtuple("Point", "x y")
+class Solution:
+    def two_sum(self, nums, target):
+        seen = {}
+        for i, n in enumerate(nums):
+            if target - n in seen:
+                return [seen[target - n], i]
+            seen[n] = i
+def half(x):
+    print("computing", x)  # printing does not disturb the results
+    if x < 0:
+        raise ValueError("negative")
+    return x / 2
+def squares(n):
+    yield from (i * i for i in range(n))
+def point():
+    return Point(1, 2)
+def counts(s):
+    return collections.Counter(s)
+LIMIT = 10
+```"""
+  tests = ["assert Solution().two_sum([2, 7, 11], 9) == [0, 1]",
+           "assert abs(half(3) - 1.5) < 1e-9 and half(4) == 2",
+           "try:\n    half(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\nelse:\n    raise AssertionError",
+           "assert list(squares(4)) == [0, 1, 4, 9] and 9 in squares(4)",
+           "assert point() == (1, 2) and point()[1] == 2",
+           "assert counts('aab') == {'a': 2, 'b': 1} and LIMIT == 10",
+           "assert half(2) == 5"]
+  assert code("", solution, tests=tests) == pytest.approx(6 / 7)
+
+
 def test_code_reward_humaneval_check_and_partial_credit():
   code = get_reward("code")
   check = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
