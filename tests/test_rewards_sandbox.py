@@ -5,7 +5,6 @@ unprivileged user (uid 65534 via util-linux unshare + setpriv, with the interpre
 reachable from a 0700 home). Fork bombs: the bounded one first; the true one only once that was contained,
 while the host's process count is sampled from /proc.
 """
-import ctypes
 import json
 import os
 import shutil
@@ -43,19 +42,6 @@ def _mode_works(mode):
 
 def _procs():
   return sum(1 for p in os.listdir("/proc") if p.isdigit())
-
-
-def _cmdlines_with(token):
-  found = []
-  for p in os.listdir("/proc"):
-    if p.isdigit():
-      try:
-        with open(f"/proc/{p}/cmdline", "rb") as f:
-          if token.encode() in f.read():
-            found.append(int(p))
-      except OSError:
-        pass
-  return found
 
 
 def _uid_pids(predicate):
@@ -153,42 +139,6 @@ def _run_combo(user, mode, specs, request, tmpdir=None):
   return sandbox_hostile.run_cases(mode, specs)
 
 
-class _SysvShm:
-  """A 0666 System V shared-memory segment holding b"HOSTDATA" (libc shmget/shmat through ctypes)."""
-
-  def __init__(self):
-    self.libc = ctypes.CDLL(None, use_errno=True)
-    self.libc.shmat.restype = ctypes.c_void_p
-    self.libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-    self.libc.shmdt.argtypes = [ctypes.c_void_p]
-    for _ in range(20):
-      self.key = 0x36000000 + uuid.uuid4().int % 0xFFFFFF
-      self.id = self.libc.shmget(self.key, 4096, 0o1000 | 0o2000 | 0o666)  # IPC_CREAT | IPC_EXCL
-      if self.id >= 0:
-        break
-    assert self.id >= 0, ctypes.get_errno()
-    self.addr = self.libc.shmat(self.id, None, 0)
-    ctypes.memmove(self.addr, b"HOSTDATA", 8)
-
-  def content(self):
-    return ctypes.string_at(self.addr, 8)
-
-  def close(self):
-    self.libc.shmdt(self.addr)
-    self.libc.shmctl(self.id, 0, None)  # IPC_RMID
-
-
-def _tree_bytes(root):
-  total = 0
-  for folder, _, files in os.walk(root):
-    for name in files:
-      try:
-        total += os.lstat(os.path.join(folder, name)).st_size
-      except OSError:
-        pass
-  return total
-
-
 @pytest.mark.parametrize("user,mode", STRONG)
 def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp_path):
   """Regression (issue 36): sandboxed code connected to a 0666 host Unix socket (by path and abstract),
@@ -202,16 +152,8 @@ def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp
     f.write("HOST FILE")
   os.chmod(outside_file, 0o644)
   abstract = f"fineflax-hostile-{uuid.uuid4().hex}"
-  shm = _SysvShm()
+  shm = sandbox_hostile.SysvShm()
   servers = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
-  peak, stop = [0], threading.Event()
-
-  def watch():
-    while not stop.is_set():
-      peak[0] = max(peak[0], _tree_bytes(tmpdir))
-      time.sleep(0.02)
-
-  watcher = threading.Thread(target=watch, daemon=True)
   try:
     servers[0].bind(os.path.join(shared, "host.sock"))
     os.chmod(os.path.join(shared, "host.sock"), 0o666)
@@ -220,10 +162,8 @@ def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp
       server.listen(4)
       server.settimeout(0.2)
     specs = sandbox_hostile.isolation_cases(os.path.join(shared, "host.sock"), abstract, shm.key, outside_file)
-    watcher.start()
-    res = _run_combo(user, mode, specs, request, tmpdir=tmpdir)
-    stop.set()
-    watcher.join()
+    with sandbox_hostile.PeakBytes(tmpdir) as peak:
+      res = _run_combo(user, mode, specs, request, tmpdir=tmpdir)
     for server in servers:
       with pytest.raises(socket.timeout):
         server.accept()
@@ -237,9 +177,8 @@ def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp
     assert words[0] == "stopped" and int(words[1]) <= sandbox.MAX_DISK_MB and words[2] == "28", res["disk_fill"]
     words = out["many_files"].split()
     assert words[0] == "stopped" and int(words[1]) <= sandbox.MAX_FILES and words[2] == "28", res["many_files"]
-    assert peak[0] < 4 << 20, f"{peak[0]} bytes appeared in the host's temp dir"
+    assert peak.value < 4 << 20, f"{peak.value} bytes appeared in the host's temp dir"
   finally:
-    stop.set()
     for server in servers:
       server.close()
     shm.close()
@@ -265,7 +204,7 @@ def test_hostile_programs_are_contained(user, mode, request):
       server.settimeout(0.2)
       with pytest.raises(socket.timeout):
         server.accept()
-      escaped = _cmdlines_with(token)
+      escaped = sandbox_hostile.cmdlines_with(token)
       weak = mode == "rlimits"
       assert sandbox_hostile.bounded_contained(res["bounded_fork"][1]), res["bounded_fork"]
       rc, _, _, timed_out, seconds = res["infinite_loop"]
@@ -287,7 +226,7 @@ def test_hostile_programs_are_contained(user, mode, request):
       if not (weak and user == "root"):  # documented: rlimits as root can read root's files
         assert "denied" in res["read_root"][1], res["read_root"]
     finally:
-      for pid in _cmdlines_with(token):
+      for pid in sandbox_hostile.cmdlines_with(token):
         os.kill(pid, 9)
       shutil.rmtree(outside, ignore_errors=True)
 
@@ -422,61 +361,10 @@ def test_code_reward_adversarial_programs_score_zero():
   assert code("", "```python\ndef f(:\n```", tests=tests) == 0.0
 
 
-_ALWAYS_EQUAL = """
-class Anything:
-    def __eq__(self, other):
-        return True
-    __hash__ = object.__hash__
-class Liar(int):
-    def __eq__(self, other):
-        return True
-    __hash__ = int.__hash__
-def f(x):
-    return Anything()
-def g(x):
-    return Liar(7)
-"""
-
-_FORGER = r"""
-import gc, os, re, sys
-HEX = re.compile(r"[0-9a-f]{32}")
-found = set()
-frame = sys._getframe()
-while frame is not None:  # the old harness kept its nonce in a caller's locals
-    for v in list(frame.f_locals.values()) + list(frame.f_globals.values()):
-        if isinstance(v, str):
-            found.update(HEX.findall(v))
-    frame = frame.f_back
-for o in gc.get_objects():
-    for v in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):
-        if isinstance(v, str):
-            found.update(HEX.findall(v))
-for path in ["tests.json", "/proc/self/environ", "/proc/self/cmdline", f"/proc/{os.getppid()}/environ",
-             f"/proc/{os.getppid()}/cmdline", f"/proc/{os.getppid()}/fd/0", "/proc/1/fd/0"]:
-    try:
-        with open(path, "rb") as fh:
-            found.update(HEX.findall(fh.read(1 << 20).decode("latin-1")))
-    except OSError:
-        pass
-lines = "".join(f"{n} {i} 1\n" for n in found for i in range(4)) or "".join(f"x {i} 1\n" for i in range(4))
-for target in (1, f"/proc/{os.getppid()}/fd/1", "/proc/1/fd/1"):
-    try:
-        if target == 1:
-            os.write(1, lines.encode()); sys.__stdout__.write(lines); sys.__stdout__.flush()
-        else:
-            with open(target, "w") as fh:
-                fh.write(lines)
-    except OSError:
-        pass
-def f():
-    return 0
-"""
-
-
 def test_code_reward_compares_plain_values_outside_the_solution():
   """Regression (issue 36): an object whose __eq__ always returns True scored 1.0."""
   code = get_reward("code")
-  completion = f"```python\n{_ALWAYS_EQUAL}```"
+  completion = f"```python\n{sandbox_hostile.ALWAYS_EQUAL}```"
   assert code("", completion, tests=["assert f(1) == 2", "assert f(2) == [1, 2]", "assert g(0) == 3"]) == 0.0
   check = "def check(candidate):\n    assert candidate(2) == 4\n"
   assert code("", completion, tests=check, entry_point="f") == 0.0
@@ -486,7 +374,7 @@ def test_code_reward_nonce_cannot_be_found_or_forged():
   """Regression (issue 36): a solution read the harness's nonce from its caller's frame and printed
   passing result lines (1.0 for a wrong answer). Here it also searches gc, /proc and the test file."""
   code = get_reward("code")
-  completion = f"```python\n{_FORGER}```"
+  completion = f"```python\n{sandbox_hostile.FORGER}```"
   assert code("", completion, tests=["assert f() == 1", "assert f() == 2", "assert f() == 3"]) == 0.0
   assert code("", completion, tests=["assert f() == 0", "assert f() == 2"]) == 0.5  # it still runs
 
