@@ -36,8 +36,9 @@ def user_errors() -> tuple:
   from fineflax.config_checks import ConfigError
   from fineflax.data.sources import DataError
   from fineflax.rl.traces import TraceFormatError
+  from fineflax.train.checkpoint import CheckpointUnreadable
   from fineflax.train.run_config import ConfigChanged
-  return (ConfigError, ConfigChanged, DataError, TraceFormatError, FileNotFoundError)
+  return (ConfigError, ConfigChanged, CheckpointUnreadable, DataError, TraceFormatError, FileNotFoundError)
 
 
 def main(argv) -> int:

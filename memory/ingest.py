@@ -4,8 +4,12 @@
 
 Each file is chunked (memory.chunking), its chunks embedded from `Chunk.embedding_text()` and upserted
 with metadata (path relative to FOLDER, kind, name, lines, file_hash = sha256 of the file bytes).
-A file whose hash equals the stored one is skipped; a changed file's old chunks are deleted first; chunks
-of files no longer in the folder are deleted.
+A file whose chunks all carry its current hash is skipped; a changed file's old chunks are deleted first;
+chunks of files no longer in the folder are deleted.
+
+Crash safety: chunks are upserted with `file_hash = ""` (pending) and get their file's hash in one update
+only after all of that file's chunks are stored, so a run killed between batches leaves the file pending
+and the next run re-ingests it (its partial chunks deleted first: nothing lost, nothing duplicated).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from tqdm import tqdm
 
 from memory.chunking import chunk_file, supported_extensions
 
+PENDING = ""  # the file_hash of a chunk whose file is not yet completely stored
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".mypy_cache",
              ".pytest_cache", "build", "dist", "site-packages", ".eggs"}
 
@@ -56,10 +61,10 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_c
   if not folder.is_dir():
     raise NotADirectoryError(f"{folder}: not a folder")
   stats = IngestStats()
-  stored = {}
+  stored: dict[str, set[str]] = {}  # path -> the file_hash values of its chunks ("" = pending)
   for meta in collection.get(include=("metadatas",))["metadatas"]:
-    if "path" in meta and "file_hash" in meta:
-      stored[meta["path"]] = meta["file_hash"]
+    if meta and "path" in meta and "file_hash" in meta:
+      stored.setdefault(meta["path"], set()).add(meta["file_hash"])
   files = walk(folder, max_files)
   stats.files_seen = len(files)
   present, todo = set(), []  # todo: (path, [(id, embedding text, metadata)])
@@ -68,7 +73,7 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_c
     present.add(rel)
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    if stored.get(rel) == digest:
+    if stored.get(rel) == {digest}:
       stats.files_skipped += 1
       continue
     try:
@@ -80,21 +85,25 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_c
     if not chunks and rel in stored:
       stats.chunks_deleted += collection.delete(where={"path": rel})
     if chunks:
-      todo.append((rel, [(c.id, c.embedding_text(), {**c.metadata(), "file_hash": digest}) for c in chunks]))
-  bar = tqdm(total=sum(len(c) for _, c in todo), desc="embed", unit="chunk", disable=not progress)
+      todo.append((rel, digest, [(c.id, c.embedding_text(), {**c.metadata(), "file_hash": PENDING})
+                                 for c in chunks]))
+  bar = tqdm(total=sum(len(c) for _, _, c in todo), desc="embed", unit="chunk", disable=not progress)
   batch: list = []
-  for i, (rel, chunks) in enumerate(todo):
-    batch.append((rel, chunks))
-    if sum(len(c) for _, c in batch) >= batch_chunks or i == len(todo) - 1:
-      paths = [r for r, _ in batch if r in stored]
-      if paths:  # a changed file's old chunks go first
+  for i, (rel, digest, chunks) in enumerate(todo):
+    batch.append((rel, digest, chunks))
+    if sum(len(c) for _, _, c in batch) >= batch_chunks or i == len(todo) - 1:
+      paths = [r for r, _, _ in batch if r in stored]
+      if paths:  # a changed (or half-ingested) file's old chunks go first
         stats.chunks_deleted += collection.delete(where={"path": {"$in": paths}})
-      rows = [row for _, c in batch for row in c]
+      rows = [row for _, _, c in batch for row in c]
       for a in range(0, len(rows), batch_chunks):
         part = rows[a:a + batch_chunks]
         collection.upsert([r[0] for r in part], documents=[r[1] for r in part], metadatas=[r[2] for r in part])
         stats.chunks_upserted += len(part)
         bar.update(len(part))
+      # every chunk of these files is stored: now (and only now) their hashes, in one write
+      collection.update([r[0] for _, _, c in batch for r in c],
+                        metadatas=[{"file_hash": digest} for _, digest, c in batch for _ in c])
       batch.clear()
   bar.close()
   removed = sorted(set(stored) - present)

@@ -71,6 +71,24 @@ def test_resume_matches_uninterrupted_run(tiny_source, tmp_path, monkeypatch):
     np.testing.assert_allclose(resumed[step], full[step], rtol=1e-5, err_msg=f"step {step}")
 
 
+@pytest.mark.slow
+def test_damaged_latest_checkpoint_resumes_from_the_previous_one(tiny_source, tmp_path, monkeypatch, capsys):
+  """Regression (issue 36): garbage in the latest step's JSON blocked resume with a raw JSONDecodeError."""
+  from fineflax.jobs import sft
+  from fineflax.train import loop
+  monkeypatch.setattr(loop, "StopRequested", StopAfter(4))
+  assert sft.run(_config(tiny_source, num_steps=6), str(tmp_path))["step"] == 4  # checkpoints at 2 and 4
+  monkeypatch.undo()
+  with open(tmp_path / "checkpoints" / "4" / "meta" / "metadata", "w") as f:
+    f.write("{garbage")
+  capsys.readouterr()
+  s = sft.run(_config(tiny_source, num_steps=6), str(tmp_path))
+  out = capsys.readouterr().out
+  assert s["status"] == "completed" and s["step"] == 6, s
+  assert "checkpoint step 4 in" in out and "JSONDecodeError" in out and "resuming from step 2 of 6" in out
+  assert os.path.isdir(tmp_path / "checkpoints.unreadable" / "4")  # moved aside when step 4 was saved again, kept
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_source, tmp_path, monkeypatch, capsys):
   from fineflax.jobs import sft
   real = sft.make_sft_fns

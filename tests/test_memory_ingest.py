@@ -4,6 +4,8 @@ from __future__ import annotations
 import inspect
 import json.decoder
 import shutil
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -168,3 +170,43 @@ def test_chat_job_with_a_typod_store_fails_clearly_and_creates_nothing(tmp_path)
   with pytest.raises(StoreError, match="stroe: no vector store here"):
     chat.system_prompt_for(config)
   assert not (tmp_path / "stroe").exists()
+
+
+_KILLED_INGEST = """
+import os, signal, sys
+from memory import ingest
+from memory.hashing import HashingEmbedding
+from memory.store import VectorStore
+col = VectorStore(sys.argv[2]).get_or_create_collection("kb", HashingEmbedding(32))
+upsert = col.upsert
+def upsert_then_die(*a, **k):  # kill -9 right after the first batch is committed
+  upsert(*a, **k)
+  os.kill(os.getpid(), signal.SIGKILL)
+col.upsert = upsert_then_die
+ingest.ingest(sys.argv[1], col, batch_chunks=64, progress=False)
+"""
+
+
+def test_ingest_killed_between_batches_loses_nothing_on_rerun(tmp_path):
+  """Regression (issue 36): a file split over two upsert batches was stored half with its full hash, so
+  the re-run after kill -9 skipped it as unchanged (39 of 100 chunks kept for good)."""
+  src = tmp_path / "src"
+  src.mkdir()
+  body = "".join(f"  x{j} = {j} * {j}  # line {j} of a long function body\n" for j in range(20))
+  (src / "big.py").write_text("".join(f"def f{i}():\n{body}  return {i}\n\n\n" for i in range(100)))
+  want = [c.id for c in chunk_file(src / "big.py", display_path="big.py")]
+  assert len(want) > 64  # two batches
+  store = tmp_path / "store"
+  killed = subprocess.run([sys.executable, "-c", _KILLED_INGEST, str(src), str(store)], capture_output=True,
+                          text=True, timeout=120)
+  assert killed.returncode == -9, killed.stderr[-2000:]
+  col = VectorStore(store).get_or_create_collection("kb", HashingEmbedding(32))
+  assert 0 < col.count() < len(want)  # the first batch made it, the rest did not
+  stats = ingest_mod.ingest(src, col, batch_chunks=64, progress=False)
+  assert stats.files_ingested == 1
+  got = col.get(include=("metadatas",))
+  assert sorted(got["ids"]) == sorted(want) and col.count() == len(want)  # all present, no duplicates
+  digest = {m["file_hash"] for m in got["metadatas"]}
+  assert len(digest) == 1 and digest != {ingest_mod.PENDING}
+  again = ingest_mod.ingest(src, col, batch_chunks=64, progress=False)
+  assert (again.files_skipped, again.chunks_upserted) == (1, 0)

@@ -44,19 +44,6 @@ def _procs():
   return sum(1 for p in os.listdir("/proc") if p.isdigit())
 
 
-def _cmdlines_with(token):
-  found = []
-  for p in os.listdir("/proc"):
-    if p.isdigit():
-      try:
-        with open(f"/proc/{p}/cmdline", "rb") as f:
-          if token.encode() in f.read():
-            found.append(int(p))
-      except OSError:
-        pass
-  return found
-
-
 def _uid_pids(predicate):
   """Live (non-zombie: those hold no memory or CPU and init reaps them) processes whose uid matches."""
   out = []
@@ -110,11 +97,11 @@ class _NobodyRunner:
                 prefix, self.py_dst, os.path.join(self.py_dst, rel),
                 os.path.join(self.base, "sandbox_hostile.py")]
 
-  def run(self, mode, specs, timeout=120):
+  def run(self, mode, specs, timeout=120, tmpdir=None):
     r = subprocess.run(self.cmd, input=json.dumps({"mode": mode, "cases": specs}), capture_output=True,
                        text=True, timeout=timeout, cwd=self.base,
                        env={"PATH": "/usr/bin:/bin", "HOME": self.base, "LANG": "C.UTF-8",
-                            "PYTHONPATH": os.path.join(self.base, "pkg")})
+                            "PYTHONPATH": os.path.join(self.base, "pkg"), "TMPDIR": tmpdir or "/tmp"})
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if "error" in out:
@@ -134,19 +121,73 @@ def nobody():
   runner.close()
 
 
-COMBOS = ([("root", "root"), ("root", "rlimits"), ("nobody", "userns"), ("nobody", "bwrap"), ("nobody", "rlimits")]
-          if IS_ROOT else [("self", "userns"), ("self", "bwrap"), ("self", "rlimits")])
+COMBOS = ([("root", "root"), ("root", "rlimits"), ("nobody", "userns"), ("nobody", "rlimits")]
+          if IS_ROOT else [("self", "userns"), ("self", "rlimits")])
+STRONG = [c for c in COMBOS if c[1] != "rlimits"]
 
 
-def _run_combo(user, mode, specs, request):
+def _run_combo(user, mode, specs, request, tmpdir=None):
   if user == "nobody":
     try:
-      return request.getfixturevalue("nobody").run(mode, specs)
+      return request.getfixturevalue("nobody").run(mode, specs, tmpdir=tmpdir)
     except SandboxUnavailableError as e:
       pytest.skip(f"mode {mode!r} unavailable as uid {NOBODY}: {e}")
   if not _mode_works(mode):
     pytest.skip(f"mode {mode!r} unavailable here: {sandbox._probed.get(mode)}")
+  if tmpdir is not None:
+    request.getfixturevalue("monkeypatch").setattr(tempfile, "tempdir", tmpdir)
   return sandbox_hostile.run_cases(mode, specs)
+
+
+@pytest.mark.parametrize("user,mode", STRONG)
+def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp_path):
+  """Regression (issue 36): sandboxed code connected to a 0666 host Unix socket (by path and abstract),
+  attached to a 0666 SysV shared-memory segment, and wrote 1 GB / 30k files into the host's /tmp."""
+  shared = tempfile.mkdtemp(prefix="fineflax_hostile_")  # reachable by uid 65534 too
+  os.chmod(shared, 0o777)
+  tmpdir = os.path.join(shared, "tmp")  # where the sandbox's temp dirs go: watched for the disk probes
+  os.mkdir(tmpdir, 0o777)
+  outside_file = os.path.join(shared, "public.txt")
+  with open(outside_file, "w") as f:
+    f.write("HOST FILE")
+  os.chmod(outside_file, 0o644)
+  abstract = f"fineflax-hostile-{uuid.uuid4().hex}"
+  shm = sandbox_hostile.SysvShm()
+  servers = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
+  try:
+    servers[0].bind(os.path.join(shared, "host.sock"))
+    os.chmod(os.path.join(shared, "host.sock"), 0o666)
+    servers[1].bind("\0" + abstract)
+    for server in servers:
+      server.listen(4)
+      server.settimeout(0.2)
+    specs = sandbox_hostile.isolation_cases(os.path.join(shared, "host.sock"), abstract, shm.key, outside_file)
+    with sandbox_hostile.PeakBytes(tmpdir) as peak:
+      res = _run_combo(user, mode, specs, request, tmpdir=tmpdir)
+    for server in servers:
+      with pytest.raises(socket.timeout):
+        server.accept()
+    out = {name: r[1] for name, r in res.items()}
+    lines = out["unix_sockets"].splitlines()
+    assert len(lines) == 2 and all(line.startswith("refused") for line in lines), res["unix_sockets"]
+    assert "ATTACHED" not in out["sysv_shm"] and "denied" in out["sysv_shm"], res["sysv_shm"]
+    assert shm.content() == b"HOSTDATA"
+    assert "HOST FILE" not in out["read_outside"] and "denied" in out["read_outside"], res["read_outside"]
+    words = out["disk_fill"].split()
+    assert words[0] == "stopped" and int(words[1]) <= sandbox.MAX_DISK_MB and words[2] == "28", res["disk_fill"]
+    words = out["many_files"].split()
+    assert words[0] == "stopped" and int(words[1]) <= sandbox.MAX_FILES and words[2] == "28", res["many_files"]
+    assert peak.value < 4 << 20, f"{peak.value} bytes appeared in the host's temp dir"
+  finally:
+    for server in servers:
+      server.close()
+    shm.close()
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_bwrap_mode_is_refused_with_the_replacement_named():
+  with pytest.raises(SandboxUnavailableError, match="userns"):
+    run_python("print(1)", mode="bwrap")
 
 
 @pytest.mark.parametrize("user,mode", COMBOS)
@@ -163,7 +204,7 @@ def test_hostile_programs_are_contained(user, mode, request):
       server.settimeout(0.2)
       with pytest.raises(socket.timeout):
         server.accept()
-      escaped = _cmdlines_with(token)
+      escaped = sandbox_hostile.cmdlines_with(token)
       weak = mode == "rlimits"
       assert sandbox_hostile.bounded_contained(res["bounded_fork"][1]), res["bounded_fork"]
       rc, _, _, timed_out, seconds = res["infinite_loop"]
@@ -180,11 +221,12 @@ def test_hostile_programs_are_contained(user, mode, request):
         assert not escaped, f"setsid escapee still alive: {escaped}"
       if not weak:
         assert not os.path.exists(os.path.join(outside, "escaped.txt"))
-        assert "inside.txt" not in res["write_outside"][2] and "Read-only" in res["write_outside"][2]
+        err = res["write_outside"][2]  # the host folder is not there (new root), or read-only
+        assert "inside.txt" not in err and ("No such file" in err or "Read-only" in err), err
       if not (weak and user == "root"):  # documented: rlimits as root can read root's files
         assert "denied" in res["read_root"][1], res["read_root"]
     finally:
-      for pid in _cmdlines_with(token):
+      for pid in sandbox_hostile.cmdlines_with(token):
         os.kill(pid, 9)
       shutil.rmtree(outside, ignore_errors=True)
 
@@ -317,6 +359,59 @@ def test_code_reward_adversarial_programs_score_zero():
   forged = "```python\nprint('0 0 1')\ndef f():\n    return 2\n```"  # fake result line: no nonce
   assert code("", forged, tests=tests) == 0.0
   assert code("", "```python\ndef f(:\n```", tests=tests) == 0.0
+
+
+def test_code_reward_compares_plain_values_outside_the_solution():
+  """Regression (issue 36): an object whose __eq__ always returns True scored 1.0."""
+  code = get_reward("code")
+  completion = f"```python\n{sandbox_hostile.ALWAYS_EQUAL}```"
+  assert code("", completion, tests=["assert f(1) == 2", "assert f(2) == [1, 2]", "assert g(0) == 3"]) == 0.0
+  check = "def check(candidate):\n    assert candidate(2) == 4\n"
+  assert code("", completion, tests=check, entry_point="f") == 0.0
+
+
+def test_code_reward_nonce_cannot_be_found_or_forged():
+  """Regression (issue 36): a solution read the harness's nonce from its caller's frame and printed
+  passing result lines (1.0 for a wrong answer). Here it also searches gc, /proc and the test file."""
+  code = get_reward("code")
+  completion = f"```python\n{sandbox_hostile.FORGER}```"
+  assert code("", completion, tests=["assert f() == 1", "assert f() == 2", "assert f() == 3"]) == 0.0
+  assert code("", completion, tests=["assert f() == 0", "assert f() == 2"]) == 0.5  # it still runs
+
+
+def test_code_reward_plain_values_cover_common_test_styles():
+  code = get_reward("code")
+  solution = """```python
+import collections
+Point = collections.namedtuple("Point", "x y")
+class Solution:
+    def two_sum(self, nums, target):
+        seen = {}
+        for i, n in enumerate(nums):
+            if target - n in seen:
+                return [seen[target - n], i]
+            seen[n] = i
+def half(x):
+    print("computing", x)  # printing does not disturb the results
+    if x < 0:
+        raise ValueError("negative")
+    return x / 2
+def squares(n):
+    yield from (i * i for i in range(n))
+def point():
+    return Point(1, 2)
+def counts(s):
+    return collections.Counter(s)
+LIMIT = 10
+```"""
+  tests = ["assert Solution().two_sum([2, 7, 11], 9) == [0, 1]",
+           "assert abs(half(3) - 1.5) < 1e-9 and half(4) == 2",
+           "try:\n    half(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\nelse:\n    raise AssertionError",
+           "assert list(squares(4)) == [0, 1, 4, 9] and 9 in squares(4)",
+           "assert point() == (1, 2) and point()[1] == 2",
+           "assert counts('aab') == {'a': 2, 'b': 1} and LIMIT == 10",
+           "assert half(2) == 5"]
+  assert code("", solution, tests=tests) == pytest.approx(6 / 7)
 
 
 def test_code_reward_humaneval_check_and_partial_credit():

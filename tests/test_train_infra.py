@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
-from fineflax.train.checkpoint import Checkpointer
+from fineflax.train.checkpoint import Checkpointer, CheckpointUnreadable
 from fineflax.train.metric_writer import MetricWriter, read_jsonl
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.state import init_state
@@ -101,3 +102,51 @@ def test_schedule_warmup_then_cosine():
   opt = make_optimizer(cfg)
   upd, _ = opt.update(grads, opt.init(grads), grads)
   assert np.all(np.isfinite(np.asarray(upd["w"])))
+
+
+def _damage(step_dir, how):
+  """Garbage JSON in the meta item, or every OCDBT manifest truncated to 3 bytes."""
+  if how == "garbage_json":
+    with open(os.path.join(step_dir, "meta", "metadata"), "w") as f:
+      f.write("{garbage")
+  else:
+    for root, _, files in os.walk(os.path.join(step_dir, "state")):
+      for name in files:
+        if name == "manifest.ocdbt":
+          os.truncate(os.path.join(root, name), 3)
+
+
+@pytest.mark.parametrize("how", ["garbage_json", "truncated_file"])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_step(tmp_path, capsys, how):
+  """Regression (issue 36): a damaged latest step blocked resume with a raw traceback."""
+  ckpt = Checkpointer(str(tmp_path / "c"), keep_last=3)
+  for step in (1, 2, 3):
+    assert ckpt.save(step, _state(seed=step), {"step": step})
+  ckpt.close()
+  _damage(str(tmp_path / "c" / "3"), how)
+  capsys.readouterr()
+  ckpt = Checkpointer(str(tmp_path / "c"), keep_last=3)
+  step, restored, meta = ckpt.restore_newest(_state(seed=9))
+  assert (step, meta) == (2, {"step": 2})
+  np.testing.assert_array_equal(np.asarray(restored["lora"]["q"]["a"]), np.asarray(_state(2)["lora"]["q"]["a"]))
+  lines = [l for l in capsys.readouterr().out.splitlines() if "step 3" in l]
+  assert len(lines) == 1 and str(tmp_path / "c") in lines[0] and "skipped" in lines[0]
+  assert ("JSONDecodeError" if how == "garbage_json" else "manifest") in lines[0]
+  assert ckpt.all_steps() == [1, 2, 3] and os.path.isdir(tmp_path / "c" / "3")  # nothing deleted
+  assert ckpt.save(3, _state(seed=30), {"step": "3 again"})  # the damaged step is moved aside, not kept
+  assert os.path.isdir(tmp_path / "c.unreadable" / "3")
+  assert Checkpointer(str(tmp_path / "c")).restore_newest(_state())[::2] == (3, {"step": "3 again"})
+
+
+def test_no_restorable_checkpoint_is_one_clear_error(tmp_path):
+  ckpt = Checkpointer(str(tmp_path / "c"))
+  for step in (1, 2):
+    assert ckpt.save(step, _state(), {"step": step})
+  ckpt.close()
+  for step in (1, 2):
+    _damage(str(tmp_path / "c" / str(step)), "garbage_json")
+  with pytest.raises(CheckpointUnreadable) as e:
+    Checkpointer(str(tmp_path / "c")).restore_newest(_state())
+  message = str(e.value)
+  assert "\n" not in message and str(tmp_path / "c") in message and "step 2" in message and "step 1" in message
+  assert Checkpointer(str(tmp_path / "empty")).restore_newest(_state()) is None

@@ -4,9 +4,12 @@ Code: the last ```python / ```py fenced block, else the last plain ``` block, el
 Tests (`example["tests"]`): a list of assert statements, or one test source whose top-level `assert`
 statements are the tests (its other statements run first as setup; with no top-level assert and an
 `entry_point`, HumanEval style: `check(<entry_point>)` is the single test; otherwise the whole source is one
-test). A harness child runs the solution (as module `solution`, so `if __name__ == "__main__"` blocks do not
-run), then each test, printing `<nonce> <i> <0|1>`; the nonce comes over stdin so printed text cannot be
-mistaken for a result (a program that inspects the harness's frames could still forge it).
+test). The harness (`code_harness.py`, run as the sandbox's main.py) runs the solution (as module
+`solution`, so `if __name__ == "__main__"` blocks do not run) in a process of its own and the setup and
+tests in another, which receives only plain values (numbers, strings, containers of them) from it, so
+comparisons happen outside the solution's process; the nonce and the tests reach the harness over stdin
+after the solution's process was forked, and only the harness can print `<nonce> <i> <0|1>` lines.
+The setup does not run in the solution's process (a solution using a name only the tests import fails).
 If the sandbox cannot start, the reward raises `SandboxUnavailableError` (scoring stops; see sandbox.py).
 
 Score:
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import pathlib
 import re
 import secrets
 
@@ -30,30 +34,7 @@ TIMEOUT_S = 5.0
 MEMORY_MB = 512
 _PY_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _ANY_FENCE = re.compile(r"```[ \t]*\n(.*?)```", re.DOTALL)
-_HARNESS = r'''
-import json, sys, traceback
-def _run():
-  nonce = sys.stdin.readline().strip()
-  spec = json.load(open("tests.json", encoding="utf-8"))
-  ns = {"__name__": "solution"}
-  try:
-    exec(compile(open("solution.py", encoding="utf-8").read(), "solution.py", "exec"), ns)
-    for i, src in enumerate(spec["setup"]):
-      exec(compile(src, f"setup_{i}", "exec"), ns)
-  except BaseException:
-    traceback.print_exc(limit=5)
-    return
-  for i, src in enumerate(spec["tests"]):
-    try:
-      exec(compile(src, f"test_{i}", "exec"), ns)
-      ok = 1
-    except BaseException:
-      traceback.print_exc(limit=3)
-      ok = 0
-    sys.__stdout__.write(f"{nonce} {i} {ok}\n")
-    sys.__stdout__.flush()
-_run()
-'''
+_HARNESS = (pathlib.Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -91,8 +72,7 @@ def run_tests(code: str, tests: list[str], setup: list[str] = (), timeout_s: flo
   """(passed, total) for `tests` against `code`, run in the sandbox."""
   nonce = secrets.token_hex(16)
   spec = json.dumps({"setup": list(setup), "tests": list(tests)})
-  result = run_python(_HARNESS, timeout_s, memory_mb, stdin=nonce + "\n",
-                      files={"solution.py": code, "tests.json": spec})
+  result = run_python(_HARNESS, timeout_s, memory_mb, stdin=nonce + "\n" + spec, files={"solution.py": code})
   passed = set()
   for line in result.stdout.splitlines():
     parts = line.split()

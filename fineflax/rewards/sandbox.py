@@ -1,31 +1,34 @@
 """Run untrusted Python source in a separate, isolated, resource-limited process.
 
 Contract: `run_python(source, timeout_s, memory_mb, mode=None) -> SandboxResult(returncode, stdout, stderr,
-timed_out)`. Nothing is exec'd or eval'd in the calling process. The child runs main.py in a fresh temp dir
-(its cwd); stdout/stderr go to files (capped by RLIMIT_FSIZE, read back truncated to `max_output_bytes`).
+timed_out)`. Nothing is exec'd or eval'd in the calling process. The child runs main.py in its work dir
+(its cwd, $HOME and $TMPDIR); stdout/stderr go to files outside it (capped by RLIMIT_FSIZE, read back
+truncated to `max_output_bytes`).
 
 Mode: the `mode` argument, else the environment variable FINEFLAX_SANDBOX, else "auto". The sandbox never
 degrades silently: if the chosen mode cannot start, every run raises `SandboxUnavailableError` saying why
 and how to fix it (a `RewardSetupError`, which reward scoring does not turn into a 0 score).
-- "auto": "root" when the caller is root; else "bwrap" when bubblewrap is installed and starts, else "userns".
+- "auto": "root" when the caller is root, else "userns".
 - "root" (caller is root): the child joins a per-run cgroup (`cgroups.py`: pids.max = max_processes + 1,
-  memory cap = memory_mb, kill-all; where writable), enters new mount, network and PID namespaces (no
-  interface but a downed loopback: every connection fails), mounts a fresh /proc, remounts the whole tree
-  read-only except its temp dir, bind-mounts the base interpreter's installation at a world-readable path
-  and runs that interpreter (so venvs anywhere work: under /tmp, in a 0700 home, editable installs; the
-  program sees the base installation's packages, not the venv's), then drops to a fresh unused uid/gid with
-  no groups: RLIMIT_NPROC binds it (root is exempt) and root-only files are unreadable.
-- "userns" (caller is not root; unprivileged user namespaces allowed): the same namespaces inside a new
-  user namespace (the caller's uid mapped to itself); RLIMIT_NPROC = the caller's process count + budget.
-  The program can read what the caller can (read-only, and with no network to send it anywhere).
-- "bwrap" (caller is not root; bubblewrap on PATH, optional): `bwrap --unshare-all --die-with-parent
-  --ro-bind / / --bind <temp dir> --proc /proc --dev /dev --cap-drop ALL`: the same isolation from a
-  well-kept tool; RLIMIT_NPROC as in "userns". Refused for root: bwrap keeps the host uid 0 (RLIMIT_NPROC
-  does not bind it and root's files stay readable).
-- "rlimits" (opt-in by name only: weak): no namespaces. Writes outside the temp dir and reads of the
-  caller's files are NOT prevented; sockets are blocked by a monkeypatch of `socket` (best effort); as root it
-  requires a writable pids cgroup (RLIMIT_NPROC does not bind root); not as root, processes that escape
-  the session (setsid) survive.
+  memory cap = memory_mb, kill-all; where writable) and enters new mount, network, IPC and PID namespaces,
+  then builds its own root file system (a tmpfs; `pivot_root`, the host's tree detached) holding only:
+  the base interpreter's installation and the system library folders (/lib*, /usr/lib*, /usr/local/lib,
+  /etc/ld.so.cache) read-only and nosuid at their own paths, /dev/{null,zero,full,random,urandom}, a fresh
+  /proc, and the work dir: a tmpfs of `max_disk_mb` MB and `max_files` files (writes beyond fail with
+  ENOSPC; it vanishes with the run, the host's disk is never written). It then runs the base interpreter
+  (the program sees the base installation's packages, not a venv's) as a fresh unused uid/gid with no
+  groups: RLIMIT_NPROC binds it (root is exempt). So: no network (a downed loopback only), no host Unix
+  socket (no host path; abstract sockets live in the network namespace), no host System V / POSIX IPC,
+  no host file beyond those listed.
+- "userns" (caller is not root; unprivileged user namespaces allowed): the same namespaces and root file
+  system inside a new user namespace (the caller's uid mapped to itself); RLIMIT_NPROC = the caller's
+  process count + budget.
+- "bwrap": removed (bubblewrap cannot give the work dir a file-count limit); naming it is an error.
+- "rlimits" (opt-in by name only: weak): no namespaces. Writes outside the temp dir, reads of the
+  caller's files, host Unix sockets and IPC are NOT prevented, and the work dir has no size or file-count
+  limit; sockets are blocked by a monkeypatch of `socket` (best effort); as root it requires a writable
+  pids cgroup (RLIMIT_NPROC does not bind root); not as root, processes that escape the session (setsid)
+  survive.
 
 In every mode: RLIMIT_AS = memory_mb (allocations beyond it raise MemoryError), RLIMIT_NPROC,
 RLIMIT_FSIZE = max_file_mb, RLIMIT_CPU = timeout + 1 s, RLIMIT_CORE = 0, a new session, a wall-clock
@@ -52,12 +55,21 @@ import time
 from fineflax.rewards import cgroups
 from fineflax.rewards.errors import RewardSetupError
 
-MODES = ("auto", "root", "userns", "bwrap", "rlimits")
+MODES = ("auto", "root", "userns", "rlimits")
 ENV_VAR = "FINEFLAX_SANDBOX"
+MAX_DISK_MB, MAX_FILES = 64, 4096  # the work dir's default size and file-count limits
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
+_CLONE_NEWIPC = 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+_MNT_DETACH = 2
+_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = -100, 0x8000, 1, 2
 _SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (new syscall table)
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
+# what the sandbox's own root file system shows of the host (read-only): the base interpreter's
+# installation (added per run) and what a dynamically linked interpreter and its extension modules load
+_LIBRARY_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
+                 "/usr/local/lib")
+_HOST_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _PR_SET_PDEATHSIG = 1
 _UID_BASE, _UID_SPAN = 1_900_000_000, 1 << 20
 _SOCKET_GUARD = (
@@ -68,9 +80,9 @@ _SOCKET_GUARD = (
 )
 _FIX = (f"Fix: run as root where namespaces may be created (Docker: --privileged, or --cap-add SYS_ADMIN "
         f"--security-opt seccomp=unconfined --security-opt apparmor=unconfined), or as a non-root user with "
-        f"unprivileged user namespaces enabled (modes 'bwrap', 'userns'; sysctl user.max_user_namespaces>0, "
+        f"unprivileged user namespaces enabled (mode 'userns'; sysctl user.max_user_namespaces>0, "
         f"kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0); or accept weaker "
-        f"isolation (no file-system or network isolation) by name: {ENV_VAR}=rlimits.")
+        f"isolation (no file-system, network, IPC or disk-quota isolation) by name: {ENV_VAR}=rlimits.")
 
 
 class SandboxUnavailableError(RewardSetupError):
@@ -91,7 +103,8 @@ class _MountAttr(ctypes.Structure):
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_RO, _RW = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0), _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+_RO = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
+_RW = _MountAttr(_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_RDONLY, 0, 0)
 _uid_counter = itertools.count((os.getpid() * 7919) % _UID_SPAN)
 _probe_lock = threading.Lock()
 _probed: dict[str, str | None] = {}  # mode -> None (works) or why not
@@ -121,20 +134,91 @@ def _supervise(pid: int, max_fd: int) -> None:
   os._exit(os.waitstatus_to_exitcode(status))
 
 
-def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: int, limits: dict[int, int],
-                  join_fds: list[int]):
+@dataclasses.dataclass(frozen=True)
+class _RootFs:
+  """The sandbox's own root file system: built at `mount_point` (an empty host dir) in the child."""
+  mount_point: bytes
+  binds: list            # (kind "dir" | "file" | "link", host path or link target, path inside)
+  workdir: bytes         # the work dir's path inside (the same as on the host)
+  work_options: bytes    # its tmpfs options: size, nr_inodes, mode, owner
+  files: list            # (name, bytes) written into the work dir
+  owner: int             # uid/gid of those files (-1: the caller's)
+
+
+def _host_view(prefix: str) -> list[tuple[str, str, str]]:
+  """(kind, source, path inside) of what the new root shows of the host: `prefix` (the interpreter's
+  installation), the library folders (a symlinked one as the same symlink) and `_HOST_FILES`."""
+  out, covered = [("dir", prefix, prefix)], [prefix]
+  for path in _LIBRARY_DIRS:
+    if any(path == c or path.startswith(c + "/") for c in covered):
+      continue
+    if os.path.islink(path):
+      out.append(("link", os.readlink(path), path))
+    elif os.path.isdir(path):
+      out.append(("dir", os.path.realpath(path), path))
+      covered.append(path)
+  return out + [("file", path, path) for path in _HOST_FILES if os.path.exists(path)]
+
+
+def _build_root(fs: _RootFs, mount_tmpfs, bind, setattr_) -> None:
+  """In the child (new mount namespace): the tmpfs root with `fs.binds`, /proc and the work dir, all
+  read-only but the work dir; then pivot_root into it and detach the host's tree."""
+  root = fs.mount_point
+  mount_tmpfs(root, b"mode=0755,size=4m,nr_inodes=4096")
+  for kind, src, dst in fs.binds:
+    inside = root + dst
+    if kind == "link":
+      os.makedirs(os.path.dirname(inside), exist_ok=True)
+      os.symlink(src, inside)
+      continue
+    if kind == "dir":
+      os.makedirs(inside, exist_ok=True)
+    else:
+      os.makedirs(os.path.dirname(inside), exist_ok=True)
+      os.close(os.open(inside, os.O_CREAT | os.O_WRONLY, 0o644))
+    bind(src, inside)
+  os.makedirs(root + b"/proc", exist_ok=True)
+  _LIBC.mount(b"proc", root + b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)  # best effort
+  work = root + fs.workdir
+  os.makedirs(work, exist_ok=True)
+  mount_tmpfs(work, fs.work_options)
+  for name, data in fs.files:
+    fd = os.open(work + b"/" + name, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+    os.write(fd, data)
+    if fs.owner >= 0:
+      os.fchown(fd, fs.owner, fs.owner)
+    os.close(fd)
+  setattr_(root, _AT_RECURSIVE, _RO, "read-only root")
+  setattr_(work, 0, _RW, "writable work dir")
+  os.chdir(root)
+  _check(_LIBC.syscall(_SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+  _check(_LIBC.umount2(b".", _MNT_DETACH), "detach the host's root")
+  os.chdir(fs.workdir)
+
+
+def _make_preexec(mode: str, fs: _RootFs | None, uid: int, limits: dict[int, int], join_fds: list[int]):
   """Returns the child-side setup; every name it touches is bound here (no imports after fork)."""
-  libc, ro, rw, byref, sizeof = _LIBC, _RO, _RW, ctypes.byref, ctypes.sizeof
+  libc, byref, sizeof = _LIBC, ctypes.byref, ctypes.sizeof
   sigkill = int(signal.SIGKILL)
   caller_uid, caller_gid = os.getuid(), os.getgid()
   max_fd = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
   max_fd = 1 << 20 if max_fd == resource.RLIM_INFINITY or max_fd > 1 << 20 else max_fd
 
+  def mount_tmpfs(target: bytes, options: bytes) -> None:
+    _check(libc.mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, options), f"tmpfs {target!r}")
+
+  def bind(src: bytes, target: bytes) -> None:
+    _check(libc.mount(src, target, None, _MS_BIND | _MS_REC, None), f"bind {src!r}")
+
+  def setattr_(target: bytes, flags: int, attr, what: str) -> None:
+    _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, target, flags, byref(attr), sizeof(attr)), what)
+
   def setup() -> None:
     for fd in join_fds:  # join the run's cgroups (inherited by everything forked below)
       os.write(fd, b"0")
-    if mode in ("root", "userns"):
-      flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | (_CLONE_NEWUSER if mode == "userns" else 0)
+    if fs is not None:
+      flags = (_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC
+               | (_CLONE_NEWUSER if mode == "userns" else 0))
       _check(libc.unshare(flags), "unshare")
       if mode == "userns":
         for name, text in (("setgroups", "deny"), ("uid_map", f"{caller_uid} {caller_uid} 1"),
@@ -148,22 +232,14 @@ def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: 
       if pid > 0:
         _supervise(pid, max_fd)
       _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-      _check(libc.mount(workdir, workdir, None, _MS_BIND | _MS_REC, None), "bind workdir")
-      if py_dst:
-        _check(libc.mount(py_src, py_dst, None, _MS_BIND | _MS_REC, None), "bind python")
-      libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)  # best effort
-      _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, byref(ro), sizeof(ro)),
-             "read-only /")
-      _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, workdir, _AT_RECURSIVE, byref(rw), sizeof(rw)),
-             "writable workdir")
-      os.chdir(workdir)  # the cwd set by Popen points below the bind mount
+      _build_root(fs, mount_tmpfs, bind, setattr_)
     for res, value in limits.items():
       resource.setrlimit(res, (value, value))
     if mode == "root":
       os.setgroups([])
       os.setresgid(uid, uid, uid)
       os.setresuid(uid, uid, uid)
-    if mode in ("root", "userns"):  # after the uid change, which clears it
+    if fs is not None:  # after the uid change, which clears it
       _check(libc.prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0), "parent-death signal")
 
   def preexec() -> None:
@@ -177,7 +253,8 @@ def _make_preexec(mode: str, workdir: bytes, py_src: bytes, py_dst: bytes, uid: 
 
 
 def _interpreter() -> tuple[str, str]:
-  """(real base installation prefix, interpreter path relative to it): what the 'root' mode bind-mounts."""
+  """(real base installation prefix, interpreter path relative to it): what the namespace modes show
+  (at its own path) and run."""
   prefix = os.path.realpath(sys.base_prefix)
   for candidate in (sys.executable, getattr(sys, "_base_executable", "")):
     exe = os.path.realpath(candidate) if candidate else ""
@@ -186,7 +263,7 @@ def _interpreter() -> tuple[str, str]:
   for rel in (f"bin/python{sys.version_info[0]}.{sys.version_info[1]}", "bin/python3"):
     if os.access(os.path.join(prefix, rel), os.X_OK):
       return prefix, rel
-  raise SandboxUnavailableError(f"sandbox mode 'root': no interpreter of this Python found under its base "
+  raise SandboxUnavailableError(f"sandbox: no interpreter of this Python found under its base "
                                 f"prefix {prefix} (sys.executable={sys.executable})")
 
 
@@ -242,29 +319,36 @@ def _read_capped(path: str, limit: int) -> str:
 
 
 def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, max_processes: int,
-         max_file_mb: int, max_output_bytes: int, files: dict[str, str] | None) -> SandboxResult:
+         max_file_mb: int, max_output_bytes: int, files: dict[str, str] | None, max_disk_mb: int = MAX_DISK_MB,
+         max_files: int = MAX_FILES) -> SandboxResult:
   root_dir = tempfile.mkdtemp(prefix="fineflax_sandbox_")
   cg, join_fds = None, []
   try:
     os.chmod(root_dir, 0o755)
-    workdir = os.path.join(root_dir, "work")
-    os.mkdir(workdir, 0o700)
-    for name, text in {**(files or {}), "main.py": source}.items():
-      with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-        f.write(text)
+    workdir = os.path.join(root_dir, "work")  # the cwd Popen enters before the setup; in the namespace
+    os.mkdir(workdir, 0o700)                    # modes a tmpfs at the same path in the new root hides it
+    contents = {**(files or {}), "main.py": source}
+    for name in contents:
+      if not name or os.path.basename(name) != name or name.startswith("."):
+        raise ValueError(f"run_python: file name {name!r} must be a plain name (no folder, not hidden)")
     uid = _UID_BASE + next(_uid_counter) % _UID_SPAN
-    py_src, py_dst, python = "", "", sys.executable
-    nproc = max_processes
-    if mode == "root":
-      py_src, rel = _interpreter()
-      py_dst = os.path.join(root_dir, "py")
-      os.mkdir(py_dst, 0o755)
-      python = os.path.join(py_dst, rel)
-      os.chown(workdir, uid, uid)
-      for name in os.listdir(workdir):
-        os.chown(os.path.join(workdir, name), uid, uid)
-    elif os.geteuid() != 0:
-      supervisors = {"userns": 1, "bwrap": 2}.get(mode, 0)  # processes of ours next to the program
+    python, fs, nproc = sys.executable, None, max_processes
+    if mode == "rlimits":
+      for name, text in contents.items():
+        with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+          f.write(text)
+    else:
+      prefix, rel = _interpreter()
+      python = os.path.join(prefix, rel)
+      mount_point = os.path.join(root_dir, "root")
+      os.mkdir(mount_point, 0o755)
+      owner = f",uid={uid},gid={uid}" if mode == "root" else ""
+      binds = [(kind, src.encode(), dst.encode()) for kind, src, dst in _host_view(prefix)]
+      fs = _RootFs(mount_point.encode(), binds, workdir.encode(),
+                   f"size={int(max_disk_mb)}m,nr_inodes={int(max_files) + 1},mode=0700{owner}".encode(),
+                   [(n.encode(), t.encode("utf-8")) for n, t in contents.items()], uid if mode == "root" else -1)
+    if os.geteuid() != 0:
+      supervisors = 1 if mode == "userns" else 0  # processes of ours next to the program
       nproc = sum(1 for _ in _uids_processes(os.getuid())) + max_processes + supervisors
     if os.geteuid() == 0:
       cg = cgroups.create(max_processes + (mode != "rlimits"), int(memory_mb) << 20)
@@ -278,14 +362,11 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
               resource.RLIMIT_CPU: int(math.ceil(timeout_s)) + 1}
     argv = ([python, "-I", "-c", _SOCKET_GUARD] if mode == "rlimits" else
             [python, "-I", "-X", "frozen_modules=off", "main.py"])
-    if mode == "bwrap":
-      argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
-              "--ro-bind", "/", "/", "--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev",
-              "--chdir", workdir, "--"] + argv
-    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     out_path, err_path = os.path.join(root_dir, "stdout"), os.path.join(root_dir, "stderr")
-    preexec = _make_preexec(mode, workdir.encode(), py_src.encode(), py_dst.encode(), uid, limits, join_fds)
+    preexec = _make_preexec(mode, fs, uid, limits, join_fds)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
       proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
                               preexec_fn=preexec, start_new_session=True, close_fds=True)
@@ -315,9 +396,13 @@ def resolve_mode(mode: str | None = None) -> str:
   """The mode to use (argument, else $FINEFLAX_SANDBOX, else 'auto'); raises SandboxUnavailableError if it
   cannot run here (probed once per process with a trivial program)."""
   name = mode or os.environ.get(ENV_VAR) or "auto"
+  if name == "bwrap":
+    raise SandboxUnavailableError(f"sandbox mode 'bwrap' (argument or ${ENV_VAR}) was removed: bubblewrap "
+                                  f"cannot limit the work dir's file count; use 'userns' (or 'auto'), the same "
+                                  f"namespaces built by fineflax itself.")
   if name not in MODES:
     raise ValueError(f"sandbox mode {name!r} (argument or ${ENV_VAR}): expected one of {MODES}")
-  candidates = [name] if name != "auto" else ["root"] if os.geteuid() == 0 else ["bwrap", "userns"]
+  candidates = [name] if name != "auto" else ["root"] if os.geteuid() == 0 else ["userns"]
   with _probe_lock:
     for c in candidates:
       if c not in _probed:
@@ -331,11 +416,11 @@ def _probe(mode: str) -> str | None:
   """None if `mode` runs print('ok') here, else a message saying why not and how to fix it."""
   if mode == "root" and os.geteuid() != 0:
     return f"sandbox mode 'root' needs root (euid is {os.geteuid()}); use 'userns' or 'auto'."
-  if mode in ("userns", "bwrap") and os.geteuid() == 0:
+  if mode == "userns" and os.geteuid() == 0:
     return (f"sandbox mode {mode!r} as root: RLIMIT_NPROC does not bind root, so a fork bomb would flood the "
             "host; use 'root' (or 'auto').")
-  if mode == "bwrap" and shutil.which("bwrap") is None:
-    return "sandbox mode 'bwrap': bubblewrap is not installed (e.g. apt-get install bubblewrap)."
+  if mode != "rlimits" and _SYS_PIVOT_ROOT is None:
+    return f"sandbox mode {mode!r}: pivot_root's syscall number on {os.uname().machine} is not known here."
   try:
     result = _run("print('ok')", 20.0, 512, mode, "", 16, 1, 1 << 12, None)
   except SandboxUnavailableError as e:
@@ -355,13 +440,16 @@ def isolation_mode() -> str:
 
 def run_python(source: str, timeout_s: float = 5.0, memory_mb: int = 512, *, stdin: str = "",
                max_processes: int = 16, max_file_mb: int = 16, max_output_bytes: int = 1 << 20,
-               files: dict[str, str] | None = None, mode: str | None = None) -> SandboxResult:
+               files: dict[str, str] | None = None, mode: str | None = None, max_disk_mb: int = MAX_DISK_MB,
+               max_files: int = MAX_FILES) -> SandboxResult:
   """Runs `source` as main.py in a sandboxed child (see module docstring); never raises for program errors.
 
-  `files` are extra text files written next to main.py; `stdin` is fed to the child. Raises
+  `files` are extra text files written next to main.py; `stdin` is fed to the child. The work dir holds
+  at most `max_disk_mb` MB in at most `max_files` files and folders (namespace modes). Raises
   SandboxUnavailableError if the isolation mode cannot run here.
   """
-  if timeout_s <= 0 or memory_mb <= 0:
-    raise ValueError(f"run_python: timeout_s={timeout_s} and memory_mb={memory_mb} must be > 0")
+  if timeout_s <= 0 or memory_mb <= 0 or max_disk_mb <= 0 or max_files <= len(files or {}):
+    raise ValueError(f"run_python: timeout_s={timeout_s}, memory_mb={memory_mb}, max_disk_mb={max_disk_mb} "
+                     f"must be > 0 and max_files={max_files} > the {len(files or {})} files given")
   return _run(source, float(timeout_s), int(memory_mb), resolve_mode(mode), stdin, max_processes,
-              max_file_mb, max_output_bytes, files)
+              max_file_mb, max_output_bytes, files, max_disk_mb, max_files)

@@ -4,7 +4,8 @@ A job gives `Hooks`: `step(state, step) -> (state, scalars)` (one optimizer upda
 `scalars["loss"]` is checked for finiteness), `evaluate(state) -> metrics`, and the JSON-able extra state
 it checkpoints beside the train state (`meta` / `restore_meta`: data position, experience buffer).
 
-  resume      WORKDIR/checkpoints (orbax) holds the latest state; a config that changed in a field that
+  resume      from the newest step of WORKDIR/checkpoints (orbax) that restores (damaged newer steps are named
+              and skipped, `Checkpointer.restore_newest`); a config that changed in a field that
               changes the run (not its length or logging) is refused before restoring (`run_config`).
   evaluate    at step 0 (optional), every `eval_every` steps and at the last step.
   checkpoint  every `checkpoint.every` steps, at evaluations, at the end and on SIGINT/SIGTERM; keeps
@@ -96,12 +97,11 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
   barrier("fineflax_config_saved")
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep_last=ck.keep_last, keep_best=ck.keep_best,
                       best_metric=hooks.eval_metric, best_mode=hooks.eval_mode)
-  restored = ckpt.restore(state)
+  restored = ckpt.restore_newest(state)  # skips (and names) damaged newer steps
   start = 0
   if restored is not None:
-    state, meta = restored
+    start, state, meta = restored
     hooks.restore_meta(meta.get("job", {}))
-    start = int(ckpt.latest_step())
   if start >= num_steps and restored is not None:
     print(f"already complete at step {start} of {num_steps}; nothing to do ({workdir})", flush=True)
     ckpt.close()

@@ -19,7 +19,8 @@ from fineflax.io import atomic_write_text
 RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_batch_size", "log_every",
                      "checkpoint.*", "resume", "verbose", "sample_prompt", "sample_max_new_tokens",
                      "mesh.*", "distributed.*", "model.layer_loop", "rl.dense_rollouts")
-RUN_OUTPUTS = ("checkpoints", "logs", "history.json", "summary.json", "adapter", "config.json")
+RUN_OUTPUTS = ("checkpoints", "checkpoints.unreadable", "logs", "history.json", "summary.json", "adapter",
+               "config.json")
 
 
 class ConfigChanged(ValueError):
