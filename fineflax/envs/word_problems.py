@@ -133,8 +133,8 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
                       seed: int = 0, max_start: int = 50, max_addend: int = 30,
                       template: str = "default") -> list[Problem]:
   """n problems of `split` with distinct content (`content_key`), deterministic in (n, split, num_steps,
-  seed, max_start, max_addend); the first n of a longer list are the same problems. `template` only changes the wording: the same
-  arguments give the same problems in every template.
+  seed, max_start, max_addend); the first n of a longer list are the same problems. `template` only
+  changes the wording: the same arguments give the same problems in every template.
 
   num_steps: an int in 1..5, or an inclusive range (lo, hi) drawn uniformly per problem.
   max_start: the start count is drawn from [2, max_start]; max_addend: "gets x more" draws x from
