@@ -80,4 +80,4 @@ for stage in "$@"; do
     *) echo "unknown stage $stage (exgrpo masking sr1 luffy)"; exit 2 ;;
   esac
 done
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used --format=csv
+if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.used --format=csv; fi
