@@ -130,7 +130,8 @@ class Data:
     return {seed: ev[s][metric] for seed, ev in self.evals[method].items() if s in ev and metric in ev[s]}
 
   def baselines(self, metric: str) -> dict[str, dict]:
-    """label -> {seed: value}: the base model at step 0, the no-model baselines, the model baselines."""
+    """label -> {seed: value}: the base model at step 0, the base model with retrieval (Search-R1), the
+    no-model baselines."""
     out = {}
     base = {seed: ev[0][metric] for seed, ev in self.evals[self.methods[0]].items() if 0 in ev and metric in ev[0]}
     if base:
