@@ -48,7 +48,8 @@ def get_config(arg: str = ""):
   config.task.num_steps = (1, 2)  # operations per problem (inclusive range, 1..5)
   config.task.max_start = 20  # start counts are drawn from [2, max_start]
   config.task.max_addend = 10  # "gets x more" draws x from [1, max_addend]
-  config.task.eval_seed = 10_000  # seed of the held-out problems (another seed = another validation set)
+  config.task.eval_seed = 10_000  # seed of the held-out problems (tune on task.eval_split=validation: disjoint
+  #   from the test problems; another seed's held-out problems may share some with them)
   config.task.assistant_prefix = ""  # text the assistant turn starts with (e.g. "<think>\n"); part of the prompt
   config.task.system_prompt = (  # instruction given with every question
       "Solve the word problem step by step. End with the final number, like: The answer is 42.")

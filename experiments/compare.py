@@ -8,8 +8,14 @@ A method is NAME=PRESETS[;key=value;...]: the config's presets and its own overr
 --set ones). Each run is `python launch.py --config CONFIG:PRESETS --workdir OUT/runs/NAME-SEED ...` in its
 own process (`fineflax.runs.run_parallel`: --per-gpu runs per GPU, or --parallel on a CPU; --in-process:
 one after another in this process); a run that crashes is reported and the others go on. --time-budget S
-stops every run (SIGTERM: it saves a checkpoint) S seconds after the start; the same command resumes them. Writes RESULTS.md, results.json (per method, per seed, per
-evaluation step) and curves.png into --out. `--collect` only tabulates the runs already there.
+stops every run (SIGTERM: it saves a checkpoint) S seconds after the start; the same command resumes them.
+Writes RESULTS.md, results.json and curves.png into --out. `--collect` only tabulates the runs already there.
+
+results.json: the command, device, config, seeds, methods; per method and seed the run's status, every
+evaluation record ("evals": the training metrics of that step too) and, under "train", every step's
+value of the --train-metrics it logged ({"step": [...], metric: [...]}); and "no_model_baselines" per
+seed: the environment's answers without a model (`no_model_baselines` of fineflax/envs: constant answer,
+Search-R1's prior), scored by the same evaluation code on the same held-out items as the runs.
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from fineflax.io import atomic_write_text  # noqa: E402
 from experiments.common import command_line, device_name  # noqa: E402
-from fineflax.runs import (NOT_STARTED, launch_argv, load_history, plot_curves, run_parallel,  # noqa: E402
-                           summary_table)
+from fineflax.runs import (NOT_STARTED, launch_argv, load_history, mean_ci95, plot_curves,  # noqa: E402
+                           run_parallel, summary_table)
 
 
 def parse_method(spec: str) -> tuple[str, str, list[str]]:
@@ -52,6 +58,46 @@ def run_in_process(spec: str, workdir: str, overrides: list[str]) -> int:
     return 1
 
 
+TRAIN_METRICS = ("entropy", "reward_mean", "solve_rate", "completion_length", "zero_variance_groups", "loss",
+                 "sft_loss", "off_policy_prob", "replay_share", "buffer_questions", "buffer_retired", "searches")
+
+
+def train_series(hist: list[dict], metrics) -> dict[str, list]:
+  """{"step": [...], metric: [...]} over the steps that logged any of `metrics` (None where one is absent);
+  only the metrics logged at least once."""
+  rows = [h for h in hist if h.get("step", 0) > 0 and any(m in h for m in metrics)]
+  present = [m for m in metrics if any(m in h for h in rows)]
+  return {"step": [h["step"] for h in rows], **{m: [h.get(m) for h in rows] for m in present}}
+
+
+def no_model_baselines(spec: str, overrides: list[str], seeds) -> dict:
+  """{seed: env.no_model_baselines()} for an RL config whose environment has them (else {})."""
+  from fineflax.envs import get_env_class
+  from fineflax.jobs.resolve import load_config
+  out = {}
+  for seed in seeds:
+    config = load_config(spec, [f"seed={seed}", *overrides])
+    env_cls = get_env_class(config.env) if config.get("job") == "rl" and "env" in config else None
+    if env_cls is None or not hasattr(env_cls, "no_model_baselines"):
+      return {}
+    out[str(seed)] = env_cls(config, None).no_model_baselines()
+  return out
+
+
+def baseline_table(baselines: dict, metrics) -> str:
+  """Markdown: each no-model baseline's metrics, mean ± 95% CI over seeds (mean_ci95)."""
+  names = sorted({n for b in baselines.values() for n in b})
+  lines = ["| baseline | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+  for n in names:
+    cells = []
+    for m in metrics:
+      vals = [b[n][m] for b in baselines.values() if m in b.get(n, {})]
+      mean, ci = mean_ci95(vals) if vals else (float("nan"), float("nan"))
+      cells.append("-" if not vals else f"{mean:.3f} ± {ci:.3f}" if len(vals) > 1 else f"{mean:.3f}")
+    lines.append(f"| {n} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def visible_gpus() -> list[int]:
   if shutil.which("nvidia-smi") is None:
     return []
@@ -69,6 +115,8 @@ def main(argv=None):
   ap.add_argument("--set", nargs="*", default=[], help="overrides for every run, key=value")
   ap.add_argument("--metric", default="eval_accuracy", help="evaluation metric of the table and plot")
   ap.add_argument("--extra-metrics", nargs="*", default=[], help="more metrics tabulated per step")
+  ap.add_argument("--train-metrics", nargs="*", default=list(TRAIN_METRICS),
+                  help="training metrics kept for every step in results.json (those a run logs)")
   ap.add_argument("--out", required=True)
   ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU")
   ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
@@ -112,7 +160,8 @@ def main(argv=None):
       histories.setdefault(name, []).append(hist)
       runs.setdefault(name, {})[seed] = {"finished": finished, "exit": codes.get(f"{name}-{seed}"),
                                          "steps_run": hist[-1]["step"] if hist else 0,
-                                         "evals": [h for h in hist if args.metric in h]}
+                                         "evals": [h for h in hist if args.metric in h],
+                                         "train": train_series(hist, args.train_metrics)}
   wall = time.time() - t0
   device = args.device or device_name()
   series = {n: [([h["step"] for h in hist if args.metric in h], [h[args.metric] for h in hist if args.metric in h])
@@ -128,9 +177,18 @@ def main(argv=None):
     for seed, hist in zip(seeds, histories[name]):
       seeds[seed]["at_evals"] = [{k: h[k] for k in ("step", args.metric, *args.extra_metrics) if k in h}
                                  for h in hist if h["step"] in eval_steps]
+  _, presets0, over0 = methods[0]  # the methods of one comparison share the task and its held-out items
+  baselines = no_model_baselines(f"{args.config}:{presets0}" if presets0 else args.config, [*args.set, *over0],
+                                 args.seeds)
+  if baselines:
+    base_metrics = sorted({m for b in baselines.values() for v in b.values() for m in v if m.startswith("eval_")})
+    tables.insert(0, f"### Baselines without a model (same held-out items and scoring)\n\n"
+                     f"{baseline_table(baselines, base_metrics)}")
   atomic_write_text(out / "results.json", json.dumps({"command": command_line(), "device": device, "wall_s": wall,
+                                                "config": args.config, "seeds": args.seeds,
                                                 "methods": {n: {"presets": p, "overrides": o} for n, p, o in methods},
-                                                "common": args.set, "runs": runs}, indent=1))
+                                                "common": args.set, "runs": runs,
+                                                "no_model_baselines": baselines}, indent=1))
   failed = [f"{n} (exit {c})" for n, c in codes.items() if c not in (0, NOT_STARTED)]
   not_started = [n for n, c in codes.items() if c == NOT_STARTED]
   steps_run = "; ".join(f"{n}: " + ", ".join(str(r["steps_run"]) for r in rs.values()) for n, rs in runs.items())

@@ -122,6 +122,44 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
   return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
 
 
+def paired_test(a: dict, b: dict) -> dict:
+  """Paired comparison of two methods' values keyed by seed (the seeds both have): n, the mean of the
+  per-seed differences a - b, those differences, wins (seeds with a > b), the paired t-test p-value
+  (two-sided; nan for n < 2 or no spread) and the exact sign-flip permutation p-value (two-sided: the
+  share of the 2^n sign patterns whose |mean difference| >= the observed one; its smallest value is
+  2 / 2^n, 0.125 at n = 4)."""
+  from scipy import stats
+  seeds = [s for s in a if s in b]
+  d = np.array([float(a[s]) - float(b[s]) for s in seeds])
+  n = len(d)
+  out = {"n": n, "seeds": seeds, "diffs": d.tolist(), "diff": float(d.mean()) if n else float("nan"),
+         "wins": int((d > 0).sum()), "losses": int((d < 0).sum())}
+  if n == 0:
+    return {**out, "t_p": float("nan"), "signflip_p": float("nan")}
+  signs = np.array(np.meshgrid(*[[1.0, -1.0]] * n)).reshape(n, -1)  # every sign pattern, [n, 2^n]
+  null = np.abs((signs * d[:, None]).mean(0))
+  out["signflip_p"] = float((null >= abs(d.mean()) - 1e-12).mean())
+  out["t_p"] = float(stats.ttest_rel(d, np.zeros(n)).pvalue) if n > 1 and d.std() > 0 else float("nan")
+  return out
+
+
+def results_series(results: dict, method: str, metric: str, source: str = "evals",
+                   offset: int = 0) -> list[tuple[list, list]]:
+  """Per seed of `method` in a compare.py results.json, (steps, values) of `metric`: from its evaluation
+  records (source "evals") or its per-step training metrics ("train"); steps shifted by -offset; seeds
+  without the metric are left out."""
+  out = []
+  for run in results.get("runs", {}).get(method, {}).values():
+    if source == "evals":
+      pts = [(e["step"], e[metric]) for e in run.get("evals", []) if e.get(metric) is not None]
+    else:
+      t = run.get("train", {})
+      pts = [(s, v) for s, v in zip(t.get("step", []), t.get(metric, [])) if v is not None]
+    if pts:
+      out.append(([p[0] - offset for p in pts], [p[1] for p in pts]))
+  return out
+
+
 def metric_by_step(history: list[dict], metric: str) -> dict[int, float]:
   return {int(h["step"]): float(h[metric]) for h in history if metric in h}
 

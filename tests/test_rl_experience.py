@@ -133,3 +133,63 @@ def test_replay_rule_and_experience_share():
   assert experience_split(64) == (32, 32) and experience_split(10, 0.3) == (3, 7)
   with pytest.raises(ValueError):
     experience_split(8, 1.5)
+
+
+def test_a_question_stores_each_completion_once():
+  """The official collect_experience_entries appends a correct completion only if the question does not hold
+  the same text yet, so repeats cannot crowd distinct trajectories out of max_per_question."""
+  buf = ExperienceBuffer(K, max_per_question=3)
+  a, b, c, d = ([t] * 3 for t in (1, 2, 3, 4))
+  lp = [-0.5] * 3
+
+  def group(correct):
+    comps = correct + [[9, 9, 9]] * (K - len(correct))
+    return comps, [lp] * K, [1.0] * len(correct) + [0.0] * (K - len(correct))
+
+  buf.add_group("q", [7], *group([a, a, b]))  # a repeat inside one group
+  assert [t.tokens.tolist() for t in buf.questions["q"]["trajectories"]] == [a, b]
+  buf.add_group("q", [7], *group([a, c, c, d]))  # a is held already; newest 3 distinct kept
+  assert [t.tokens.tolist() for t in buf.questions["q"]["trajectories"]] == [b, c, d]
+
+
+class _AlwaysRightEnv:
+  """Every rollout answers 1 (the right answer): each group is all correct. Records the questions rolled out."""
+  tok = None
+
+  def __init__(self):
+    self.rolled = []
+
+  def rollout(self, policy, items, rng, mask_truncated=False):
+    from fineflax.rl import rows as R
+    self.rolled.append({p.question for p in items})
+    rows = R.make_rows([[1]] * len(items), [[5, 6]] * len(items), [[1.0, 1.0]] * len(items),
+                       ["<answer>1</answer>"] * len(items), off_policy=False, rollout_logp=[[-0.1, -0.1]] * len(items))
+    return rows, [self.example(p) for p in items]
+
+  def example(self, item):
+    return {"answer": "1"}
+
+
+def test_retired_questions_leave_the_fresh_prompts():
+  """The official skip_uid_set: a question whose K rollouts were all correct is no longer a fresh prompt."""
+  import types
+
+  import jax
+  import ml_collections
+
+  from fineflax.rl.collect import collect
+  from fineflax.rl.replay import Replay
+  rl = ml_collections.ConfigDict(dict(prompts_per_step=2, group_size=4, max_new_tokens=8))
+  replay = Replay(4, ml_collections.ConfigDict(dict(sigma=1.0, max_per_question=8, threshold=0.35, share=0.5)), 0)
+  items = [types.SimpleNamespace(question=f"q{i}") for i in range(6)]
+  env, order = _AlwaysRightEnv(), np.arange(6)
+  g = collect(env, None, items, order, 0, jax.random.PRNGKey(0), rl, {"math_last_number": 1.0}, replay=replay)
+  replay.record(g.idx, g.rows, g.rewards, g.correct, 4)
+  assert g.idx == [0, 1] and replay.buffer.retired == {"0", "1"} and env.rolled == [{"q0", "q1"}]
+  for cursor in (6, 8, 10):  # the order wraps round to questions 0 and 1, which are retired now
+    collect(env, None, items, order, cursor, jax.random.PRNGKey(cursor), rl, {"math_last_number": 1.0},
+            replay=replay)
+  assert all(not {"q0", "q1"} & seen for seen in env.rolled[1:]) and set().union(*env.rolled[1:]) == {
+      "q2", "q3", "q4", "q5"}
+  replay.buffer.retired |= {str(i) for i in range(6)}  # everything retired: the whole order again
+  assert replay.fresh_order(order) == list(range(6))

@@ -68,12 +68,14 @@ def test_difficulty_knob(steps):
 
 
 def test_number_size_knobs():
-  ps = generate_problems(200, "train", num_steps=1, seed=0, max_start=9, max_addend=4)
+  ps = generate_problems(80, "train", num_steps=1, seed=0, max_start=9, max_addend=4)  # 81 such training problems exist
   starts = [int(re.search(r"has (\d+) ", p.question).group(1)) for p in ps]
   adds = [int(re.search(r"gets (\d+) more", p.question).group(1)) for p in ps if "gets" in p.question]
   assert 2 <= min(starts) and max(starts) == 9 and adds and max(adds) == 4 and min(adds) == 1
   with pytest.raises(ValueError, match="max_start=1"):
     generate_problems(3, max_start=1)
+  with pytest.raises(RuntimeError, match="could only find .* problems of distinct content"):
+    generate_problems(200, "train", num_steps=1, seed=0, max_start=9, max_addend=4)
 
 
 def test_bad_arguments():

@@ -11,8 +11,8 @@ luffy (official train.sh settings), luffy_noshape. Every RL phase samples the sa
 (prompts_per_step x group_size rows; LUFFY's include 1 trace per group); sft_rl runs 50 + --steps steps so
 that its RL phase has the same rollout budget. Writes into --out: RESULTS.md (compare.py's tables per
 evaluation step, then the final-evaluation table: in-distribution, 4-5 operations, second wording;
-greedy accuracy and pass@8), results.json, curves.png (accuracy), pass_at_k.png, entropy.png,
-length.png, train_entropy.png. A call stopped by --time-budget is resumed by running the same command.
+greedy accuracy and pass@8), results.json (compare.py's, plus the final evaluations; every figure is
+drawn from it), curves.png (accuracy), pass_at_k.png, entropy.png, length.png, train_entropy.png. A call stopped by --time-budget is resumed by running the same command.
 """
 from __future__ import annotations
 
@@ -27,17 +27,18 @@ from configs.luffy_arith import SFT_RL_SFT_STEPS  # noqa: E402
 from experiments import compare  # noqa: E402
 from fineflax.io import atomic_write_text  # noqa: E402
 from experiments.common import add_runner_args, command_line, plot_curves, runner_argv  # noqa: E402
-from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
+from fineflax.runs import mean_ci95, results_series, seed_evaluations  # noqa: E402
 
 CONFIG = "configs/luffy_arith.py"
 METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_noshape": "luffy_noshape"}
 SETS = (("", "in-distribution (2-3 ops)"), ("ood_ops_", "4-5 ops"), ("ood_phrasing_", "second wording"))
 EXTRA = ("eval_pass_at_8", "eval_ood_ops_accuracy", "eval_ood_ops_pass_at_8", "eval_ood_phrasing_accuracy",
          "eval_ood_phrasing_pass_at_8", "eval_sample_entropy", "eval_completion_length", "eval_sample_length")
-PLOTS = {"pass_at_k.png": ("eval_pass_at_8", "pass@k, held-out (T=0.7)"),
-         "entropy.png": ("eval_sample_entropy", "entropy per token of T=0.7 samples (held-out)"),
-         "length.png": ("eval_completion_length", "greedy completion length (tokens)"),
-         "train_entropy.png": ("entropy", "policy entropy in the RL loss (training rows)")}
+# file -> (metric, label, where results.json keeps it: "evals" = evaluation records, "train" = every step)
+PLOTS = {"pass_at_k.png": ("eval_pass_at_8", "pass@k, held-out (T=0.7)", "evals"),
+         "entropy.png": ("eval_sample_entropy", "entropy per token of T=0.7 samples (held-out)", "evals"),
+         "length.png": ("eval_completion_length", "greedy completion length (tokens)", "evals"),
+         "train_entropy.png": ("entropy", "policy entropy in the RL loss (training rows)", "train")}
 
 
 def total_steps(name: str, steps: int) -> int:
@@ -87,15 +88,13 @@ def final_table(runs_dir: pathlib.Path, methods, seeds, k: int, final_steps: dic
   return "\n".join(lines), finals
 
 
-def plots(runs_dir: pathlib.Path, out: pathlib.Path, methods, seeds, k: int) -> list[str]:
-  """The entropy, length and pass@k curves (mean and 95% band over seeds); returns the files written."""
+def plots(results: dict, out: pathlib.Path, methods, k: int) -> list[str]:
+  """The entropy, length and pass@k curves (mean and 95% band over seeds) from results.json (compare.py's:
+  evaluation records and per-step training metrics); returns the files written."""
   written = []
-  for fname, (metric, label) in PLOTS.items():
+  for fname, (metric, label, source) in PLOTS.items():
     metric = metric.replace("pass_at_8", f"pass_at_{k}")
-    series = {}
-    for name in methods:
-      for evals in seed_evaluations(runs_dir, name, seeds, metric):
-        series.setdefault(name, []).append(([h["step"] for h in evals], [h[metric] for h in evals]))
+    series = {n: s for n in methods if (s := results_series(results, n, metric, source))}
     if series:
       plot_curves(series, label, str(out / fname), title=label, xlabel="step (sft_rl: 50 SFT steps first)")
       written.append(fname)
@@ -129,12 +128,12 @@ def main(argv=None) -> int:
   final_steps = None if args.smoke else \
       {m: total_steps(m, args.steps) for m in args.methods}
   table, finals = final_table(out / "runs", args.methods, args.seeds, k, final_steps)
-  figs = plots(out / "runs", out, args.methods, args.seeds, k)
+  res = json.loads((out / "results.json").read_text())
+  figs = plots(res, out, args.methods, k)
   md = (out / "RESULTS.md").read_text()
   md += (f"\n### Final evaluation ({args.split} split; step {args.steps} of RL; mean ± 95% CI)\n\n"
          f"command: `{command_line()}`\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n")
   atomic_write_text(out / "RESULTS.md", md)
-  res = json.loads((out / "results.json").read_text())
   res["final"] = {n: [{k_: v for k_, v in h.items() if k_.startswith("eval_") or k_ == "step"} for h in hs]
                   for n, hs in finals.items()}
   res["luffy_command"] = command_line()

@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 
-from fineflax.rewards.qa import exact_match_score, extract_answer, normalize_answer
+from fineflax.rewards.qa import extract_answer, normalize_answer
 
 DIRECT = ("Answer the given question. Give only the short answer inside <answer> and </answer>, for "
           "example <answer> Beijing </answer>. Question: {question}\n")
@@ -50,15 +50,15 @@ def answer_once(model, questions, template: str, docs=None, max_new_tokens: int 
 
 
 def scores(questions, answers, searches) -> dict:
-  """EM and contains, all / single-hop / two-hop, and searches per question (all / by hops)."""
-  em = np.array([exact_match_score(a, [q.answer]) for q, a in zip(questions, answers)], float)
+  """EM (`em_metrics`, as the RL evaluation) and contains, all / single-hop / two-hop, and searches per
+  question (all / by hops)."""
+  from fineflax.envs.search_r1 import em_metrics
   contains = np.array([normalize_answer(q.answer) in normalize_answer(a or "") for q, a in zip(questions, answers)],
                       float)
   hops, searches = np.array([q.hops for q in questions]), np.asarray(searches, float)
-  out = {"em": float(em.mean()), "contains": float(contains.mean()), "searches": float(searches.mean())}
+  out = {**em_metrics(questions, answers, ""), "contains": float(contains.mean()), "searches": float(searches.mean())}
   for h in (1, 2):
     if (hops == h).any():
-      out[f"em_{h}hop"] = float(em[hops == h].mean())
       out[f"contains_{h}hop"] = float(contains[hops == h].mean())
       out[f"searches_{h}hop"] = float(searches[hops == h].mean())
   return out

@@ -13,7 +13,9 @@ traces (the config's default: one scripted oracle trajectory in each group, whic
 single-hop and twice for two-hop questions, with the real engine's passages, masked). Baselines
 (experiments/search_r1/baselines.py, base model, greedy, on each seed's held-out questions): direct,
 retrieve-once RAG (same answer instruction and <answer> tags; EM and the lenient contains score), RAG
-with the oracle's two-search evidence, and the oracle's retrieval recall. Writes RESULTS.md (summary
+with the oracle's two-search evidence, and the oracle's retrieval recall; and without a model (compare.py):
+the most frequent training answer, and per question kind the most frequent training answer (the prior of
+the knowledge base's training facts). Writes RESULTS.md (summary
 table: mean ± 95% CI over seeds; the target Search-R1 >= RAG + 0.15 EM on two-hop questions; then
 compare.py's tables per evaluation step), results.json, baselines.json, curves.png (EM),
 em_2hop.png and searches.png. A call stopped by --time-budget is resumed by the same command; runs that
@@ -34,7 +36,7 @@ from experiments import compare  # noqa: E402
 from experiments.common import (add_runner_args, command_line, load_config, plot_curves,  # noqa: E402
                                 runner_argv)
 from fineflax.io import atomic_write_text  # noqa: E402
-from fineflax.runs import mean_ci95, seed_evaluations  # noqa: E402
+from fineflax.runs import mean_ci95, results_series, seed_evaluations  # noqa: E402
 
 CONFIG = "configs/search_r1.py"
 METHODS = {"search_r1": "grpo_only", "combined": ""}
@@ -84,10 +86,20 @@ def cell(vals) -> str:
   return f"{m:.3f} ± {ci:.3f}" if len(vals) > 1 else f"{m:.3f}"
 
 
-def summary(base: dict, runs_dir: pathlib.Path, methods, seeds) -> tuple[str, dict]:
-  """The summary table (baselines, each RL method's step-0 and last evaluation) and the values behind it."""
+NO_MODEL = {"constant": "constant answer (the most frequent training answer)",
+            "prior": "prior of the training facts (per question kind, its most frequent training answer)"}
+
+
+def summary(base: dict, runs_dir: pathlib.Path, methods, seeds, no_model: dict | None = None) -> tuple[str, dict]:
+  """The summary table (baselines without a model (compare.py's no_model_baselines) and with the base model,
+  each RL method's step-0 and last evaluation) and the values behind it."""
   cols = ("em_1hop", "em_2hop", "em", "contains", "searches", "searches_2hop")
   rows, values = [], {}
+  for key, label in NO_MODEL.items():
+    got = [no_model[str(s)][key] for s in seeds if key in (no_model or {}).get(str(s), {})]
+    if got:
+      values[key] = {c: [g[f"eval_{c}"] for g in got if f"eval_{c}" in g] for c in cols}
+      rows.append((label, "-", values[key]))
   for key, label in BASELINES.items():
     values[key] = {c: [base[s][key][c] for s in seeds if c in base[s][key]] for c in cols}
     rows.append((label, "-", values[key]))
@@ -149,13 +161,11 @@ def main(argv=None) -> int:
   for name in args.methods:
     cargv += ["--method", f"{name}=" + ",".join(p for p in (METHODS[name], "smoke" if args.smoke else "") if p)]
   code = compare.main(cargv)
-  table, values = summary(base, out / "runs", args.methods, args.seeds)
+  res = json.loads((out / "results.json").read_text())
+  table, values = summary(base, out / "runs", args.methods, args.seeds, res.get("no_model_baselines"))
   figs = []
   for fname, (metric, label) in PLOTS.items():
-    series = {}
-    for name in args.methods:
-      for evals in seed_evaluations(out / "runs", name, args.seeds, metric):
-        series.setdefault(name, []).append(([h["step"] for h in evals], [h[metric] for h in evals]))
+    series = {n: s for n in args.methods if (s := results_series(res, n, metric))}
     if series:
       plot_curves(series, label, str(out / fname), title=label)
       figs.append(fname)
@@ -166,7 +176,6 @@ def main(argv=None) -> int:
           f"- two-hop target (Search-R1 >= RAG + {TARGET_MARGIN} EM):\n" + "\n".join(target_lines(values, args.methods))
           + f"\n\n{table}\n\n" + "\n".join(f"![{f}]({f})" for f in figs) + "\n\n")
   atomic_write_text(out / "RESULTS.md", head + (out / "RESULTS.md").read_text())
-  res = json.loads((out / "results.json").read_text())
   res.update(baselines={str(s): b for s, b in base.items()}, summary=values, search_r1_command=command_line())
   atomic_write_text(out / "results.json", json.dumps(res, indent=1))
   print(table)

@@ -16,6 +16,7 @@ Evaluation sets (optional `config.task` fields, absent = the first default):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import jax
@@ -146,6 +147,21 @@ class ArithmeticEnv:
     right = np.asarray(right).reshape(len(items), k)
     return {f"pass_at_{k}": float((right.max(1) > 0).mean()), "sample_accuracy": float(right.mean()),
             "sample_length": float(np.mean(lengths)), "sample_entropy": nll / max(tokens, 1)}
+
+  def no_model_baselines(self) -> dict[str, dict]:
+    """{"constant": metrics}: always answering the most frequent training answer (ties: the smallest),
+    scored by `correct` on the held-out set and every extra set under `evaluate_all`'s names (accuracy;
+    with `task.pass_k` also pass@k, which for a constant answer equals its accuracy); "answer" is it."""
+    counts = collections.Counter(p.answer for p in self.train_items)
+    top = max(counts.values())
+    answer = min(a for a, c in counts.items() if c == top)
+    metrics = {"answer": answer}
+    for prefix, items in (("eval_", self.eval_items), *((f"eval_{n}_", v) for n, v in self.extra_eval_sets.items())):
+      acc = float(np.mean(self.correct(items, [f"<answer>{answer}</answer>"] * len(items))))
+      metrics[f"{prefix}accuracy"] = acc
+      if self.task.get("pass_k", 0):
+        metrics[f"{prefix}pass_at_{int(self.task.pass_k)}"] = acc
+    return {"constant": metrics}
 
   def rollout_metrics(self, examples) -> dict:
     return {}

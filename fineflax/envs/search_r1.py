@@ -10,6 +10,7 @@ engine, so their inserted text is real and masked.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -59,22 +60,34 @@ def result_rows(prompts, results, off_policy: bool, mask_truncated: bool = False
                      off_policy=off_policy, rollout_logp=None if off_policy else [r.logprobs for r in results])
 
 
+def em_metrics(questions, answers, prefix: str) -> dict:
+  """EM (SQuAD-normalised exact match with the golden answer; None never matches) overall and by hops."""
+  em = np.array([exact_match_score(a, [q.answer]) for q, a in zip(questions, answers)], float)
+  hops = np.array([q.hops for q in questions])
+  out = {f"{prefix}em": float(em.mean())}
+  out.update({f"{prefix}em_{h}hop": float(em[hops == h].mean()) for h in (1, 2) if (hops == h).any()})
+  return out
+
+
 def search_metrics(questions, results, prefix: str) -> dict:
   """EM overall / by hops, mean searches (overall / by hops), turns, completion length and answered share
   of rollouts."""
-  em = np.array([exact_match_score(r.answer, [q.answer]) for q, r in zip(questions, results)])
   hops = np.array([q.hops for q in questions])
   searches = np.array([len(r.queries) for r in results])
-  out = {f"{prefix}em": float(em.mean()),
+  out = {**em_metrics(questions, [r.answer for r in results], prefix),
          f"{prefix}searches": float(np.mean([len(r.queries) for r in results])),
          f"{prefix}turns": float(np.mean([r.num_turns for r in results])),
          f"{prefix}answered": float(np.mean([r.finish == "answer" for r in results])),
          f"{prefix}completion_length": float(np.mean([len(r.tokens) for r in results]))}
-  for h in (1, 2):
-    if (hops == h).any():
-      out[f"{prefix}em_{h}hop"] = float(em[hops == h].mean())
-      out[f"{prefix}searches_{h}hop"] = float(searches[hops == h].mean())
+  out.update({f"{prefix}searches_{h}hop": float(searches[hops == h].mean()) for h in (1, 2) if (hops == h).any()})
   return out
+
+
+def most_frequent(answers) -> str:
+  """The most frequent answer (ties: the alphabetically first)."""
+  counts = collections.Counter(answers)
+  top = max(counts.values())
+  return min(a for a, c in counts.items() if c == top)
 
 
 class SearchR1Env:
@@ -127,6 +140,17 @@ class SearchR1Env:
     for i in range(0, len(items), bs):
       results += self.results(policy, items[i:i + bs], None, greedy=True)
     return search_metrics(items, results, "eval_")
+
+  def no_model_baselines(self) -> dict[str, dict]:
+    """Answers without a model, scored like `evaluate` (EM overall and by hops) on the held-out questions:
+    constant = always the most frequent answer of the training questions; prior = per question kind, the
+    most frequent answer of that kind's training questions (what the knowledge base's training facts
+    predict without reading the held-out entity's passages)."""
+    train, items = self.train_items, self.eval_items
+    constant = most_frequent(q.answer for q in train)
+    by_kind = {k: most_frequent(q.answer for q in train if q.kind == k) for k in {q.kind for q in train}}
+    return {"constant": {**em_metrics(items, [constant] * len(items), "eval_"), "answer": constant},
+            "prior": em_metrics(items, [by_kind.get(q.kind) for q in items], "eval_")}
 
   def rollout_metrics(self, examples) -> dict:
     """Searches, turns, invalid actions and failed searches of the step's on-policy rollouts."""

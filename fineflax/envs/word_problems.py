@@ -4,8 +4,12 @@ A problem is a start count and 1..5 operations (add, subtract, multiply, divide 
   "Mia has 12 apples. Then Mia gets 5 more apples. Then Mia gives away 3 apples. How many apples
    does Mia have now?"  answer 14,
   solution "<think>\nStep 1: 12 + 5 = 17\nStep 2: 17 - 3 = 14\n</think><answer>14</answer>".
-Train / held-out split is a function of the problem itself (a hash of its canonical key), so the two
-splits never share a problem whatever the seeds. All intermediate values are integers in [0, 1000].
+Train / held-out split is a function of the problem's mathematical content alone: its key is
+(start value, operations and operands in order), hashed; the person's name, the item and the wording
+are not part of it. So a held-out problem never shares its start, operations, answer or worked solution
+with any training problem, whatever the seeds, and "distinct problems" means distinct content (two
+problems that differ only in name or item are the same problem). All intermediate values are integers
+in [0, 1000].
 Phrasing `template`: "default" (above) or "box", a second wording of the same problem for
 out-of-distribution tests ("A box holds 12 apples. Mia puts 5 more apples into the box. ... How many
 apples are in the box at the end?"); the template is not part of the key, so a problem and its
@@ -48,7 +52,8 @@ def phrase(template: str, name: str, item: str, start: int, ops: Sequence[tuple[
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """question text, integer answer, worked solution, number of steps, split, canonical key."""
+  """question text, integer answer, worked solution, number of steps, split, and key: the content key
+  (`content_key`) that decides the split and makes problems distinct."""
   question: str
   answer: int
   solution: str
@@ -80,6 +85,11 @@ def solve(start: int, ops: Sequence[tuple[str, int]]) -> tuple[int, str]:
     lines.append(f"Step {s}: {value} {op} {x} = {new}")
     value = new
   return value, "<think>\n" + "\n".join(lines) + f"\n</think><answer>{value}</answer>"
+
+
+def content_key(start: int, ops: Sequence[tuple[str, int]]) -> str:
+  """The canonical key of a problem's mathematical content: JSON [start, [[op, operand], ...]]."""
+  return json.dumps([int(start), [[op, int(x)] for op, x in ops]])
 
 
 def split_of(key: str) -> str:
@@ -115,16 +125,16 @@ def make_problem(name: str, item: str, start: int, ops: Sequence[tuple[str, int]
   solution, split)."""
   question = phrase(template, name, item, start, ops)
   answer, solution = solve(start, ops)
-  key = json.dumps([name, item, start, [list(o) for o in ops]])
+  key = content_key(start, ops)
   return Problem(question, answer, solution, len(ops), split_of(key), key)
 
 
 def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[int, int]] = (1, 5),
                       seed: int = 0, max_start: int = 50, max_addend: int = 30,
                       template: str = "default") -> list[Problem]:
-  """n distinct problems of `split`, deterministic in (n, split, num_steps, seed, max_start, max_addend);
-  the first n of a longer list are the same problems. `template` only changes the wording: the same
-  arguments give the same problems in every template.
+  """n problems of `split` with distinct content (`content_key`), deterministic in (n, split, num_steps,
+  seed, max_start, max_addend); the first n of a longer list are the same problems. `template` only
+  changes the wording: the same arguments give the same problems in every template.
 
   num_steps: an int in 1..5, or an inclusive range (lo, hi) drawn uniformly per problem.
   max_start: the start count is drawn from [2, max_start]; max_addend: "gets x more" draws x from
@@ -152,7 +162,9 @@ def generate_problems(n: int, split: str = "train", num_steps: Union[int, tuple[
       seen.add(p.key)
       out.append(p)
   if len(out) < n:
-    raise RuntimeError(f"could only find {len(out)} distinct {split} problems with num_steps={num_steps}")
+    raise RuntimeError(f"could only find {len(out)} {split} problems of distinct content with num_steps={num_steps}, "
+                       f"max_start={max_start}, max_addend={max_addend}: ask for fewer, or allow more operations "
+                       f"or larger numbers")
   return out
 
 

@@ -71,9 +71,11 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
             replay=None, entropy_fn=None) -> Groups:
   """One step's groups; with DAPO dynamic sampling, extra rounds until `rl.prompts_per_step` groups
   have reward variance (or `rl.max_refill_rounds` run out). Round r reads the shuffled `order` from
-  cursor + 7919 r; replayed questions (ids into `train_items`) come first."""
+  cursor + 7919 r (with replay: less the retired questions, `Replay.fresh_order`); replayed questions
+  (ids into `train_items`) come first."""
   out = Groups()
   rounds = 1 + (rl.max_refill_rounds if rl.get("dynamic_sampling", False) else 0)
+  order = replay.fresh_order(order) if replay else order
   for round_ in range(rounds):
     qids = replay.questions(rl.prompts_per_step) if replay else []
     fresh = [int(order[(cursor + round_ * 7919 + i) % len(order)]) for i in range(rl.prompts_per_step - len(qids))]

@@ -6,7 +6,11 @@ Rules (paper Sec. 3.1, as fineflax implements them):
   never stored again); k == 0 leaves q's entry as it was (the official code skips the update);
   otherwise q's correct fresh (on-policy) completions are appended (prompt tokens, completion tokens,
   the per-token log-probs recorded at rollout, reward; newest `max_per_question` kept) and q moves to
-  bucket k (its latest correctness).
+  bucket k (its latest correctness). A completion q already holds (the same tokens, stored earlier or
+  earlier in the same group) is not stored again (the official `collect_experience_entries` compares
+  the decoded text), so repeats do not crowd distinct trajectories out of `max_per_question`.
+- Retired questions are also left out of the fresh training prompts (the official `skip_uid_set`
+  filters the dataset's indices): `fineflax.rl.replay.Replay.fresh_order`.
 - Replay sampling: a bucket k is drawn with probability
       p(k) = N(k; mu, sigma) / sum_{k' non-empty} N(k'; mu, sigma),   mu = K/2, sigma = 1,
   then a question uniformly inside the bucket. (The paper writes the Gaussian over Acc = k/K with
@@ -101,11 +105,15 @@ class ExperienceBuffer:
     entry = self.questions.get(qid) or {"k": k, "prompt": np.asarray(prompt_tokens, np.int32),
                                         "trajectories": []}
     entry["k"] = k
+    held = {t.tokens.tobytes() for t in entry["trajectories"]}
     for toks, lp, r, ok in zip(completions, logps, rewards, correct):
       if ok:
         toks, lp = np.asarray(toks, np.int32), np.asarray(lp, np.float32)
         if toks.shape != lp.shape or toks.ndim != 1:
           raise ValueError(f"question {qid}: tokens {toks.shape} and logp {lp.shape} must be equal 1-D")
+        if toks.tobytes() in held:  # the same completion is stored once
+          continue
+        held.add(toks.tobytes())
         entry["trajectories"].append(Trajectory(toks, lp, float(r)))
     entry["trajectories"] = entry["trajectories"][-self.max_per_question:]
     if entry["trajectories"]:

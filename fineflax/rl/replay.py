@@ -3,7 +3,8 @@
 Before each rollout round, once the batch solve rate has passed `threshold`, a share of the questions
 comes from the buffer (`experience_split`), each group holding K - 1 fresh samples and the stored correct
 trajectory of lowest entropy under the current policy. After scoring, every group updates the buffer
-by the official rules (`ExperienceBuffer.add_group`: whole-group k, retire at K, skip k = 0).
+by the official rules (`ExperienceBuffer.add_group`: whole-group k, retire at K, skip k = 0, a text
+stored once per question); retired questions are no longer drawn as fresh prompts (`fresh_order`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ class Replay:
       return []
     n = min(experience_split(batch_size, self.cfg.share)[0], len(self.buffer))
     return self.buffer.sample_questions(n, self.rng) if n else []
+
+  def fresh_order(self, order):
+    """The shuffled training order less the retired questions (all K rollouts correct), as the official
+    `skip_uid_set` removes them from the dataset; the whole order if every question is retired."""
+    retired = self.buffer.retired
+    alive = [int(i) for i in order if str(int(i)) not in retired]
+    return alive or [int(i) for i in order]
 
   def row(self, question_id, tokenizer, entropy_fn) -> dict:
     """The replayed row of a question: its stored trajectory of lowest entropy, recorded log-probs."""

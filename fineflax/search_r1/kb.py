@@ -8,8 +8,13 @@ One passage per entity, titled with its name. Questions, each with its answer an
               In which city is K headquartered? | In which country is C?
   two-hop:    In which country is the city where P was born? | Where was the founder of K born? |
               In which country is K headquartered?
-Split: a question belongs to its anchor entity (P or K -> the person; C -> the city), and anchors are
-split train / held-out at random, so no held-out question shares an anchor with a training question.
+Split: people (with their companies) and cities are split train / held-out at random, and the world is
+split with them: a held-out person is born in a held-out city and their company is headquartered in one;
+a training person's cities are training cities. A question belongs to its anchor entity (P or K -> the
+person; C -> the city). So every fact a held-out question needs ("P was born in C", "C is in X", ...) is a
+fact of held-out entities, and no training question, demonstration or prompt names a held-out person,
+company or city (countries, the answers of the country questions, are shared). The corpus holds every
+entity's passage: held-out questions must be answerable by search.
 Everything is a function of (sizes, seed).
 """
 from __future__ import annotations
@@ -99,9 +104,17 @@ def make_kb(num_people: int = 200, num_cities: int = 40, num_countries: int = 10
   companies = [f"{w} {rng.choice(COMPANY_SUFFIX)}" for w in _names(rng, num_people, 2, (), taken)]
   city_country = {c: countries[i % num_countries] if i < num_countries else str(rng.choice(countries))
                   for i, c in enumerate(cities)}
-  born = {p: str(rng.choice(cities)) for p in people}
-  hq = {k: str(rng.choice(cities)) for k in companies}
+  n_test_people = int(round(test_fraction * num_people))
+  n_test_cities = max(int(round(test_fraction * num_cities)), 1 if n_test_people else 0)
+  if n_test_cities >= num_cities and n_test_people < num_people:
+    raise ValueError(f"make_kb: {num_cities} cities leave none for the training people (test_fraction="
+                     f"{test_fraction}); use more cities")
+  test_people = set(rng.permutation(people)[:n_test_people].tolist())
+  test_cities = set(rng.permutation(cities)[:n_test_cities].tolist())
+  cities_of = {True: sorted(test_cities, key=cities.index), False: [c for c in cities if c not in test_cities]}
   founded = dict(zip(people, companies))
+  born = {p: str(rng.choice(cities_of[p in test_people])) for p in people}  # a person's cities share their split
+  hq = {founded[p]: str(rng.choice(cities_of[p in test_people])) for p in people}
   docs = [{"id": f"country-{i}", "title": c,
            "text": f"{c} is a country. Its largest river is the {rng.choice(RIVERS)}."}
           for i, c in enumerate(countries)]
@@ -117,8 +130,6 @@ def make_kb(num_people: int = 200, num_cities: int = 40, num_countries: int = 10
     docs.append({"id": f"company-{i}", "title": k,
                  "text": f"{k} is {_a(rng.choice(INDUSTRIES))} company founded by {p} in "
                          f"{year + int(rng.integers(20, 40))}. Its headquarters are in {hq[k]}."})
-  test_people = set(rng.permutation(people)[:int(round(test_fraction * num_people))].tolist())
-  test_cities = set(rng.permutation(cities)[:int(round(test_fraction * num_cities))].tolist())
   questions: list[Question] = []
 
   def add(anchor_is_test, kind, hops, text, answer, demo):

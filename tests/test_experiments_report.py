@@ -1,0 +1,59 @@
+"""experiments/report.py: the committed README / RESULTS.md blocks equal what the committed results.json files
+give (a hand edit fails), and its statistics agree with independent computations."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from experiments import report
+from fineflax.runs import paired_test
+
+
+def test_committed_blocks_are_generated_from_the_results_files():
+  assert report.main(["--check"]) == 0
+
+
+def test_a_hand_edited_block_is_caught(tmp_path, monkeypatch):
+  rel, make = report.BLOCKS["exgrpo"]
+  text = (report.ROOT / rel).read_text()
+  edited = text.replace(make(), make().replace("0.462", "0.562", 1))
+  assert edited != text
+  (tmp_path / rel).parent.mkdir(parents=True)
+  (tmp_path / rel).write_text(edited)
+  (tmp_path / "experiments" / "exgrpo" / "results.json").write_text(
+      (report.ROOT / "experiments" / "exgrpo" / "results.json").read_text())
+  monkeypatch.setattr(report, "ROOT", tmp_path)
+  assert report.main(["--check", "--blocks", "exgrpo"]) == 1
+  assert report.main(["--blocks", "exgrpo"]) == 0 and (tmp_path / rel).read_text() == text  # regenerated
+
+
+def test_paired_test_against_enumeration_and_scipy():
+  rng = np.random.default_rng(0)
+  for n in (2, 3, 4, 6):
+    a, b = rng.uniform(size=n), rng.uniform(size=n)
+    t = paired_test(dict(enumerate(a)), dict(enumerate(b)))
+    d = a - b
+    flips = [abs(np.mean(np.array(s) * d)) for s in itertools.product((1, -1), repeat=n)]
+    assert t["signflip_p"] == pytest.approx(np.mean([f >= abs(d.mean()) - 1e-12 for f in flips]))
+    ref = stats.permutation_test((a, b), lambda x, y: np.mean(x - y), permutation_type="samples",
+                                 n_resamples=np.inf).pvalue
+    assert t["signflip_p"] == pytest.approx(ref)
+    assert t["t_p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert t["diff"] == pytest.approx(d.mean()) and t["wins"] == int((d > 0).sum())
+  assert paired_test({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0})["signflip_p"] == 0.125
+  assert paired_test({0: 1.0}, {1: 1.0})["n"] == 0  # no seed in common
+
+
+def test_final_step_is_the_last_step_every_run_reached():
+  d = report.Data(report.EXPERIMENTS["search_r1_masking"])
+  res = json.loads((report.ROOT / report.EXPERIMENTS["search_r1_masking"].results).read_text())
+  last = {m: min(max(e["step"] for e in r["evals"]) for r in runs.values()) for m, runs in res["runs"].items()}
+  assert d.final_step(d.methods) == min(last.values())
+  luffy = report.Data(report.EXPERIMENTS["luffy"])
+  step = luffy.final_step(luffy.methods)
+  assert luffy.at("sft_rl", step, "eval_accuracy").keys() == luffy.at("rl", step, "eval_accuracy").keys()
+  assert all(luffy.evals["sft_rl"][s][step + 50] for s in luffy.seeds)  # sft_rl: 50 SFT steps first
