@@ -70,13 +70,14 @@ def score(reward_weights, questions, rows, examples, *, max_new_tokens: int, ove
 def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weights, *, guidance=None,
             replay=None, entropy_fn=None) -> Groups:
   """One step's groups; with DAPO dynamic sampling, extra rounds until `rl.prompts_per_step` groups
-  have reward variance (or `rl.max_refill_rounds` run out). Round r reads the shuffled `order` from
-  cursor + 7919 r; replayed questions (ids into `train_items`) come first."""
+  have reward variance (or `rl.max_refill_rounds` run out). Round r reads `order` (`fineflax.rl.order`:
+  question index at any position >= 0) from cursor + 7919 r; replayed questions (ids into `train_items`)
+  come first."""
   out = Groups()
   rounds = 1 + (rl.max_refill_rounds if rl.get("dynamic_sampling", False) else 0)
   for round_ in range(rounds):
     qids = replay.questions(rl.prompts_per_step) if replay else []
-    fresh = [int(order[(cursor + round_ * 7919 + i) % len(order)]) for i in range(rl.prompts_per_step - len(qids))]
+    fresh = [int(order[cursor + round_ * 7919 + i]) for i in range(rl.prompts_per_step - len(qids))]
     items = [train_items[int(q)] for q in qids] + [train_items[i] for i in fresh]
     rows, examples = rollout_groups(env, policy, items, qids + [None] * len(fresh),
                                     jax.random.fold_in(rng, round_), group_size=rl.group_size,
