@@ -193,3 +193,78 @@ def test_validate_runs_before_weights(tmp_path):
   bad = write_parquet(tmp_path / "b.parquet", [dict(luffy_row(1), prompt="not messages")])
   with pytest.raises(DataError, match=r"b\.parquet:row 0: field 'prompt'"):
     DatasetEnv.validate(_env_config(bad))
+
+
+def _make_samples():
+  import importlib.util
+  from fineflax.data.sources import SAMPLES_DIR
+  spec = importlib.util.spec_from_file_location("make_samples", SAMPLES_DIR / "make_samples.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_rl_samples_match_their_generator():
+  from fineflax.data.sources import sample_file
+  for name, content in _make_samples().build_rl_samples().items():
+    if isinstance(content, str):
+      assert sample_file(name).read_text() == content, f"{name} differs from make_samples.py output"
+    else:
+      assert pq.read_table(sample_file(name)).to_pylist() == content, f"{name} differs from make_samples.py"
+
+
+@pytest.mark.parametrize("name,fmt,count,first", [
+    ("luffy_openr1.parquet", "luffy", 8, ("What is the sum of the first 10 positive odd integers?", "100", "openr1")),
+    ("luffy_valid.parquet", "luffy", 10, ("Find the number of ordered pairs of positive integers $(a, b)$ with "
+                                          "$a + b = 20$.", "19", "aime")),
+    ("search_r1_train.parquet", "search_r1", 6, ("what is the capital of varnholm", ["Ostmar"], "nq")),
+    ("search_r1_test.parquet", "search_r1", 6, ("who discovered the comet sul-3", ["Lena Sul"], "nq")),
+    ("gsm8k_test.jsonl", "gsm8k", 8, None),
+    ("math_test.jsonl", "math", 6, None),
+])
+def test_samples_load_to_the_expected_items(name, fmt, count, first):
+  rows = load_prompts(f"sample:{name}", field_map(fmt))
+  assert len(rows) == count and rows.num_skipped == 0
+  if first is not None:
+    assert (rows[0].question, rows[0].ground_truth, rows[0].data_source) == first
+  if fmt == "luffy":
+    assert rows[0].messages[0]["role"] == "system" and rows[0].messages[-1]["content"] == first[0]
+    assert (rows.report()["without_target"] == 0) == ("openr1" in name)
+
+
+def test_gsm8k_and_math_samples_keep_the_final_answer():
+  import re
+  from fineflax.data.sources import sample_file
+  gsm = [json.loads(line) for line in sample_file("gsm8k_test.jsonl").read_text().splitlines()]
+  rows = load_prompts("sample:gsm8k_test.jsonl", field_map("gsm8k"))
+  for raw, row in zip(gsm, rows):  # the answer after "####" is the arithmetic of the question's numbers
+    boxes, per, extra = map(int, re.findall(r"\d+", raw["question"])[:3])
+    assert row.ground_truth == str(boxes * per + extra) and row.data_source == "openai/gsm8k"
+  from fractions import Fraction
+  from math_verify import parse, verify
+  for row in load_prompts("sample:math_test.jsonl", field_map("math")):
+    a, b, c = map(int, re.findall(r"\d+", row.question))
+    x = Fraction(c - b, a)
+    assert verify(parse("$" + row.ground_truth + "$"), parse(f"${x.numerator}/{x.denominator}$"))
+
+
+def test_sample_traces_earn_the_luffy_reward():
+  from fineflax.rewards import get_reward
+  rows = load_prompts("sample:luffy_openr1.parquet", field_map("luffy"))
+  assert [get_reward("math_think")(r.question, r.target[len("<think>\n"):], **r.example()) for r in rows] == [1.0] * 8
+  assert get_reward("math_think")("", "no closing tag \\boxed{100}", **rows[0].example()) == 0.0
+
+
+@pytest.mark.slow
+def test_luffy_config_runs_two_steps_from_the_sample_with_traces(tiny_smol, tmp_path):
+  from fineflax.jobs import rl as rl_job
+  from fineflax.jobs.resolve import load_config, validate
+  config = load_config("configs/dataset_rl.py:luffy,smoke", [f"model.source={tiny_smol}"])
+  validate(config)
+  assert (config.dataset.train, config.rl.objective, config.rl.luffy.n_off) == ("sample:luffy_openr1.parquet",
+                                                                                "luffy", 1)
+  out = rl_job.run(config, str(tmp_path))
+  assert [h["step"] for h in out["history"]] == [1, 2] and out["exit_code"] == 0
+  for h in out["history"]:  # each group of 4 held one trace row: the off-policy loss term is there
+    assert h["off_policy_prob"] > 0 and h["off_pg_loss"] != 0
+  assert "eval_accuracy" in out["history"][-1] and "eval_accuracy_aime" in out["history"][-1]
