@@ -60,7 +60,7 @@ def test_text_formats(tmp_path, fmt, row, expected):
   path = write_jsonl(tmp_path / "d.jsonl", [row])
   (item,) = list(load_prompts(path, field_map(fmt)))
   assert (item.question, item.ground_truth, item.data_source, item.target) == (*expected, None)
-  assert item.messages == [{"role": "user", "content": expected[0]}]
+  assert item.messages == row.get("prompt", [{"role": "user", "content": expected[0]}])
 
 
 def test_custom_map_with_reward_kwargs(tmp_path):
@@ -68,7 +68,7 @@ def test_custom_map_with_reward_kwargs(tmp_path):
   fm = field_map("custom", question="q", ground_truth="meta.gt", data_source="meta.src", reward_kwargs=("tests",))
   (item,) = list(load_prompts(path, fm))
   assert item.example() == {"ground_truth": "4", "data_source": "toy", "tests": ["a"]}
-  with pytest.raises(ValueError, match="exactly one of 'question'"):
+  with pytest.raises(ValueError, match="needs 'question'"):
     field_map("custom", ground_truth="a", source_name="x")
   with pytest.raises(ValueError, match="unknown field-map key"):
     field_map("luffy", answer="x")

@@ -9,7 +9,8 @@ their ground truth, data source, optional off-policy trace and extra reward fiel
 Built-in maps (`FORMATS`), one per public format:
   luffy      LUFFY's openr1.parquet / valid.parquet: `prompt` (chat messages), `reward_model.ground_truth`,
              `data_source`, `target` (the trace: messages or a string; absent in evaluation files)
-  search_r1  Search-R1's nq_hotpotqa_train / test parquets: `question`, `golden_answers` (list), `data_source`
+  search_r1  Search-R1's nq_hotpotqa_train / test parquets: `prompt` (their template around the question, as
+             their trainer reads it), `question`, `golden_answers` (list), `data_source`
   gsm8k      GSM8K: `question`, `answer` ("... #### 72" -> "72"), source "openai/gsm8k"
   math       MATH (Hendrycks): `problem`, `solution` (its last \\boxed{} content), source "lighteval/MATH"
 Field paths are dotted ("reward_model.ground_truth"). A row that cannot be used (a missing or empty prompt,
@@ -46,7 +47,8 @@ _log = logging.getLogger("fineflax.data")
 class FieldMap:
   """Where each part of a row lives (dotted paths; "" = not used).
 
-  question / messages: the prompt as text (a user turn) or as chat messages (exactly one of the two);
+  question / messages: the prompt as text (a user turn) or as chat messages (at least one; with both, the
+  messages are the prompt and `question` the row's question text);
   ground_truth: the reference answer (a string, or a list of strings for QA); answer_rule: "" (as is),
   "gsm8k" (the text after "####") or "boxed" (the last \\boxed{} content); data_source: the field naming the
   row's benchmark or source, else every row gets `source_name`; target: the off-policy trace (optional per
@@ -70,7 +72,8 @@ class FieldMap:
 FORMATS = {
     "luffy": FieldMap(messages="prompt", ground_truth="reward_model.ground_truth", data_source="data_source",
                       target="target"),
-    "search_r1": FieldMap(question="question", ground_truth="golden_answers", data_source="data_source"),
+    "search_r1": FieldMap(question="question", messages="prompt", ground_truth="golden_answers",
+                          data_source="data_source"),
     "gsm8k": FieldMap(question="question", ground_truth="answer", answer_rule="gsm8k", source_name="openai/gsm8k"),
     "math": FieldMap(question="problem", ground_truth="solution", answer_rule="boxed", source_name="lighteval/MATH"),
 }
@@ -90,9 +93,8 @@ def field_map(format: str = "", **overrides) -> FieldMap:
     raise ValueError(f"unknown field-map key(s) {unknown}; the keys are {[f.name for f in dataclasses.fields(FieldMap)]}")
   overrides = {k: (tuple(v) if k == "reward_kwargs" else v) for k, v in overrides.items() if v is not None}
   fm = dataclasses.replace(base, **overrides)
-  if bool(fm.question) == bool(fm.messages):
-    raise ValueError("the field map needs exactly one of 'question' (text prompt) and 'messages' (chat prompt); "
-                     f"got question={fm.question!r}, messages={fm.messages!r}")
+  if not fm.question and not fm.messages:
+    raise ValueError("the field map needs 'question' (a text prompt) or 'messages' (a chat prompt), or both")
   if not fm.ground_truth:
     raise ValueError("the field map needs 'ground_truth' (the field holding the reference answer)")
   if not fm.data_source and not fm.source_name:
@@ -194,7 +196,7 @@ def map_row(row: Mapping, fm: FieldMap) -> PromptRow:
     if not users or messages[-1]["role"] != "user":
       raise RowError(f"field {fm.messages!r}: the last message must be a user turn, got roles "
                      f"{[m['role'] for m in messages]}")
-    question = users[-1]
+    question = _text(get(fm.question), fm.question) if fm.question else users[-1]
   else:
     question = _text(get(fm.question), fm.question)
     messages = [{"role": "user", "content": question}]
