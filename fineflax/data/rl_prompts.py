@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fineflax.data.schemas import RowError
+from fineflax.data.schemas import RowError, json_error
 from fineflax.data.sources import SHOWN, BadRows, DataError, quiet_datasets, sample_file
 
 FILE_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
@@ -254,16 +254,8 @@ def first_row(path: pathlib.Path) -> tuple[list[str], dict | None, str]:
     for batch in pf.iter_batches(batch_size=1):
       return names, batch.to_pylist()[0], f"{path}:row 0"
     return names, None, str(path)
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, start=1):
-      if line.strip():
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise DataError(f"{path}:line {n}: invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-          raise DataError(f"{path}:line {n}: expected a JSON object, got {type(row).__name__}")
-        return sorted(row), row, f"{path}:line {n}"
+  for n, row in json_objects(path):
+    return sorted(row), row, f"{path}:line {n}"
   return [], None, str(path)
 
 
@@ -305,13 +297,15 @@ def _load_one(path: pathlib.Path | str, *, streaming: bool, split: str = "train"
                                    streaming=streaming)
   except Exception as e:
     if not hub and path.suffix.lower() == ".jsonl":
-      first_bad_json(path)  # raises DataError naming the line when that is the cause
+      for _ in json_objects(path):  # raises DataError naming the line when that is the cause
+        pass
     what = "hub dataset" if hub else FILE_FORMATS[pathlib.Path(path).suffix.lower()]
     raise DataError(f"{path}: datasets could not read it as {what} ({type(e).__name__}: {str(e)[:200]})") from e
 
 
-def first_bad_json(path: pathlib.Path) -> None:
-  """DataError naming the first line of a JSON-lines file that is not a JSON object (None if all are)."""
+def json_objects(path: pathlib.Path):
+  """(line number, object) of each non-blank line of a JSON-lines file; DataError names the first line that
+  is not a JSON object."""
   with open(path, encoding="utf-8") as f:
     for n, line in enumerate(f, start=1):
       if not line.strip():
@@ -319,9 +313,10 @@ def first_bad_json(path: pathlib.Path) -> None:
       try:
         value = json.loads(line)
       except json.JSONDecodeError as e:
-        raise DataError(f"{path}:line {n}: invalid JSON ({e.msg} at column {e.colno})") from None
+        raise DataError(f"{path}:line {n}: invalid JSON ({json_error(e)})") from None
       if not isinstance(value, dict):
         raise DataError(f"{path}:line {n}: expected a JSON object, got {type(value).__name__}")
+      yield n, value
 
 
 class _Part:
