@@ -6,7 +6,8 @@
 Rows come from LUFFY's valid.parquet, Search-R1's test parquets, GSM8K or MATH files (found by data source:
 `fineflax.evals.benchmarks`); each row's prompt (its chat messages, the system turn dropped with
 --drop-system as LUFFY's script does) gets n completions from `fineflax.sampling.generate`, --batch-size
-prompts a call, graded by the benchmark's grader. Per benchmark (over its R rows, c_r correct of n):
+prompts a call, graded by the benchmark's grader (in --grade-workers processes, overlapping the next
+batch's generation). Per benchmark (over its R rows, c_r correct of n):
   avg@n  = mean_r c_r / n                      (greedy accuracy when n = 1 and temperature 0)
   pass@n = mean_r 1[c_r > 0]                   (= the unbiased pass@k estimate at k = n)
 with 95% bootstrap intervals over rows (`fineflax.evals.stats.mean_ci`). Writes OUT/generations.jsonl (one
@@ -17,7 +18,10 @@ Resume: rerunning the same command skips every row whose n completions are alrea
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import concurrent.futures.process
 import json
+import multiprocessing
 import os
 import pathlib
 import sys
@@ -46,6 +50,11 @@ def grade(benchmark: str, prompt_text: str, completion: str, example: dict, thin
     return get_reward("exact_match")(prompt_text, completion, **example) == 1.0
   gate = think_gate == "on" or (think_gate == "auto" and prompt_text.endswith("<think>\n"))
   return get_reward("math_think" if gate else "math")(prompt_text, completion, **example) == 1.0
+
+
+def grade_all(jobs: list[tuple]) -> list[bool]:
+  """`grade` over (benchmark, prompt text, completion, example, think_gate) tuples (run in a worker process)."""
+  return [grade(*job) for job in jobs]
 
 
 def load_rows(names, paths, *, dedupe: bool = False, limit: int = 0) -> dict[str, list]:
@@ -165,12 +174,29 @@ def run(args) -> dict:
   todo = [(name, item) for name, items in rows.items() for item in items if (name, item.where) not in done]
   skipped = sum(len(v) for v in rows.values()) - len(todo)
   print(f"{len(todo)} rows to generate ({skipped} already done) x {args.n} samples", file=sys.stderr, flush=True)
+  timing = {"seconds": 0.0, "tokens": 0}  # this run's generation loop (model load excluded)
   if todo:
+    pool = None
+    if args.grade_workers:  # grading (math-verify) overlaps the next batch's generation
+      pool = concurrent.futures.ProcessPoolExecutor(args.grade_workers, mp_context=multiprocessing.get_context("spawn"))
+      for _ in range(args.grade_workers):  # the workers import the graders while the model loads
+        pool.submit(grade_all, [("math500", "", "\\boxed{1}", {"ground_truth": "1"}, "off")])
     params, config, tok, lora, scale, dtype = load_local(args.model, args.adapter or None, quant=args.quant,
                                                          dtype=args.dtype)
     per = max(args.batch_size // args.n, 1)  # rows per generate call, each with its n samples
-    t0, tokens = time.time(), 0
+    t0, tokens, pending = time.time(), 0, []
     with open(gen_path, "a", encoding="utf-8") as f:
+      def flush(wait: bool):
+        while pending and (wait or pending[0][2].done()):
+          batch_, jobs_, future_ = pending.pop(0)
+          try:
+            verdicts = future_.result()
+          except concurrent.futures.process.BrokenProcessPool:  # a worker died: grade here instead
+            verdicts = grade_all(jobs_)
+          f.writelines(json.dumps(dict(r, correct=v)) + "\n" for r, v in zip(batch_, verdicts))
+          f.flush()
+          os.fsync(f.fileno())
+
       for b in range(0, len(todo), per):
         chunk = todo[b:b + per]
         texts = []
@@ -181,25 +207,36 @@ def run(args) -> dict:
         res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, tokenizer=tok, lora=lora, lora_scale=scale, dtype=dtype,
                        rng=jax.random.fold_in(jax.random.PRNGKey(args.seed), len(records) + b))
-        lines = []
+        batch, jobs = [], []
         for i, (name, item) in enumerate(chunk):
           for j in range(args.n):
             k = i * args.n + j
-            completion = res.texts[k]
-            lines.append(json.dumps({
-                "benchmark": name, "row": item.where, "sample": j, "data_source": item.data_source,
-                "question": item.question, "ground_truth": item.ground_truth, "completion": completion,
-                "correct": grade(name, texts[i], completion, item.example(), args.think_gate),
-                "finish": res.finish_reason[k], "length": int(res.lengths[k])}) + "\n")
+            batch.append({"benchmark": name, "row": item.where, "sample": j, "data_source": item.data_source,
+                          "question": item.question, "ground_truth": item.ground_truth,
+                          "completion": res.texts[k], "finish": res.finish_reason[k],
+                          "length": int(res.lengths[k])})
+            jobs.append((name, texts[i], res.texts[k], item.example(), args.think_gate))
             tokens += int(res.lengths[k])
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+          future = pool.submit(grade_all, jobs) if pool is not None else None
+        except concurrent.futures.process.BrokenProcessPool:
+          print("  grading processes failed; grading in this process", file=sys.stderr, flush=True)
+          pool = None
+          future = None
+        if future is None:
+          future = concurrent.futures.Future()
+          future.set_result(grade_all(jobs))
+        pending.append((batch, jobs, future))
+        flush(wait=False)
         print(f"  {min(b + per, len(todo))}/{len(todo)} rows, {tokens / (time.time() - t0):.0f} tokens/s",
               file=sys.stderr, flush=True)
+      flush(wait=True)
+    if pool is not None:
+      pool.shutdown()
+    timing = {"seconds": time.time() - t0, "tokens": tokens}
     records = read_generations(gen_path)
   summary = summarize(records, rows, args.n)
-  result = {"settings": settings, "benchmarks": names, "summary": summary}
+  result = {"settings": settings, "benchmarks": names, "summary": summary, "timing": timing}
   atomic_write_text(out / "results.json", json.dumps(result, indent=1))
   table = markdown(summary, args.n)
   atomic_write_text(out / "results.md", f"# {args.model}{' + ' + args.adapter if args.adapter else ''}\n\n"
@@ -231,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--quant", default="none", choices=("none", "nf4", "int8"), help="quantise the base")
   ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--grade-workers", type=int, default=2,
+                  help="processes grading while the next batch generates (0 = grade in line)")
   ap.add_argument("--out", default="bench_out", help="output folder (generations.jsonl, results.json/.md)")
   return ap
 
@@ -241,6 +280,9 @@ def main(argv=None) -> int:
     if getattr(args, key) < 1:
       print(f"error: --{key.replace('_', '-')}={getattr(args, key)}: must be >= 1", file=sys.stderr)
       return 2
+  if args.grade_workers < 0:
+    print(f"error: --grade-workers={args.grade_workers}: must be >= 0", file=sys.stderr)
+    return 2
   if args.temperature == 0 and args.n > 1:
     print("error: --n > 1 needs --temperature > 0 (greedy completions are all the same)", file=sys.stderr)
     return 2
