@@ -17,6 +17,10 @@ API
       thread; DenseIndex.search uses threads_for(Q, n, d): 1 unless Q >= 2 and Q*n*d >= MIN_PARALLEL_WORK
   server: python -m retrieval.server --corpus FILE.jsonl --kind hybrid --port 8000
       (POST /retrieve, Search-R1 schema); retrieve_http(url, queries, topk=3) (RetrievalHTTPError: .status)
+  prebuilt (Search-R1's e5_Flat.index + wiki-18.jsonl layout, nothing re-embedded):
+      python -m retrieval.build_index --corpus FILE.jsonl --out DIR [--embedder PATH]
+      python -m retrieval.server --index DIR/NAME_Flat.index --corpus FILE.jsonl
+      load_prebuilt(index, corpus) -> PrebuiltEngine; JsonlCorpus(path)[i] (byte-offset index, memory-mapped)
 """
 import importlib
 
@@ -29,6 +33,7 @@ _EXPORTS = {
     "convex_combination": "retrieval.fusion", "rrf": "retrieval.fusion",
     "CrossEncoderReranker": "retrieval.rerank", "retrieve_http": "retrieval.server",
     "faiss_threads": "retrieval.threads", "threads_for": "retrieval.threads",
+    "JsonlCorpus": "retrieval.jsonl_corpus", "PrebuiltEngine": "retrieval.prebuilt", "load_prebuilt": "retrieval.prebuilt",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -43,6 +43,8 @@ class BadRequest(ValueError):
 
 
 def search_r1_document(h: Hit) -> dict[str, Any]:
+  if "search_r1_document" in h.metadata:  # a prebuilt index's hit carries its corpus record as stored
+    return h.metadata["search_r1_document"]
   return {"id": h.id, "contents": f'"{h.title}"\n{h.text}'}
 
 
@@ -273,10 +275,15 @@ def _parser() -> argparse.ArgumentParser:
              "  curl -s localhost:8000/retrieve -d '{\"queries\": [\"who wrote Hamlet\"], \"topk\": 3, "
              "\"return_scores\": true}'")
   p.add_argument("--corpus", required=True, help="JSON lines: {id, text, title?} or {id, contents}")
+  p.add_argument("--index", default="", help="a prebuilt FAISS index of the corpus (Search-R1's e5_Flat.index "
+                 "layout, retrieval.build_index): served as is, nothing re-embedded (retrieval.prebuilt)")
+  p.add_argument("--query-prefix", default=None, help="with --index: text before each query (default: as built, "
+                 "else by embedder name: e5 'query: ')")
   p.add_argument("--kind", default="hybrid", choices=KINDS, help="retriever (default hybrid = BM25 + dense RRF)")
   p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 = all)")
   p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = a free one)")
-  p.add_argument("--embedder", default="all-MiniLM-L6-v2", help="model folder or alias (vector/hybrid)")
+  p.add_argument("--embedder", default="", help="model folder or alias (vector/hybrid; default all-MiniLM-L6-v2; "
+                 "with --index: the one it was built with)")
   p.add_argument("--topk", type=int, default=3, help="results per query when a request sends no topk (3)")
   p.add_argument("--max-topk", type=int, default=1000, help="cap on a request's topk (1000)")
   p.add_argument("--workers", type=int, default=4, help="threads running searches at once (4)")
@@ -300,10 +307,14 @@ def main(argv: list[str] | None = None) -> None:
       _parser().error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
   try:
     sock = bind_socket(args.host, args.port)  # before the (slow) index build: a busy port fails at once
-    from retrieval.documents import read_jsonl
-    documents = read_jsonl(args.corpus)  # corpus mistakes surface before the slow imports and index build
-    from retrieval.engine import create_search_engine
-    engine = create_search_engine(args.kind, documents, embedder=args.embedder)
+    if args.index:
+      from retrieval.prebuilt import load_prebuilt
+      engine = load_prebuilt(args.index, args.corpus, embedder=args.embedder, query_prefix=args.query_prefix)
+    else:
+      from retrieval.documents import read_jsonl
+      documents = read_jsonl(args.corpus)  # corpus mistakes surface before the slow imports and index build
+      from retrieval.engine import create_search_engine
+      engine = create_search_engine(args.kind, documents, embedder=args.embedder or "all-MiniLM-L6-v2")
   except (OSError, ValueError, TypeError, KeyError) as e:
     if args.verbose:
       raise
@@ -315,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
                            max_queries=args.max_queries, batch_queries=args.batch_queries,
                            keep_alive_timeout=args.keep_alive_timeout, idle_timeout=args.idle_timeout,
                            max_body_bytes=int(args.max_body_mb * 2**20), verbose=args.verbose)
-  print(f"serving {len(engine)} documents ({args.kind}) on {server.url}", file=sys.stderr, flush=True)
+  print(f"serving {len(engine)} documents ({'prebuilt ' + args.index if args.index else args.kind}) on {server.url}",
+        file=sys.stderr, flush=True)
   try:
     server.serve_forever()
   except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from fineflax.envs.word_problems import generate_problems
 from fineflax.jobs import rl as rl_job
 from fineflax.jobs.resolve import load_config
 from fineflax.rl.collect import collect, rollout_groups
+from fineflax.rl.order import EpochOrder
 from fineflax.rl.update import rl_update, update_batch
 from fineflax.train import checkpoint as ckpt_lib
 
@@ -194,7 +195,7 @@ def test_dapo_dynamic_sampling_refills_only_while_groups_lack_variance(tiny_smol
                             / max(len(completion), 1))
   c = _config(tiny_smol, "dapo", **{"rl.max_refill_rounds": 2})
   job = rl_job.RLJob(c)
-  train, order = generate_problems(16, "train", (1, 2), 0), np.arange(16)
+  train, order = generate_problems(16, "train", (1, 2), 0), EpochOrder(16, 0)
   P, K = c.rl.prompts_per_step, c.rl.group_size
   policy = job.policy(job.state["lora"])
   flat = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, c.rewards)  # reward 0

@@ -26,14 +26,6 @@ def _unregister_test_rewards():
     REWARDS.pop(name, None)
 
 
-def test_math_in_worker_threads():
-  completions = ["\\boxed{10^{10^{10}}}", "\\boxed{2(x+1)}", "\\boxed{3/4}"]
-  examples = [{"answer": "1"}, {"answer": "2x+2"}, {"answer": "0.75"}]
-  total, _, errors = score_completions({"math": 1.0}, [""] * 3, completions, examples, max_workers=3)
-  np.testing.assert_array_equal(total, [0.0, 1.0, 1.0])
-  assert errors == {"math": 0}
-
-
 def test_unknown_name_lists_available():
   with pytest.raises(KeyError, match="available") as info:
     get_reward("nope")

@@ -47,6 +47,41 @@ def test_exact_match(completion, golden, expected):
   assert get_reward("exact_match")("", completion, golden_answers=golden) == expected
 
 
+SEARCH_R1_PREFIX = (  # Search-R1's training prompt (scripts/data_process/nq_search.py, template "base")
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: who wrote hamlet?\n")
+
+
+def search_r1_compute_score_em(solution_str, ground_truth, format_score=0., score=1.):
+  """Transcribed from Search-R1 verl/utils/reward_score/qa_em.py (extract_solution, em_check): the reward
+  manager passes prompt + response, so the prompt's example answer is one of the matches."""
+  matches = list(re.finditer(r'<answer>(.*?)</answer>', solution_str, re.DOTALL))
+  if len(matches) <= 1:
+    return 0
+  answer = matches[-1].group(1).strip()
+  golden_answers = ground_truth['target']
+  if isinstance(golden_answers, str):
+    golden_answers = [golden_answers]
+  prediction = squad_v11_normalize_answer(answer)
+  return score if any(squad_v11_normalize_answer(g) == prediction for g in golden_answers) else format_score
+
+
+@pytest.mark.parametrize("completion", [
+    "<think>easy</think><answer> William Shakespeare </answer>", "<answer>shakespeare</answer>",
+    "<answer>Marlowe</answer> wait <answer>The Shakespeare.</answer>", "no answer at all", "<answer>Shakespeare",
+    "<search>hamlet author</search><information>Doc 1</information><answer>william shakespeare!</answer>",
+    "<answer></answer>", "</answer><answer>Shakespeare</answer>", "<answer>a shakespeare</answer><answer>",
+])
+def test_exact_match_equals_search_r1_qa_em(completion):
+  truth = {"target": ["William Shakespeare", "Shakespeare"]}
+  expected = search_r1_compute_score_em(SEARCH_R1_PREFIX + completion, truth)
+  assert get_reward("exact_match")(SEARCH_R1_PREFIX, completion, golden_answers=truth) == expected
+
+
 @pytest.mark.parametrize("completion,golden,expected", [
     ("<answer>Paris</answer>", ["London"], 0.0),
     ("<answer> The Eiffel Tower. </answer>", "eiffel tower", 1.0),

@@ -10,6 +10,9 @@
 
   python -m fineflax.data.inspect --config configs/quickstart.py   # what a config trains on (see inspect.py)
 
+RL prompts (ground truth, data source, off-policy trace) from the papers' files: `fineflax.data.rl_prompts`
+(load_prompts(path, field_map("luffy" | "search_r1" | "gsm8k" | "math")), used by config.env = "dataset").
+
 Batch contract (NumPy, B = batch_size, T = max_length when packing, else a bucket width):
 
   tokens          int32   [B, T]  input ids; padding holds the pad id

@@ -84,7 +84,7 @@ class Source:
     return {"skipped": self.num_skipped, "skipped_first": self.skipped[:SHOWN]}
 
 
-def _report_skipped(label: str, bad: "_BadRows", kept: int) -> None:
+def _report_skipped(label: str, bad: "BadRows", kept: int) -> None:
   if bad.count:
     more = f" and {bad.count - SHOWN} more" if bad.count > SHOWN else ""
     _log.warning("%s: skipped %d malformed row(s) of %d (on_bad_row='skip'): %s%s; first: %s", label,
@@ -92,7 +92,7 @@ def _report_skipped(label: str, bad: "_BadRows", kept: int) -> None:
                  more, bad.reasons[0])
 
 
-class _BadRows:
+class BadRows:
   """Collects bad rows: raises at the first one (mode "error") or counts them (mode "skip")."""
 
   def __init__(self, mode: str):
@@ -110,7 +110,7 @@ class _BadRows:
 
 
 @contextlib.contextmanager
-def _quiet_datasets():
+def quiet_datasets():
   """No "Generating train split" progress bars from `datasets` while a source loads (restored after)."""
   import datasets
   was_disabled = datasets.are_progress_bars_disabled()
@@ -135,7 +135,7 @@ def _resolve_schema(schema: str, columns, where: str) -> str:
   return schema
 
 
-def _scan_jsonl(path: pathlib.Path, schema: str, bad: _BadRows):
+def _scan_jsonl(path: pathlib.Path, schema: str, bad: BadRows):
   """(schema, line numbers of the valid rows, whether any line was rejected), checking every line."""
   lines, rejected = [], False
   with open(path, encoding="utf-8") as f:
@@ -166,7 +166,7 @@ def _scan_jsonl(path: pathlib.Path, schema: str, bad: _BadRows):
   return schema, lines, rejected
 
 
-def _scan_csv(path: pathlib.Path, bad: _BadRows):
+def _scan_csv(path: pathlib.Path, bad: BadRows):
   """(start line of each record, header, rejected) checking that every record has the header's fields."""
   starts, rejected = [], False
   with open(path, encoding="utf-8", newline="") as f:
@@ -186,7 +186,7 @@ def _scan_csv(path: pathlib.Path, bad: _BadRows):
   return starts, header, rejected
 
 
-def _load_file(path: pathlib.Path, bad: _BadRows, schema: str, split: str, **kwargs):
+def _load_file(path: pathlib.Path, bad: BadRows, schema: str, split: str, **kwargs):
   """(dataset, schema, line numbers or None, prevalidated) for a local file."""
   import datasets
   fmt = FILE_FORMATS.get(path.suffix.lower())
@@ -230,7 +230,7 @@ def _load_file(path: pathlib.Path, bad: _BadRows, schema: str, split: str, **kwa
           start = reader.line_num + 1
       read_path = pathlib.Path(tmp.name)
   try:
-    with _quiet_datasets():
+    with quiet_datasets():
       ds = datasets.load_dataset(fmt, data_files=str(read_path), split=split, **kwargs)
   except Exception as e:
     raise DataError(f"{path}: datasets could not read it as {fmt} ({type(e).__name__}: {e})") from e
@@ -263,7 +263,7 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
   import datasets
   if schema != "auto" and schema not in SCHEMAS:
     raise ValueError(f"schema={schema!r}; choose 'auto' or one of {list(SCHEMAS)}")
-  bad = _BadRows(on_bad_row)
+  bad = BadRows(on_bad_row)
   lines, prevalidated = None, False
   if isinstance(spec, str) and spec.startswith("sample:"):
     spec = sample_file(spec[len("sample:"):])
@@ -282,7 +282,7 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     label = name or str(path)
   else:
     try:
-      with _quiet_datasets():
+      with quiet_datasets():
         ds = datasets.load_dataset(str(spec), split=split, **load_kwargs)
     except Exception as e:
       raise DataError(f"{spec}: not a local file ({'/'.join(FILE_FORMATS)}) and datasets.load_dataset "

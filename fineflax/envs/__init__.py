@@ -9,12 +9,15 @@ An environment owns its prompts, rollouts, reward inputs and evaluation:
   evaluate(policy, items) -> metrics        contains `eval_metric`
   rollout_metrics(examples) -> metrics      extra per-step metrics of on-policy rollouts
   eval_metric: str; supports_replay: bool   (ExGRPO needs `example` of a replayed row)
+Optional: validate(config) (static; run before weights load), train_order(seed) -> order[k] for k >= 0
+(`fineflax.rl.order`; default: one permutation repeated every epoch), evaluate_all(policy).
 """
 from __future__ import annotations
 
 import importlib
 
 ENVS = {"arithmetic": "fineflax.envs.arithmetic:ArithmeticEnv",
+        "dataset": "fineflax.envs.dataset:DatasetEnv",
         "search_r1": "fineflax.envs.search_r1:SearchR1Env"}
 
 

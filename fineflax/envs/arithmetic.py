@@ -28,10 +28,15 @@ from fineflax.rl import rows as R
 from fineflax.sampling import format_chat
 
 
+def messages_prompt_ids(tokenizer, messages, assistant_prefix: str = "") -> list[int]:
+  """Chat-formatted `messages`, the assistant header, then `assistant_prefix` (prefilled)."""
+  return tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"]
+
+
 def prompt_ids(tokenizer, system_prompt: str, question: str, assistant_prefix: str = "") -> list[int]:
   """Chat-formatted system + user turns, the assistant header, then `assistant_prefix` (prefilled)."""
   messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
-  return tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"]
+  return messages_prompt_ids(tokenizer, messages, assistant_prefix)
 
 
 def trace_ids(tokenizer, solution: str, eos_id: int, assistant_prefix: str = "") -> list[int]:

@@ -6,6 +6,7 @@ statistic (percentile interval, Efron & Tibshirani 1993, ch. 13):
   win = mean(o == 1), tie = mean(o == 0), loss = mean(o == -1), net = win - loss,
   score = win + tie / 2 (the "win rate" with ties counted half, as in Chatbot Arena / AlpacaEval).
 `mean_ci` does the same for the mean of any per-example values (e.g. paired metric differences).
+For sampled answers: `avg_at_n` (mean correctness of n samples a question) and `pass_at_k` (unbiased).
 """
 from __future__ import annotations
 
@@ -46,3 +47,23 @@ def mean_ci(values, num_resamples: int = 10_000, seed: int = 0, level: float = 0
   boot = v[bootstrap_indices(len(v), num_resamples, seed)].mean(-1)
   q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
   return {"value": float(v.mean()), "lo": float(np.percentile(boot, q[0])), "hi": float(np.percentile(boot, q[1]))}
+
+
+def pass_at_k(correct, k: int) -> np.ndarray:
+  """Per row (question) of correct [rows, n] (n samples each): the unbiased pass@k estimate of Chen et al.
+  2021 (Codex), 1 - C(n - c, k) / C(n, k) with c correct samples, in their stable product form
+  1 - prod_{i = n - c + 1}^{n} (1 - k / i); 1 when n - c < k."""
+  c = np.asarray(correct, bool)
+  if c.ndim != 2 or not 1 <= k <= c.shape[1]:
+    raise ValueError(f"need correct [rows, n] and 1 <= k <= n; got shape {c.shape}, k={k}")
+  n, hits = c.shape[1], c.sum(1)
+  return np.array([1.0 if n - h < k else 1.0 - float(np.prod(1.0 - k / np.arange(n - h + 1, n + 1)))
+                   for h in hits])
+
+
+def avg_at_n(correct) -> float:
+  """Mean correctness over all rows and their n samples (avg@n; greedy accuracy for n = 1)."""
+  c = np.asarray(correct, np.float64)
+  if c.ndim != 2 or not c.size:
+    raise ValueError(f"need correct [rows, n], got shape {c.shape}")
+  return float(c.mean())

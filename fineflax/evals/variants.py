@@ -44,16 +44,14 @@ def http_variant(url: str, model: str, *, max_tokens: int = 256, temperature: fl
   return run
 
 
-def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
-                  quant: str = "none", batch_size: int = 16, dtype: str = "float32", seed: int = 0) -> Variant:
-  """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
-  import jax
+def load_local(source: str, adapter: str | None = None, *, quant: str = "none", dtype: str = "float32"):
+  """(params, model config, tokenizer, lora or None, lora scale, jnp dtype): base `source` (quantised per
+  `quant` on the adapter's targets, or all linears) + optional PEFT adapter folder."""
   import jax.numpy as jnp
 
   from fineflax import lora as lora_lib
   from fineflax import quant as quant_lib
   from fineflax.models import load
-  from fineflax.sampling import format_chat, generate
   jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
   params, config, tokenizer = load(source, dtype=jdtype)
   lora, scale = None, 1.0
@@ -66,6 +64,16 @@ def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 
     targets = tuple(LINEAR_NAMES)
   if quant != "none":
     params = quant_lib.quantize_params(params, targets=targets, kind=quant)
+  return params, config, tokenizer, lora, scale, jdtype
+
+
+def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
+                  quant: str = "none", batch_size: int = 16, dtype: str = "float32", seed: int = 0) -> Variant:
+  """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
+  import jax
+
+  from fineflax.sampling import format_chat, generate
+  params, config, tokenizer, lora, scale, jdtype = load_local(source, adapter, quant=quant, dtype=dtype)
 
   def run(prompts):
     texts = []

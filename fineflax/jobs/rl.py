@@ -23,6 +23,7 @@ from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.collect import collect, kept_groups
 from fineflax.rl.guidance import Guidance
 from fineflax.rl.objectives import validate_rl
+from fineflax.rl.order import EpochOrder
 from fineflax.rl.policy import Policy
 from fineflax.rl.replay import Replay
 from fineflax.rl.sft_phase import demonstration_rows, sft_batch
@@ -76,7 +77,10 @@ class RLJob:
       self.sft_fn, _ = make_sft_fns(self.optimizer, model_config=self.model_config, lora_scale=self.scale,
                                     remat=config.model.remat, dtype=self.dtype,
                                     logits_chunk=config.model.logits_chunk)
-    self.order = np.random.default_rng(config.seed).permutation(len(self.env.train_items))
+    # question at every position (fineflax.rl.order): the env's own (e.g. reshuffled each epoch), else one
+    # permutation repeated every epoch
+    self.order = (self.env.train_order(config.seed) if hasattr(self.env, "train_order")
+                  else EpochOrder(len(self.env.train_items), config.seed))
     self.rng = jax.random.PRNGKey(config.seed + 7)
     self.pad_id = self.policy(None).pad_id
 
@@ -97,7 +101,7 @@ class RLJob:
   def sft_step(self, state, step: int):
     """One SFT step on the demonstrations of the questions this step would roll out."""
     rl = self.rl
-    items = [self.env.train_items[int(self.order[((step - 1) * rl.prompts_per_step + i) % len(self.order)])]
+    items = [self.env.train_items[self.order[(step - 1) * rl.prompts_per_step + i]]
              for i in range(rl.prompts_per_step)]
     rows = demonstration_rows(self.sft_guidance, self.env, self.policy(state["lora"]), items)
     batch = sft_batch(rows, pad_id=self.pad_id, max_new_tokens=rl.max_new_tokens,
@@ -163,6 +167,8 @@ def validate(config) -> None:
   env = get_env_class(config.env)
   if obj.off_policy == "replay" and not env.supports_replay:
     raise ConfigError(f"config.rl.objective={config.rl.objective!r} is not supported by config.env={config.env!r}")
+  if hasattr(env, "validate"):  # the environment's own section (e.g. its dataset files), before weights load
+    env.validate(config)
   for name in config.rewards:
     require(config, f"rewards.{name}", lambda _: name in REWARDS,
             f"unknown reward {name!r}; registered: {', '.join(sorted(REWARDS))}")

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from fineflax.rewards import score_completions
+from fineflax.rl.order import as_order
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import dapo_overlong_penalty, zero_variance_groups
 
@@ -70,15 +71,17 @@ def score(reward_weights, questions, rows, examples, *, max_new_tokens: int, ove
 def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weights, *, guidance=None,
             replay=None, entropy_fn=None) -> Groups:
   """One step's groups; with DAPO dynamic sampling, extra rounds until `rl.prompts_per_step` groups
-  have reward variance (or `rl.max_refill_rounds` run out). Round r reads the shuffled `order` from
-  cursor + 7919 r (with replay: less the retired questions, `Replay.fresh_order`); replayed questions
-  (ids into `train_items`) come first."""
+  have reward variance (or `rl.max_refill_rounds` run out). Round r reads `order` (`fineflax.rl.order`:
+  question index at any position >= 0; a plain array is read cyclically) from cursor + 7919 r (with
+  replay: less the retired questions, `Replay.fresh_order`); replayed questions (ids into `train_items`)
+  come first."""
   out = Groups()
   rounds = 1 + (rl.max_refill_rounds if rl.get("dynamic_sampling", False) else 0)
+  order = as_order(order)
   order = replay.fresh_order(order) if replay else order
   for round_ in range(rounds):
     qids = replay.questions(rl.prompts_per_step) if replay else []
-    fresh = [int(order[(cursor + round_ * 7919 + i) % len(order)]) for i in range(rl.prompts_per_step - len(qids))]
+    fresh = [int(order[cursor + round_ * 7919 + i]) for i in range(rl.prompts_per_step - len(qids))]
     items = [train_items[int(q)] for q in qids] + [train_items[i] for i in fresh]
     rows, examples = rollout_groups(env, policy, items, qids + [None] * len(fresh),
                                     jax.random.fold_in(rng, round_), group_size=rl.group_size,

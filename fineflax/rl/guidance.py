@@ -1,8 +1,9 @@
 """LUFFY off-policy guidance as a component any environment can switch on (objective "luffy").
 
 Each group of K rows holds `n_off` copies of one demonstration of its question (the environment's own,
-e.g. a solver's worked solution or a scripted search trace, or a text from a traces file keyed by
-question) and K - n_off on-policy samples. A question without a demonstration gets K on-policy rows.
+e.g. a solver's worked solution, a scripted search trace or, for `config.env = "dataset"`, the trace that
+travels with the row, or a text from a traces file keyed by question) and K - n_off on-policy samples. A
+question without a demonstration gets K on-policy rows.
 """
 from __future__ import annotations
 

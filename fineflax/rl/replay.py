@@ -12,6 +12,7 @@ import numpy as np
 
 from fineflax.rl import rows as R
 from fineflax.rl.experience import ExperienceBuffer, experience_split, replay_active
+from fineflax.rl.order import AliveOrder, as_order
 
 
 class Replay:
@@ -31,11 +32,11 @@ class Replay:
     return self.buffer.sample_questions(n, self.rng) if n else []
 
   def fresh_order(self, order):
-    """The shuffled training order less the retired questions (all K rollouts correct), as the official
-    `skip_uid_set` removes them from the dataset; the whole order if every question is retired."""
-    retired = self.buffer.retired
-    alive = [int(i) for i in order if str(int(i)) not in retired]
-    return alive or [int(i) for i in order]
+    """The training order (`fineflax.rl.order`) less the retired questions (all K rollouts correct), as
+    the official `skip_uid_set` removes them from the dataset; the whole order if every question is
+    retired."""
+    retired = set(self.buffer.retired)
+    return AliveOrder(as_order(order), lambda q: str(q) not in retired) if retired else as_order(order)
 
   def row(self, question_id, tokenizer, entropy_fn) -> dict:
     """The replayed row of a question: its stored trajectory of lowest entropy, recorded log-probs."""

@@ -1,0 +1,111 @@
+"""Generation throughput of `python -m fineflax.evals.bench` vs the same rows through fineflax.sampling.generate.
+
+Rows: the GSM8K-format sample (fineflax/data/samples/gsm8k_test.jsonl) plus --problems held-out arithmetic
+word problems (fineflax.envs.word_problems, 1-3 operations) written as GSM8K rows ("#### answer"), each
+with --n samples at temperature 0.6, top-p 0.95.
+  generate  the chat-formatted prompts, n copies each, in calls of --batch-size prompts (what the runner does,
+            without grading or writing); timed on a second pass, after compilation
+  runner    fineflax.evals.bench.run on the same file into a fresh folder (tokenise, generate, grade with
+            math-verify, append generations.jsonl); its generation loop's time (model load excluded)
+tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the runner adds no overhead that
+batching does not pay for).
+
+  python benchmarks/bench_runner.py [--model smollm2-135m-instruct] [--problems 256] [--n 8]
+      [--max-new-tokens 256] [--batch-size 256] [--dtype bfloat16] [--out DIR] [--write]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._results import markdown_table, write_section  # noqa: E402
+
+
+def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
+  from fineflax.data.sources import sample_file
+  from fineflax.envs.word_problems import generate_problems
+  lines = sample_file("gsm8k_test.jsonl").read_text().splitlines()
+  for p in generate_problems(problems, "test", (1, 3), seed=1):
+    lines.append(json.dumps({"question": p.question, "answer": f"{p.solution}\n#### {p.answer}"}))
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / "gsm8k_test.jsonl"
+  path.write_text("\n".join(lines) + "\n")
+  return path
+
+
+def direct(args, path) -> tuple[float, int]:
+  """(seconds, completion tokens) of generate over the rows, as the runner batches them."""
+  import jax
+
+  from fineflax.data.rl_prompts import FORMATS, load_prompts
+  from fineflax.evals.variants import load_local
+  from fineflax.sampling import format_chat, generate
+  params, config, tok, lora, scale, dtype = load_local(args.model, dtype=args.dtype)
+  rows = list(load_prompts(str(path), FORMATS["gsm8k"]))
+  per = max(args.batch_size // args.n, 1)
+  out = None
+  for _ in range(2):  # the first pass compiles
+    t0, tokens = time.perf_counter(), 0
+    for b in range(0, len(rows), per):
+      texts = [format_chat(tok, r.messages) for r in rows[b:b + per]]
+      ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(args.n)]
+      res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.95,
+                     tokenizer=tok, dtype=dtype, rng=jax.random.fold_in(jax.random.PRNGKey(0), b))
+      tokens += int(res.lengths.sum())
+    out = (time.perf_counter() - t0, tokens)
+  return out
+
+
+def runner(args, folder: pathlib.Path) -> tuple[float, int, dict]:
+  from fineflax.evals import bench
+  out = folder / "bench"
+  shutil.rmtree(out, ignore_errors=True)
+  ns = bench.build_parser().parse_args(
+      ["--model", args.model, "--benchmarks", "gsm8k", "--data-dir", str(folder), "--n", str(args.n),
+       "--temperature", "0.6", "--top-p", "0.95", "--max-new-tokens", str(args.max_new_tokens),
+       "--batch-size", str(args.batch_size), "--dtype", args.dtype, "--out", str(out)])
+  result = bench.run(ns)
+  return result["timing"]["seconds"], result["timing"]["tokens"], result["summary"]["gsm8k"]
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--model", default="smollm2-135m-instruct")
+  ap.add_argument("--problems", type=int, default=256)
+  ap.add_argument("--n", type=int, default=8)
+  ap.add_argument("--max-new-tokens", type=int, default=256)
+  ap.add_argument("--batch-size", type=int, default=256)
+  ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+  ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "bench_runner"))
+  ap.add_argument("--write", action="store_true", help="write the section of benchmarks/RESULTS.md")
+  args = ap.parse_args(argv)
+  import jax
+  folder = pathlib.Path(args.out)
+  path = write_rows(folder, args.problems)
+  g_s, g_tok = direct(args, path)
+  r_s, r_tok, summary = runner(args, folder)
+  device = jax.devices()[0].device_kind
+  rows = [["generate", g_s, g_tok, g_tok / g_s], ["bench runner", r_s, r_tok, r_tok / r_s]]
+  table = markdown_table(["path", "seconds", "completion tokens", "tokens/s"], rows)
+  ratio = (r_tok / r_s) / (g_tok / g_s)
+  text = (f"## Benchmark runner vs generate (benchmarks/bench_runner.py)\n\n"
+          f"{args.model} ({args.dtype}) on {device}, {time.strftime('%Y-%m-%d')}: {8 + args.problems} GSM8K-format "
+          f"rows (the sample + {args.problems} arithmetic problems) x {args.n} samples, T=0.6, top-p 0.95, "
+          f"max {args.max_new_tokens} new tokens, {args.batch_size} prompts per generate call.\n\n{table}\n\n"
+          f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); avg@{args.n} "
+          f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
+  print(text)
+  (folder / "results.md").write_text(text)
+  if args.write:
+    write_section("bench_runner", text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
