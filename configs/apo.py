@@ -60,7 +60,7 @@ def get_config(arg: str = ""):
   config = ml_collections.ConfigDict()
   config.job = "apo"  # fineflax.jobs.apo
   config.seed = 0  # seed of the task split, the batch sampling and the samplers
-  common.model(config, dtype="bfloat16", quant="nf4")  # the agent_rl base: SmolLM2-135M-Instruct, NF4
+  common.model(config, quant="nf4")  # the agent_rl base: SmolLM2-135M-Instruct, NF4
   config.model.adapter = ""  # PEFT adapter folder applied to the agent model (e.g. an agent_rl run's adapter)
 
   config.task = ml_collections.ConfigDict()

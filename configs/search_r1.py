@@ -49,7 +49,7 @@ def get_config(arg: str = ""):
   config.eval_batch_size = 128  # questions per greedy evaluation batch
   config.num_eval = 128  # held-out questions (half two-hop)
 
-  common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=128)
+  common.model(config, quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
   common.checkpoint(config, every=config.get_ref("eval_every"))
   common.mesh(config)

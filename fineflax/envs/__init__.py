@@ -9,6 +9,7 @@ An environment owns its prompts, rollouts, reward inputs and evaluation:
   evaluate(policy, items) -> metrics        contains `eval_metric`
   rollout_metrics(examples) -> metrics      extra per-step metrics of on-policy rollouts
   eval_metric: str; supports_replay: bool   (ExGRPO needs `example` of a replayed row)
+  validate(config) (optional, static)       checks at resolve time, e.g. the packages the config needs
 """
 from __future__ import annotations
 

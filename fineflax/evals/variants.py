@@ -45,16 +45,16 @@ def http_variant(url: str, model: str, *, max_tokens: int = 256, temperature: fl
 
 
 def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
-                  quant: str = "none", batch_size: int = 16, dtype: str = "float32", seed: int = 0) -> Variant:
+                  quant: str = "none", batch_size: int = 16, dtype: str = "auto", seed: int = 0) -> Variant:
   """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
   import jax
-  import jax.numpy as jnp
 
   from fineflax import lora as lora_lib
   from fineflax import quant as quant_lib
   from fineflax.models import load
+  from fineflax.models.dtype import resolve_dtype
   from fineflax.sampling import format_chat, generate
-  jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+  jdtype = resolve_dtype(dtype)
   params, config, tokenizer = load(source, dtype=jdtype)
   lora, scale = None, 1.0
   if adapter:

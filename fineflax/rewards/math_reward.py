@@ -4,7 +4,9 @@ Final answer of a completion, first that exists: the content of the last complet
 `\\boxed{...}` / `\\fbox{...}` (balanced braces; nested boxes are unwrapped; an unclosed box is ignored),
 the last `<answer>...</answer>`, and, only with `fallback_last_number=True` (registered as
 `math_last_number`), the last number in the text. Reference: `answer`, `ground_truth` or `solution`
-(its boxed part if it has one; GSM8K's `#### 72` gives 72).
+(its boxed part if it has one; GSM8K's `#### 72` gives 72); with `fallback_last_number` its answer is
+extracted the same way as the completion's, so a reference sentence ("90 + 23 = 113.") gives 113 (a
+reference with no number is used whole).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def extract_math_answer(text: str, fallback_last_number: bool = False) -> str | 
   return None
 
 
-def reference_answer(example: dict) -> str:
+def reference_answer(example: dict, fallback_last_number: bool = False) -> str:
   for key in ("answer", "ground_truth", "solution"):
     value = example.get(key)
     if value is None:
@@ -73,14 +75,14 @@ def reference_answer(example: dict) -> str:
     value = str(value)
     if "####" in value:
       return value.rsplit("####", 1)[1].strip()
-    boxed = last_boxed(value)
-    return boxed if boxed is not None else value.strip()
+    extracted = extract_math_answer(value, True) if fallback_last_number else last_boxed(value)
+    return extracted if extracted is not None else value.strip()
   raise KeyError(f"math reward needs `answer`, `ground_truth` or `solution`; got keys {sorted(example)}")
 
 
 def math_reward(prompt: str, completion: str, *, fallback_last_number: bool = False, **example) -> float:
   del prompt
-  reference = reference_answer(example)
+  reference = reference_answer(example, fallback_last_number)
   predicted = extract_math_answer(completion, fallback_last_number)
   return float(predicted is not None and math_equal(predicted, reference))
 

@@ -14,6 +14,17 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 
+def latest_checkpoint_step(directory: str) -> int | None:
+  """The latest complete checkpoint step in `directory` (None: none, or no such folder); creates nothing."""
+  if not os.path.isdir(directory) or not os.listdir(directory):
+    return None
+  ckpt = Checkpointer(directory)
+  try:
+    return ckpt.latest_step()
+  finally:
+    ckpt.close()
+
+
 class Checkpointer:
   """save(step, state, meta, metrics) / restore(abstract_state) over an orbax CheckpointManager."""
 

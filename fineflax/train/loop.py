@@ -80,6 +80,10 @@ def read_history(workdir: str) -> list[dict]:
   return [by_step[s] for s in sorted(by_step)]
 
 
+def already_complete_line(step: int, num_steps: int, workdir: str) -> str:
+  return f"already complete at step {step} of {num_steps}; nothing to do ({workdir})"
+
+
 def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, desc: str,
                eval_every: int, eval_at_start: bool = False) -> LoopResult:
   """Runs steps start+1..num_steps (start = the restored step) and returns the `LoopResult`.
@@ -103,7 +107,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
     hooks.restore_meta(meta.get("job", {}))
     start = int(ckpt.latest_step())
   if start >= num_steps and restored is not None:
-    print(f"already complete at step {start} of {num_steps}; nothing to do ({workdir})", flush=True)
+    print(already_complete_line(start, num_steps, workdir), flush=True)
     ckpt.close()
     return LoopResult(state, read_history(workdir), "already complete", start, 0, start, 0.0)
   if start:
