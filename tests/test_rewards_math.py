@@ -53,3 +53,14 @@ def test_math_reward_uses_reference_fields():
   assert get_reward("math_last_number")("", "The answer is 72", answer="72") == 1.0
   with pytest.raises(KeyError, match="answer"):
     math("", "\\boxed{1}", question="no reference")
+
+
+def test_math_last_number_extracts_the_reference_answer_as_it_extracts_the_completion_answer():
+  last = get_reward("math_last_number")
+  # a reference sentence (the assistant turn of an eval row from `from_feedback --holdout-out`)
+  assert last("", "90 + 23 = 113.", answer="90 + 23 = 113.") == 1.0
+  assert last("", "The total is 113", answer="She has 90 + 23 = 113 apples.") == 1.0
+  assert last("", "90 + 23 = 114.", answer="90 + 23 = 113.") == 0.0
+  assert last("", "\\boxed{113}", answer="It is <answer>113</answer>, from 90 + 23.") == 1.0  # tags before numbers
+  assert last("", "12", answer="twelve") == 0.0  # no number in the reference: compared whole
+  assert get_reward("math")("", "\\boxed{113}", answer="90 + 23 = 113.") == 0.0  # `math` keeps the whole reference

@@ -50,7 +50,7 @@ def resolve_config_file(spec: str) -> str:
   for where in dict.fromkeys(os.path.dirname(t) for t in tried):
     names = [n for n in os.listdir(where) if n.endswith(".py")] if os.path.isdir(where) else []
     close += [os.path.join(os.path.dirname(path), n)
-              for n in difflib.get_close_matches(os.path.basename(path), names, n=3, cutoff=0.6)]
+              for n in difflib.get_close_matches(os.path.basename(path), names, n=3, cutoff=0.75)]
   hint = f"; closest: {', '.join(dict.fromkeys(close))}" if close else ""
   raise ConfigError(f"--config={spec}: no such config file (looked for {' and '.join(tried)}){hint}")
 
