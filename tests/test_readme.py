@@ -77,10 +77,15 @@ def test_the_data_sources_example_names_bundled_samples():
   assert len(names) >= 2 and all((SAMPLES_DIR / n).is_file() for n in names), names
 
 
-def test_tensorboard_is_named_with_its_install():
-  """Runs write TensorBoard event files (tensorboardX); the viewer is no dependency, so the README that
-  points to it says how to install it."""
+def test_tensorboard_is_named_with_its_install(tmp_path, capsys):
+  """Runs write TensorBoard event files (tensorboardX); the viewer is no dependency, so the README and the
+  closing lines of a run that point to it say how to install it."""
+  from fineflax.train.loop import LoopResult, write_summary
   text = _readme()
   pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
-  if "TensorBoard" in text:
-    assert "pip install tensorboard" in text or re.search(r'^\s*"tensorboard[>=<"]', pyproject, re.M)
+  if re.search(r'^\s*"tensorboard[>=<"]', pyproject, re.M):
+    return
+  assert "TensorBoard" in text and "pip install tensorboard" in text
+  write_summary(str(tmp_path), LoopResult(state=None, history=[], status="completed", step=1))
+  [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("logs: ")]
+  assert "metrics.jsonl" in line and "pip install tensorboard && tensorboard --logdir" in line

@@ -177,7 +177,8 @@ def write_summary(workdir: str, result: LoopResult, **extra) -> dict:
     lines.append("final: " + ", ".join(f"{k} {v:.4g}" for k, v in final.items()
                                        if isinstance(v, (int, float)) and not k.startswith("time")))
   lines += [f"{k}: {summary[k]}" for k in ("adapter",) if k in summary]
-  lines += [f"logs: {summary['logs']} (tensorboard --logdir ...)", f"checkpoints: {summary['checkpoints']}"]
+  lines += [f"logs: {summary['logs']} (metrics.jsonl; TensorBoard events: pip install tensorboard && "
+            f"tensorboard --logdir {summary['logs']})", f"checkpoints: {summary['checkpoints']}"]
   print("\n" + "\n".join(lines), flush=True)
   logging.info("summary written to %s", os.path.join(workdir, "summary.json"))
   return summary
