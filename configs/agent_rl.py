@@ -13,7 +13,9 @@ from configs import common
 from fineflax.agents.calculator import CALC_PROMPT
 
 
-def _smoke(config):  # seconds on a CPU: tiny batches, short calls
+def _smoke(config):
+  """CPU smoke test (tiny batches, short calls): 816 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load 8-11), 2026-11-27."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.num_steps = 2

@@ -13,7 +13,9 @@ from configs import common
 from fineflax.agents.calculator import CALC_PROMPT
 
 
-def _smoke(config):  # seconds on a CPU
+def _smoke(config):
+  """CPU smoke test (tiny task sets, one round): 214 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load 8-11), 2026-11-27."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.task.num_train = 4

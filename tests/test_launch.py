@@ -172,3 +172,11 @@ def test_the_chat_job_names_no_workdir(tmp_path):
   r = _launch("--config", "configs/chat.py", NO_MODEL, cwd=tmp_path)
   assert "no such file" in _one_line_error(r)
   assert "workdir" not in r.stdout and not (tmp_path / "runs").exists()
+
+
+def test_smoke_presets_state_their_measured_time():
+  import re
+  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo"):
+    text = open(os.path.join(ROOT, "configs", f"{name}.py"), encoding="utf-8").read()
+    assert not re.search(r"seconds on a CPU|under a minute", text), name  # claims the runs did not bear out
+    assert re.search(r"smoke test[^\n]*: \d+ s with SmolLM2-135M on 2 CPU cores", text), name
