@@ -37,9 +37,10 @@ def make_workdir(config, workdir: str | None) -> str:
 
 def preflight(config, workdir: str | None, num_steps: int) -> dict | None:
   """The checks that need no weights, made before the model loads: the PEFT folder of `lora.init_from`
-  exists, the workdir can be made (`WorkdirError`), its checkpoints belong to this config (`ConfigChanged`; with resume=false the
-  loop moves them aside later), and whether the run is already complete at `num_steps`: then the loop's
-  "already complete" line is printed and the saved summary returned (None: the run has work to do)."""
+  exists, the workdir can be made (`WorkdirError`), its checkpoints belong to this config
+  (`ConfigChanged`; with resume=false the loop moves them aside later), and whether the run is already
+  complete at `num_steps`: then the loop's "already complete" line is printed and the saved summary
+  returned (None: the run has work to do)."""
   if config.get("lora") is not None and config.lora.get("init_from", ""):
     peft_files(config.lora.init_from)
   if workdir is None:  # a fresh runs/<job>-<time> folder
