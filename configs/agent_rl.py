@@ -13,7 +13,9 @@ from configs import common
 from fineflax.agents.calculator import CALC_PROMPT
 
 
-def _smoke(config):  # seconds on a CPU: tiny batches, short calls
+def _smoke(config):
+  """CPU smoke test (tiny batches, short calls): 816 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load 8-11), 2026-11-27."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.num_steps = 2
@@ -56,7 +58,7 @@ def get_config(arg: str = ""):
   config.eval_at_start = True  # evaluate the untrained agent at step 0
   config.eval_batch_size = 128  # unused by this job (evaluation rollouts are batched by the LLM queue)
 
-  common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=128)
+  common.model(config, quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
   common.checkpoint(config, every=config.get_ref("eval_every"))
 

@@ -13,7 +13,9 @@ from configs import common
 from fineflax.agents.calculator import CALC_PROMPT
 
 
-def _smoke(config):  # seconds on a CPU
+def _smoke(config):
+  """CPU smoke test (tiny task sets, one round): 214 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load 8-11), 2026-11-27."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.task.num_train = 4
@@ -60,7 +62,7 @@ def get_config(arg: str = ""):
   config = ml_collections.ConfigDict()
   config.job = "apo"  # fineflax.jobs.apo
   config.seed = 0  # seed of the task split, the batch sampling and the samplers
-  common.model(config, dtype="bfloat16", quant="nf4")  # the agent_rl base: SmolLM2-135M-Instruct, NF4
+  common.model(config, quant="nf4")  # the agent_rl base: SmolLM2-135M-Instruct, NF4
   config.model.adapter = ""  # PEFT adapter folder applied to the agent model (e.g. an agent_rl run's adapter)
 
   config.task = ml_collections.ConfigDict()

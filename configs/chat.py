@@ -9,7 +9,7 @@ def get_config():
 
   config.model = ml_collections.ConfigDict()
   config.model.source = "smollm2-135m-instruct"  # HF folder, .gguf file, hub name or alias
-  config.model.dtype = "float32"  # compute and weight dtype: float32 or bfloat16
+  config.model.dtype = "auto"  # compute and weight dtype: auto (float32 on CPU, bfloat16 on GPU), float32 or bfloat16
   config.model.adapter = ""  # optional PEFT adapter folder to apply (from an SFT/RL run's export)
 
   config.prompt = "Explain in two sentences why the sky is blue."  # the user message

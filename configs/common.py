@@ -8,11 +8,11 @@ import ml_collections
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-def model(config, source="smollm2-135m-instruct", dtype="bfloat16", quant="nf4", remat="none",
+def model(config, source="smollm2-135m-instruct", dtype="auto", quant="nf4", remat="none",
           logits_chunk=128):
   config.model = ml_collections.ConfigDict()
   config.model.source = source  # HF folder, .gguf file, hub name or alias
-  config.model.dtype = dtype  # compute dtype: float32 (CPU) or bfloat16 (GPU)
+  config.model.dtype = dtype  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU), float32 or bfloat16
   config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
   config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
   config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots or offload (full, with

@@ -35,7 +35,7 @@ def get_config(arg: str = ""):
   config.eval_at_start = True  # evaluate the teacher and the untrained student first
   config.eval_batch_size = 64  # prompts per greedy evaluation batch
 
-  common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=64)  # the student
+  common.model(config, quant="nf4", logits_chunk=64)  # the student
   common.lora(config, r=4, alpha=8.0, dropout=0.0)  # the student's fresh adapter
   common.checkpoint(config, every=config.get_ref("eval_every"))
 

@@ -12,7 +12,8 @@ operation word problems where SmolLM2-135M-Instruct rarely succeeds (experiments
                    on-policy clip, sum / max_len aggregation, no std scaling, entropy bonus 0.001,
                    shaping gamma 0.1, rollouts at T=1.0, no truncation masking
     luffy_noshape  luffy without policy shaping (the paper's ablation: -A * p on trace tokens)
-    smoke          seconds on a CPU (with a tiny model)
+    smoke          CPU smoke test: 575 s with SmolLM2-135M on 2 CPU cores shared with other jobs (load 8-11),
+                   2026-11-27
   Evaluation (fineflax/envs/arithmetic.py): greedy accuracy and pass@8 (T=0.7) on held-out 2-3 operation
   problems (task.eval_split: test, or validation to tune), on 4-5 operations (eval_ood_ops_*) and on the
   same problems in a second wording (eval_ood_phrasing_*).

@@ -12,7 +12,7 @@ def get_config():
   config.job = "sft"  # fineflax.jobs.sft
   config.seed = 0  # PRNG seed: LoRA init, dropout, data order
 
-  common.model(config, dtype="float32", quant="nf4", logits_chunk=256)
+  common.model(config, quant="nf4", logits_chunk=256)
   common.lora(config, r=16, alpha=32.0, dropout=0.05)
 
   config.data = ml_collections.ConfigDict()

@@ -16,7 +16,9 @@ def _grpo_only(config):  # plain GRPO: no demonstration rows
   del config.rl["luffy"]
 
 
-def _smoke(config):  # well under a minute on a CPU: tiny KB and batches, short turns
+def _smoke(config):
+  """CPU smoke test (tiny KB and batches, short turns): 305 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load 8-11), 2026-11-27."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.num_steps = 1
@@ -49,7 +51,7 @@ def get_config(arg: str = ""):
   config.eval_batch_size = 128  # questions per greedy evaluation batch
   config.num_eval = 128  # held-out questions (half two-hop)
 
-  common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=128)
+  common.model(config, quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
   common.checkpoint(config, every=config.get_ref("eval_every"))
   common.mesh(config)

@@ -22,8 +22,6 @@ import sys
 
 from tqdm import tqdm
 
-from memory.chunking import chunk_file, supported_extensions
-
 PENDING = ""  # the file_hash of a chunk whose file is not yet completely stored
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".mypy_cache",
              ".pytest_cache", "build", "dist", "site-packages", ".eggs"}
@@ -42,6 +40,7 @@ class IngestStats:
 
 def walk(folder: pathlib.Path, max_files: int | None = None) -> list[pathlib.Path]:
   """Chunkable files under folder (hidden and build folders skipped), sorted."""
+  from memory.chunking import supported_extensions  # tree-sitter: imported once the CLI checked it is there
   exts = set(supported_extensions())
   out = []
   for root, dirs, files in os.walk(folder):
@@ -57,6 +56,7 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_c
 
   Two passes: chunk every new or changed file (fast), then embed and upsert their chunks in batches of
   about `batch_chunks`, with a progress bar counting chunks embedded (the slow part)."""
+  from memory.chunking import chunk_file
   folder = pathlib.Path(folder)
   if not folder.is_dir():
     raise NotADirectoryError(f"{folder}: not a folder")
@@ -114,8 +114,8 @@ def ingest(folder: str | os.PathLike, collection, max_chars: int = 1200, batch_c
 
 
 def main(argv: list[str] | None = None) -> int:
-  """The CLI. A user mistake (folder not a folder, store path a file) prints one line and returns 2,
-  before anything is created."""
+  """The CLI. A user mistake (folder not a folder, store path a file, a package of the retrieval install
+  missing) prints one line and returns 2, before anything is created."""
   parser = argparse.ArgumentParser(prog="python -m memory.ingest", description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", type=pathlib.Path)
   parser.add_argument("--store", required=True, type=pathlib.Path, help="VectorStore folder (created if missing)")
@@ -123,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--max-chars", type=int, default=1200, help="chunk size in non-whitespace characters")
   parser.add_argument("--max-files", type=int, default=None)
   args = parser.parse_args(argv)
+  from fineflax.extras import MEMORY, MissingExtra, require
   from memory.store import StoreError, VectorStore, check_store_path
   try:
+    require("python -m memory.ingest", ("tree_sitter", "tree_sitter_python", *MEMORY))
     if not args.folder.is_dir():
       what = "does not exist" if not args.folder.exists() else "is not a folder"
       raise StoreError(f"{args.folder}: the folder to ingest {what}")
     check_store_path(args.store)
-  except StoreError as e:
+  except (StoreError, MissingExtra) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   store = VectorStore(args.store)

@@ -31,9 +31,12 @@ def resolve_model_folder(path_or_alias: str | os.PathLike) -> pathlib.Path:
   if package is None:
     raise FileNotFoundError(
         f"{path_or_alias!r}: neither a model folder nor a known alias ({sorted(ALIASES)})")
-  spec = importlib.util.find_spec(package)
+  spec = importlib.util.find_spec(package)  # its files only: importing it would need sentence-transformers
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(f"{path_or_alias!r}: package {package!r} is not installed")
+    from fineflax.extras import install_of
+    what, command = install_of(package)
+    raise FileNotFoundError(f"{path_or_alias!r}: package {package!r} is not installed; {what} brings it: "
+                            f"{command}")
   folder = pathlib.Path(spec.submodule_search_locations[0]) / "model"
   if not (folder / "config.json").is_file():
     raise FileNotFoundError(f"{folder}: package {package!r} has no model/config.json")

@@ -81,3 +81,17 @@ def test_cli_json_with_overrides_reports_the_dropped_glaive_rows():
   assert out["data"]["max_length"] == 64 and src["stats"]["dropped_no_loss"] == 40 == src["stats"]["scanned"]
   assert src["stats"]["dropped_why"].startswith("no assistant token within max_length=64; the shortest prompt")
   assert src["examples"][0]["dropped"].startswith("no assistant token within max_length=64; the prompt is ")
+
+
+def test_cli_misspelled_source_or_config_is_one_line_with_the_closest_names(tmp_path):
+  def run(*args):
+    r = subprocess.run([sys.executable, "-m", "fineflax.data.inspect", *args], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr.strip()
+  # run from another folder: the README's relative config path is found in the checkout
+  assert run("--config", "configs/quickstart.py", "--source", "arithmetic_mesages") == (
+      "error: --source='arithmetic_mesages' matches none of the config's sources; closest: "
+      "arithmetic_messages.jsonl, arithmetic_eval_messages.jsonl")
+  assert "closest: configs/quickstart.py" in run("--config", "configs/quickstart.pyy")

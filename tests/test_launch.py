@@ -110,3 +110,73 @@ def test_resume_refuses_a_changed_config_and_resume_false_moves_the_old_run_asid
   aside = [p for p in tmp_path.iterdir() if p.name.startswith("replaced-")]
   assert len(aside) == 1 and (aside[0] / "checkpoints" / "4").is_dir()
   assert not (tmp_path / "checkpoints").exists()
+
+
+NO_MODEL = "--config.model.source=/nonexistent/model.gguf"  # an error about the model = the load was tried
+
+
+def _one_line_error(r) -> str:
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
+def test_a_missing_config_file_is_one_line_with_the_closest_name_and_relative_paths_work_anywhere(tmp_path):
+  line = _one_line_error(_launch("--config", "configs/quickstrat.py:smoke", "--dry_run"))
+  assert line.startswith("error: --config=configs/quickstrat.py:smoke: no such config file (looked for ")
+  assert line.endswith("closest: configs/quickstart.py")
+  r = _launch("--config", "configs/quickstart.py", "--dry_run", cwd=tmp_path)  # the README's path, another folder
+  assert r.returncode == 0 and "parameters: 134,515,008" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_workdir_that_is_a_file_is_one_line_before_the_model_loads(tmp_path):
+  (tmp_path / "file").write_text("x")
+  line = _one_line_error(_launch("--config", "configs/quickstart.py", "--workdir", str(tmp_path / "file"), NO_MODEL))
+  assert line == f"error: workdir {tmp_path / 'file'} is a file; pass --workdir a folder (new or an earlier run's)"
+  line = _one_line_error(_launch("--config", "configs/quickstart.py", "--workdir", str(tmp_path / "file" / "run"),
+                                 NO_MODEL))
+  assert f"is under {tmp_path / 'file'}, which is a file" in line
+
+
+def test_bad_data_and_a_changed_config_are_refused_before_the_model_loads(tmp_path):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                 "not json\n")
+  r = _launch("--config", "configs/quickstart.py", "--workdir", str(tmp_path / "run"), NO_MODEL,
+              f"--config.data.sources={bad}")
+  assert _one_line_error(r).startswith(f"error: {bad}:line 2: ")
+  assert not (tmp_path / "run").exists()
+  work = tmp_path / "old"
+  check_resumable(load_config("configs/quickstart.py", [NO_MODEL]), str(work))  # an earlier run's config...
+  (work / "checkpoints" / "4").mkdir(parents=True)  # ...and checkpoints
+  r = _launch("--config", "configs/quickstart.py", "--workdir", str(work), NO_MODEL, "--config.lora.r=8")
+  assert "1 field(s) differ: lora.r: 16 -> 8" in _one_line_error(r)
+
+
+def test_an_already_complete_run_says_so_before_the_model_loads(tmp_path):
+  import numpy as np
+  from fineflax.train.checkpoint import Checkpointer
+  over = [NO_MODEL, "--config.optimizer.num_steps=2"]
+  check_resumable(load_config("configs/quickstart.py", over), str(tmp_path))
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+  assert ckpt.save(2, {"x": np.zeros(2, np.float32)}, {"job": {}})
+  ckpt.close()
+  (tmp_path / "summary.json").write_text('{"status": "completed"}')
+  r = _launch("--config", "configs/quickstart.py", "--workdir", str(tmp_path), *over)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"already complete at step 2 of 2; nothing to do ({tmp_path})" in r.stdout
+
+
+def test_the_chat_job_names_no_workdir(tmp_path):
+  r = _launch("--config", "configs/chat.py", NO_MODEL, cwd=tmp_path)
+  assert "no such file" in _one_line_error(r)
+  assert "workdir" not in r.stdout and not (tmp_path / "runs").exists()
+
+
+def test_smoke_presets_state_their_measured_time():
+  import re
+  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo"):
+    text = open(os.path.join(ROOT, "configs", f"{name}.py"), encoding="utf-8").read()
+    assert not re.search(r"seconds on a CPU|under a minute", text), name  # claims the runs did not bear out
+    assert re.search(r"smoke test[^\n]*: \d+ s with SmolLM2-135M on 2 CPU cores", text), name

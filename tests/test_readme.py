@@ -3,6 +3,7 @@ each other), and its `--dry_run` command lines. A block preceded by `<!-- readme
 is not run (the reason is in the README next to it)."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -32,9 +33,59 @@ def test_python_blocks_run_in_order(tmp_path):
   assert (tmp_path / "adapter" / "adapter_config.json").exists()
 
 
-def test_dry_run_lines_run():
+def with_this_python(line: str) -> str:
+  """A README shell line with each command `python` replaced by this interpreter (the suite may run with a
+  venv's python that is not the `python` on PATH)."""
+  return re.sub(r"(^|&&|;|\|)(\s*)python(?=\s)", lambda m: m.group(1) + m.group(2) + shlex.quote(sys.executable),
+                line.strip())
+
+
+def test_dry_run_lines_run(tmp_path):
   lines = [ln for run, src in _blocks("bash") if run for ln in src.splitlines() if "--dry_run" in ln]
   assert lines
+  fake = tmp_path / "python"  # a `python` on PATH that is not this interpreter
+  fake.write_text("#!/bin/sh\necho 'not the suite interpreter' >&2\nexit 3\n")
+  fake.chmod(0o755)
+  env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
   for ln in lines:
-    r = subprocess.run(ln, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(with_this_python(ln), shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=env)
     assert r.returncode == 0, (ln, r.stderr[-2000:])
+
+
+def _readme() -> str:
+  return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+  test_lines = [ln for _, src in _blocks("bash") for ln in src.splitlines() if "pytest" in ln]
+  assert len(test_lines) == 1, test_lines
+  ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().strip().splitlines()
+  assert ci[-1] == test_lines[0]
+
+
+def test_from_feedback_reads_the_log_the_server_writes():
+  from fineflax.serve.__main__ import parse_args
+  logs = re.findall(r"fineflax\.data\.from_feedback --log (\S+)", _readme())
+  assert logs and set(logs) == {parse_args(["--model", "m"]).log}
+
+
+def test_the_data_sources_example_names_bundled_samples():
+  from fineflax.data.sources import SAMPLES_DIR
+  [spec] = re.findall(r'config\.data\.sources = "([^"]+)"', _readme())
+  names = [item.rsplit(":", 1)[0] for item in spec.split(",")]
+  assert len(names) >= 2 and all((SAMPLES_DIR / n).is_file() for n in names), names
+
+
+def test_tensorboard_is_named_with_its_install(tmp_path, capsys):
+  """Runs write TensorBoard event files (tensorboardX); the viewer is no dependency, so the README and the
+  closing lines of a run that point to it say how to install it."""
+  from fineflax.train.loop import LoopResult, write_summary
+  text = _readme()
+  pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+  if re.search(r'^\s*"tensorboard[>=<"]', pyproject, re.M):
+    return
+  assert "TensorBoard" in text and "pip install tensorboard" in text
+  write_summary(str(tmp_path), LoopResult(state=None, history=[], status="completed", step=1))
+  [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("logs: ")]
+  assert "metrics.jsonl" in line and "pip install tensorboard && tensorboard --logdir" in line

@@ -148,3 +148,13 @@ def test_worker_threads_grade_in_processes(short_timeout):
                                             max_workers=3)
   assert per_fn["math"].tolist() == [0.0, 1.0, 0.0, 1.0] and per_fn["math_think"].tolist() == [0, 0, 0, 1.0]
   assert errors == {"math": 0, "math_think": 0}
+
+
+def test_math_last_number_extracts_the_reference_answer_as_it_extracts_the_completion_answer():
+  last = get_reward("math_last_number")
+  # a reference sentence (the assistant turn of an eval row from `from_feedback --holdout-out`)
+  assert last("", "90 + 23 = 113.", answer="90 + 23 = 113.") == 1.0
+  assert last("", "The total is 113", answer="She has 90 + 23 = 113 apples.") == 1.0
+  assert last("", "90 + 23 = 114.", answer="90 + 23 = 113.") == 0.0
+  assert last("", "\\boxed{113}", answer="It is <answer>113</answer>, from 90 + 23.") == 1.0  # tags before numbers
+  assert last("", "12", answer="twelve") == 0.0  # no number in the reference: compared whole

@@ -21,11 +21,14 @@ template (`fineflax.models.load_tokenizer(config.model.source)`: the tokenizer o
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
 
 import numpy as np
+
+from fineflax.config_checks import ConfigError
 
 from fineflax.data.chat import tokenize_chat
 from fineflax.data.packing import bucket_width, default_buckets, first_fit, truncate
@@ -136,9 +139,17 @@ def inspect_config(config, source: str | None = None, n: int = 3, max_rows: int 
     r = inspect_source(src, tokenizer, data, n=n, max_rows=max_rows)
     report["sources"].append({"split": split, "weight": entry["weight"], **r})
   if not report["sources"]:
-    names = [e["source"].name for _, e in entries]
-    raise ValueError(f"--source={source!r} matches none of the sources {names}")
+    raise ConfigError(no_source_message(source, [e["source"].name for _, e in entries]))
   return report
+
+
+def no_source_message(source: str, names: list[str]) -> str:
+  """One line: `source` matches no source name; the closest source file names (or all of them)."""
+  files = [os.path.basename(n) for n in names]
+  stems = {os.path.splitext(f)[0]: f for f in files}
+  close = [stems.get(m, m) for m in difflib.get_close_matches(source, [*stems, *files], n=3, cutoff=0.5)]
+  hint = f"closest: {', '.join(dict.fromkeys(close))}" if close else f"the sources are {', '.join(files)}"
+  return f"--source={source!r} matches none of the config's sources; {hint}"
 
 
 def _pct(x) -> str:
@@ -192,17 +203,24 @@ def _short(path: str) -> str:
   return rel if len(rel) < len(path) else path
 
 
-def main(argv):
+def main(argv) -> int:
+  """The report of --config's data; a user mistake raises an error that `fineflax.cli.run_cli` prints as
+  one line (exit 2), as launch.py does."""
   from absl import flags, logging
-  if len(argv) > 1:
-    raise SystemExit(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)  # datasets/jax announce themselves at INFO
+  from fineflax.jobs.resolve import parse_config_flags
   FLAGS = flags.FLAGS
+  rest = parse_config_flags(FLAGS, argv)
+  if len(rest) > 1:
+    raise ConfigError(f"unexpected arguments: {rest[1:]}")
+  if FLAGS.config is None:
+    raise ConfigError("--config is required, e.g. --config configs/quickstart.py")
+  logging.set_verbosity(logging.WARNING)  # datasets/jax announce themselves at INFO
   report = inspect_config(FLAGS.config, source=FLAGS.source, n=FLAGS.n, max_rows=FLAGS.max_rows)
   if FLAGS.json:
     print(json.dumps(report, indent=1))
   else:
     print(format_report(report, color=sys.stdout.isatty()))
+  return 0
 
 
 def _define_flags():
@@ -213,10 +231,10 @@ def _define_flags():
   flags.DEFINE_integer("n", 3, "Rows shown per source.")
   flags.DEFINE_integer("max_rows", 2000, "Rows scanned per source for the statistics (0 = all).")
   flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
-  flags.mark_flags_as_required(["config"])
+  flags.DEFINE_bool("verbose", False, "Show tracebacks of user errors.")
 
 
 if __name__ == "__main__":
-  from absl import app
+  from fineflax.cli import run_cli
   _define_flags()
-  app.run(main)
+  sys.exit(run_cli(main, sys.argv))

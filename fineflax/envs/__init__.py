@@ -9,8 +9,9 @@ An environment owns its prompts, rollouts, reward inputs and evaluation:
   evaluate(policy, items) -> metrics        contains `eval_metric`
   rollout_metrics(examples) -> metrics      extra per-step metrics of on-policy rollouts
   eval_metric: str; supports_replay: bool   (ExGRPO needs `example` of a replayed row)
-Optional: validate(config) (static; run before weights load), train_order(seed) -> order[k] for k >= 0
-(`fineflax.rl.order`; default: one permutation repeated every epoch), evaluate_all(policy).
+  validate(config) (optional, static)       checks at resolve time, e.g. the packages the config needs
+Optional too: train_order(seed) -> order[k] for k >= 0 (`fineflax.rl.order`; default: one permutation
+repeated every epoch), evaluate_all(policy).
 """
 from __future__ import annotations
 

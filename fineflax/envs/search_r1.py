@@ -96,6 +96,12 @@ class SearchR1Env:
   eval_metric = "eval_em"
   supports_replay = False  # a replayed row has no rollout result for the Search-R1 rewards
 
+  @staticmethod
+  def validate(config) -> None:
+    """What the config needs installed: the in-process engine's packages unless search.url is set."""
+    from fineflax.extras import require_search_engine
+    require_search_engine(config)
+
   def __init__(self, config, tokenizer):
     self.config, self.tok = config, tokenizer
     self.rollout_cfg = rollout_config(config)

@@ -44,15 +44,16 @@ def http_variant(url: str, model: str, *, max_tokens: int = 256, temperature: fl
   return run
 
 
-def load_local(source: str, adapter: str | None = None, *, quant: str = "none", dtype: str = "float32"):
+def load_local(source: str, adapter: str | None = None, *, quant: str = "none", dtype: str = "auto"):
   """(params, model config, tokenizer, lora or None, lora scale, jnp dtype): base `source` (quantised per
-  `quant` on the adapter's targets, or all linears) + optional PEFT adapter folder."""
-  import jax.numpy as jnp
+  `quant` on the adapter's targets, or all linears) + optional PEFT adapter folder; dtype "auto" is
+  `fineflax.models.dtype.resolve_dtype`'s (f32 on CPU, bf16 on accelerators)."""
 
   from fineflax import lora as lora_lib
   from fineflax import quant as quant_lib
   from fineflax.models import load
-  jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+  from fineflax.models.dtype import resolve_dtype
+  jdtype = resolve_dtype(dtype)
   params, config, tokenizer = load(source, dtype=jdtype)
   lora, scale = None, 1.0
   if adapter:
@@ -68,7 +69,7 @@ def load_local(source: str, adapter: str | None = None, *, quant: str = "none", 
 
 
 def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
-                  quant: str = "none", batch_size: int = 16, dtype: str = "float32", seed: int = 0) -> Variant:
+                  quant: str = "none", batch_size: int = 16, dtype: str = "auto", seed: int = 0) -> Variant:
   """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
   import jax
 

@@ -21,7 +21,9 @@ def run(config, workdir: str | None):
 
 def dry_run_report(config) -> str:
   """The resolved config, the device mesh, parameter counts and memory estimate, from model metadata only."""
+  import jax
   from fineflax.models import load_config, memory_estimate
+  from fineflax.models.dtype import resolve_dtype_name
   from fineflax.models.estimate import lora_params
   from fineflax.models.targets import resolve_targets
   get_job(config.job)
@@ -33,9 +35,11 @@ def dry_run_report(config) -> str:
   rl = config.get("rl")
   batch = data.batch_size if data is not None else (rl.prompts_per_step * rl.group_size if rl else 1)
   seq = data.max_length if data is not None else (512 + rl.max_new_tokens if rl else 1024)
-  est = memory_estimate(mc, dtype=config.model.get("dtype", "bfloat16"), quant=quant, lora_rank=rank,
-                        batch=batch, seq_len=seq)
+  dtype = resolve_dtype_name(config.model.get("dtype", "auto"))
+  est = memory_estimate(mc, dtype=dtype, quant=quant, lora_rank=rank, batch=batch, seq_len=seq)
   lines = ["# resolved config", str(config), "# model", f"source: {config.model.source}",
+           f"compute dtype: {dtype} (config.model.dtype={config.model.get('dtype', 'auto')!r} on "
+           f"{jax.default_backend()})",
            f"architecture: {mc.model_type}, {mc.num_layers} layers, hidden {mc.hidden_size}, "
            f"heads {mc.num_heads}/{mc.num_kv_heads}, vocab {mc.vocab_size}",
            f"parameters: {mc.num_params():,}"]

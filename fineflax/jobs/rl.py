@@ -18,7 +18,7 @@ import numpy as np
 from fineflax import lora as lora_lib
 from fineflax.config_checks import ConfigError, positive_int, require
 from fineflax.envs import get_env_class, make_env
-from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, setup_model
+from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, preflight, setup_model
 from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.collect import collect, kept_groups
 from fineflax.rl.guidance import Guidance
@@ -29,7 +29,7 @@ from fineflax.rl.replay import Replay
 from fineflax.rl.sft_phase import demonstration_rows, sft_batch
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
-from fineflax.train.loop import Hooks, train_loop
+from fineflax.train.loop import Hooks, read_history, train_loop
 from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
@@ -65,15 +65,17 @@ class RLJob:
   def __init__(self, config):
     validate(config)
     rl = config.rl
-    setup_learner(self, config, make_mesh(config.mesh.data, config.mesh.fsdp))  # rows over every device
-    self.env = make_env(config, self.tok)
-    self.guidance = (Guidance(rl.luffy.n_off, rl.luffy.traces_path)
-                     if self.objective.off_policy == "guidance" else None)
-    self.replay = (Replay(rl.group_size, rl.exgrpo, config.seed + 1)
-                   if self.objective.off_policy == "replay" else None)
+    off_policy = validate_rl(rl).off_policy
+    # traces files are read before the model loads: a bad one stops the run at once
+    self.guidance = Guidance(rl.luffy.n_off, rl.luffy.traces_path) if off_policy == "guidance" else None
     self.sft_steps = int(rl.get("sft_steps", 0))
     if self.sft_steps:  # SFT phase: the objective's demonstrations (a traces file too), or the env's own
       self.sft_guidance = self.guidance or Guidance(1, rl.luffy.traces_path if "luffy" in rl else "")
+    setup_learner(self, config, make_mesh(config.mesh.data, config.mesh.fsdp))  # rows over every device
+    self.env = make_env(config, self.tok)
+    self.replay = (Replay(rl.group_size, rl.exgrpo, config.seed + 1)
+                   if self.objective.off_policy == "replay" else None)
+    if self.sft_steps:
       self.sft_fn, _ = make_sft_fns(self.optimizer, model_config=self.model_config, lora_scale=self.scale,
                                     remat=config.model.remat, dtype=self.dtype,
                                     logits_chunk=config.model.logits_chunk)
@@ -165,6 +167,8 @@ def validate(config) -> None:
   from fineflax.rewards import REWARDS
   obj = validate_rl(config.rl)
   env = get_env_class(config.env)
+  if hasattr(env, "validate"):
+    env.validate(config)
   if obj.off_policy == "replay" and not env.supports_replay:
     raise ConfigError(f"config.rl.objective={config.rl.objective!r} is not supported by config.env={config.env!r}")
   if hasattr(env, "validate"):  # the environment's own section (e.g. its dataset files), before weights load
@@ -177,6 +181,10 @@ def validate(config) -> None:
 
 
 def run(config, workdir: str | None) -> dict:
+  validate(config)
+  done = preflight(config, workdir, config.num_steps)  # before the model loads
+  if done is not None:
+    return {"history": read_history(workdir), "workdir": workdir, "job": None, "summary": done, "exit_code": 0}
   job = RLJob(config)  # validates and loads before anything is created on disk
   workdir = make_workdir(config, workdir)
   result = train_loop(job.hooks(), job.state, config, workdir, num_steps=config.num_steps,

@@ -12,8 +12,8 @@ from fineflax import lora as lora_lib
 from fineflax.config_checks import one_of, positive_int
 from fineflax.data import build_mixture, load_source, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
-from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, setup_model,
-                                  stack_micro_batches)
+from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, preflight,
+                                  setup_model, stack_micro_batches)
 from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer, make_schedule
@@ -79,6 +79,11 @@ def validate(config) -> None:
 
 def run(config, workdir: str | None) -> dict:
   validate(config)
+  done = preflight(config, workdir, config.optimizer.num_steps)
+  if done is not None:
+    return done
+  sources = load_sources(config.data.sources, config.data)  # data files are read before the model loads
+  eval_entries = load_sources(config.data.eval_sources, config.data) if config.data.eval_sources else []
   dtype = compute_dtype(config)
   base, model_config, tokenizer, lora_cfg, lora = setup_model(config)
   scale = lora_lib.lora_scale(lora_cfg)
@@ -91,9 +96,7 @@ def run(config, workdir: str | None) -> dict:
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
   base = shard_params(base, mesh)
   state = replicate(init_state(lora, optimizer, config.seed), mesh)
-  batches = _batches(build_mixture(load_sources(config.data.sources, config.data), seed=config.seed),
-                     tokenizer, config.data)
-  eval_entries = load_sources(config.data.eval_sources, config.data) if config.data.eval_sources else []
+  batches = _batches(build_mixture(sources, seed=config.seed), tokenizer, config.data)
   pad_id = pad_id_of(tokenizer)
   workdir = make_workdir(config, workdir)  # after every input was read: a failed start leaves no folder
   sample = lambda lora_=None: answer(base, model_config, tokenizer, config.sample_prompt, lora=lora_,

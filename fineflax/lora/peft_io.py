@@ -114,6 +114,17 @@ def _pattern(pattern: dict, module_name: str, default):
   return default
 
 
+def peft_files(adapter_dir: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:
+  """(adapter_config.json, adapter_model.safetensors) of a PEFT folder; FileNotFoundError naming the
+  folder and the missing file (checked before a job loads its model)."""
+  folder = pathlib.Path(adapter_dir)
+  paths = folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS
+  for p in paths:
+    if not p.exists():
+      raise FileNotFoundError(f"{folder}: no {p.name} (is this a PEFT adapter folder?)")
+  return paths
+
+
 def import_peft(adapter_dir: str | os.PathLike, model_config: ModelConfig) -> tuple[dict, LoraConfig]:
   """(lora f32, LoraConfig) from a PEFT LoRA folder; errors name the file and the field or key at fault.
 
@@ -121,11 +132,7 @@ def import_peft(adapter_dir: str | os.PathLike, model_config: ModelConfig) -> tu
   adapter is zero-padded to the largest rank and its scale relative to the global one folded into b, so
   the forward pass is unchanged. Fused Phi-3 modules are split into their linears (shared a, b by rows).
   """
-  folder = pathlib.Path(adapter_dir)
-  cfg_path, w_path = folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS
-  for p in (cfg_path, w_path):
-    if not p.exists():
-      raise FileNotFoundError(f"{folder}: no {p.name} (is this a PEFT adapter folder?)")
+  cfg_path, w_path = peft_files(adapter_dir)
   raw = read_json(cfg_path)
   if raw.get("peft_type") != "LORA":
     raise ValueError(f"{cfg_path}: peft_type={raw.get('peft_type')!r}; only 'LORA' adapters are supported")

@@ -12,7 +12,9 @@ Registered rewards (1.0 or 0.0):
                     closing tag to the next one, if any), as in their `RewardMathFn`.
   math              LUFFY `reward_impl_version=4` (`reward_fn_math_verify_no_think`): correct(completion, gt).
   math_last_number  the toy tasks' reward: the last complete \\boxed{} / \\fbox{} (nested boxes unwrapped), else
-                    the last <answer>...</answer>, else the last number; graded as correct("$" + it + "$", gt).
+                    the last <answer>...</answer>, else the last number; graded as correct("$" + it + "$", gt),
+                    with gt extracted from the reference the same way (a reference sentence "90 + 23 =
+                    113." gives 113; a reference with no number is used whole).
 The reference gt is the example's `answer`, `ground_truth` or `solution` (`reference_answer`: GSM8K's
 "... #### 72" gives 72, a MATH solution its last \\boxed{} content).
 
@@ -120,7 +122,7 @@ def extract_math_answer(text: str, fallback_last_number: bool = False) -> str | 
   return None
 
 
-def reference_answer(example: dict) -> str:
+def reference_answer(example: dict, fallback_last_number: bool = False) -> str:
   for key in ("answer", "ground_truth", "solution"):
     value = example.get(key)
     if value is None:
@@ -128,8 +130,8 @@ def reference_answer(example: dict) -> str:
     value = str(value)
     if "####" in value:
       return value.rsplit("####", 1)[1].strip()
-    boxed = last_boxed(value)
-    return boxed if boxed is not None else value.strip()
+    extracted = extract_math_answer(value, True) if fallback_last_number else last_boxed(value)
+    return extracted if extracted is not None else value.strip()
   raise KeyError(f"math reward needs `answer`, `ground_truth` or `solution`; got keys {sorted(example)}")
 
 
@@ -144,7 +146,7 @@ def math_reward(prompt: str, completion: str, *, think_gate: bool = False, **exa
 def math_last_number_reward(prompt: str, completion: str, **example) -> float:
   del prompt
   predicted = extract_math_answer(completion, fallback_last_number=True)
-  return float(predicted is not None and math_equal(predicted, reference_answer(example)))
+  return float(predicted is not None and math_equal(predicted, reference_answer(example, fallback_last_number=True)))
 
 
 register("math")(math_reward)

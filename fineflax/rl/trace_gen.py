@@ -25,12 +25,12 @@ def model_traces(source: str, problems: Sequence[Problem], *, samples: int = 4, 
                  seed: int = 0) -> list[tuple[Problem, str]]:
   """(problem, response) for problems where one of `samples` sampled responses scores >= min_reward."""
   import jax
-  import jax.numpy as jnp
   from tqdm import tqdm
   from fineflax.models import load
+  from fineflax.models.dtype import resolve_dtype
   from fineflax.rewards import score_completions
   from fineflax.sampling import format_chat, generate
-  params, config, tok = load(source, dtype=jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32)
+  params, config, tok = load(source, dtype=resolve_dtype("auto"))
   kept, rng = [], jax.random.PRNGKey(seed)
   for i in tqdm(range(0, len(problems), batch_size), desc="traces"):
     chunk = problems[i:i + batch_size]

@@ -10,7 +10,7 @@ import argparse
 import pathlib
 import sys
 
-DTYPES = ("bfloat16", "float32")
+from fineflax.models.dtype import DTYPE_CHOICES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -21,7 +21,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   help="a PEFT LoRA folder served as model NAME (repeatable)")
   ap.add_argument("--quant", choices=("nf4", "int8", "none"), default="nf4",
                   help="quantisation of the base's linear kernels (default nf4)")
-  ap.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype")
+  ap.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                  help="compute dtype (default auto: bfloat16 on a GPU, float32 on CPU)")
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=8000)
   ap.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
@@ -55,38 +56,65 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def build(args: argparse.Namespace):
-  """(Server, Starlette app) from parsed arguments; loads the model and adapters."""
-  import jax.numpy as jnp
-  from fineflax.lora import import_peft
-  from fineflax.models import load
-  from fineflax.serve.app import Server, create_app
-  from fineflax.serve.engine import Engine
-  from fineflax.serve.feedback import FeedbackLog
-  from fineflax.serve.router import Router
+class UsageError(ValueError):
+  """A bad argument, found before the weights load: one line and exit code 2."""
 
-  params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
-  if tokenizer is None:
-    raise SystemExit(f"--model {args.model}: no tokenizer found; the server needs one")
-  dtype = jnp.dtype(args.dtype)
+
+def check_args(args: argparse.Namespace):
+  """(model config, {name: (lora, lora config)}, base name, auto variants) from the model's metadata and
+  the adapter files alone, before any weight is loaded; a bad --model, --adapter, --name or
+  --auto-variants raises UsageError naming it."""
+  from fineflax.lora import import_peft
+  from fineflax.lora.peft_io import peft_files
+  from fineflax.models import load_config
+  for spec in args.adapter:  # the files first: reading the model's metadata can take seconds
+    try:
+      peft_files(spec.split("=", 1)[1])
+    except FileNotFoundError as e:
+      raise UsageError(f"--adapter {spec}: {e}") from None
+  try:
+    config = load_config(args.model)
+  except (OSError, ValueError, KeyError) as e:
+    raise UsageError(f"--model {args.model}: {e}") from None
   adapters = {}
   for spec in args.adapter:
     name, path = spec.split("=", 1)
     if name in adapters or name == "auto":
-      raise SystemExit(f"--adapter {spec}: the name {name!r} is taken")
-    adapters[name] = import_peft(path, config)
+      raise UsageError(f"--adapter {spec}: the name {name!r} is taken")
+    try:
+      adapters[name] = import_peft(path, config)
+    except (OSError, ValueError, KeyError) as e:
+      raise UsageError(f"--adapter {spec}: {e}") from None
   base = args.name or pathlib.Path(str(args.model).rstrip("/")).stem
   if base in adapters:
-    raise SystemExit(f"--adapter {base}=...: the name is the base model's (rename it or pass --name)")
-  engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
-                  dtype=dtype, chunk=args.chunk)
-  log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
+    raise UsageError(f"--adapter {base}=...: the name is the base model's (rename it or pass --name)")
   variants = [base, *adapters]
   if args.auto_variants:
     variants = [v.strip() for v in args.auto_variants.split(",") if v.strip()]
     unknown = [v for v in variants if v != base and v not in adapters]
     if unknown:
-      raise SystemExit(f"--auto-variants: unknown {unknown}; known: {[base, *adapters]}")
+      raise UsageError(f"--auto-variants: unknown {unknown}; known: {[base, *adapters]}")
+  return config, adapters, base, variants
+
+
+def build(args: argparse.Namespace, checked=None):
+  """(Server, Starlette app) from parsed arguments; loads the model (after `check_args`, or its result
+  `checked`)."""
+  import jax.numpy as jnp
+  from fineflax.models import load
+  from fineflax.models.dtype import resolve_dtype
+  from fineflax.serve.app import Server, create_app
+  from fineflax.serve.engine import Engine
+  from fineflax.serve.feedback import FeedbackLog
+  from fineflax.serve.router import Router
+
+  _, adapters, base, variants = checked or check_args(args)
+  params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
+  if tokenizer is None:
+    raise UsageError(f"--model {args.model}: no tokenizer found; the server needs one")
+  engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
+                  dtype=resolve_dtype(args.dtype), chunk=args.chunk)
+  log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   router = Router(variants, kind=args.router).load(log.reward_sums())
   server = Server(engine, base_name=base, log=log, router=router, api_key=args.api_key,
                   max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
@@ -94,16 +122,34 @@ def build(args: argparse.Namespace):
   return server, create_app(server)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+  """Checks the arguments and binds the port before loading the model, then serves until stopped.
+  A user mistake (bad --model / --adapter, a busy port) prints one line and returns 2."""
   import uvicorn
   from fineflax.serve.app import uvicorn_config
+  from retrieval.server import PortUnavailable, bind_socket
   args = parse_args(argv)
-  server, app = build(args)
+  try:
+    checked = check_args(args)
+    sock = bind_socket(args.host, args.port)
+  except (UsageError, PortUnavailable) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"fineflax.serve: {args.host}:{sock.getsockname()[1]} bound; loading {args.model}", file=sys.stderr,
+        flush=True)
+  try:
+    server, app = build(args, checked)
+  except UsageError as e:
+    sock.close()
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  port = sock.getsockname()[1]
   print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} on "
-        f"http://{args.host}:{args.port}/v1 (log {args.log})", file=sys.stderr, flush=True)
-  uvicorn.Server(uvicorn_config(app, args.host, args.port, keep_alive_timeout=args.keep_alive_timeout,
-                                idle_timeout=args.idle_timeout)).run()
+        f"http://{args.host}:{port}/v1 (log {args.log})", file=sys.stderr, flush=True)
+  uvicorn.Server(uvicorn_config(app, args.host, port, keep_alive_timeout=args.keep_alive_timeout,
+                                idle_timeout=args.idle_timeout)).run(sockets=[sock])
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

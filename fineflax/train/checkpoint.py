@@ -47,6 +47,17 @@ def _quiet_failed_reads():
     logger.disabled = disabled
 
 
+def latest_checkpoint_step(directory: str) -> int | None:
+  """The latest complete checkpoint step in `directory` (None: none, or no such folder); creates nothing."""
+  if not os.path.isdir(directory) or not os.listdir(directory):
+    return None
+  ckpt = Checkpointer(directory)
+  try:
+    return ckpt.latest_step()
+  finally:
+    ckpt.close()
+
+
 class Checkpointer:
   """save(step, state, meta, metrics) / restore(abstract_state) over an orbax CheckpointManager."""
 

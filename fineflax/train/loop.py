@@ -81,6 +81,10 @@ def read_history(workdir: str) -> list[dict]:
   return [by_step[s] for s in sorted(by_step)]
 
 
+def already_complete_line(step: int, num_steps: int, workdir: str) -> str:
+  return f"already complete at step {step} of {num_steps}; nothing to do ({workdir})"
+
+
 def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, desc: str,
                eval_every: int, eval_at_start: bool = False) -> LoopResult:
   """Runs steps start+1..num_steps (start = the restored step) and returns the `LoopResult`.
@@ -103,7 +107,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
     start, state, meta = restored
     hooks.restore_meta(meta.get("job", {}))
   if start >= num_steps and restored is not None:
-    print(f"already complete at step {start} of {num_steps}; nothing to do ({workdir})", flush=True)
+    print(already_complete_line(start, num_steps, workdir), flush=True)
     ckpt.close()
     return LoopResult(state, read_history(workdir), "already complete", start, 0, start, 0.0)
   if start:
@@ -173,7 +177,8 @@ def write_summary(workdir: str, result: LoopResult, **extra) -> dict:
     lines.append("final: " + ", ".join(f"{k} {v:.4g}" for k, v in final.items()
                                        if isinstance(v, (int, float)) and not k.startswith("time")))
   lines += [f"{k}: {summary[k]}" for k in ("adapter",) if k in summary]
-  lines += [f"logs: {summary['logs']} (tensorboard --logdir ...)", f"checkpoints: {summary['checkpoints']}"]
+  lines += [f"logs: {summary['logs']} (metrics.jsonl; TensorBoard events: pip install tensorboard && "
+            f"tensorboard --logdir {summary['logs']})", f"checkpoints: {summary['checkpoints']}"]
   print("\n" + "\n".join(lines), flush=True)
   logging.info("summary written to %s", os.path.join(workdir, "summary.json"))
   return summary

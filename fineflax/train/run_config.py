@@ -27,6 +27,20 @@ class ConfigChanged(ValueError):
   """A workdir's checkpoints belong to a run with another config."""
 
 
+class WorkdirError(ValueError):
+  """A workdir that cannot be a run's folder (it, or a folder above it, is a file)."""
+
+
+def check_workdir(workdir: str) -> None:
+  """Raise WorkdirError (one line) unless `workdir` is a folder or can be made one."""
+  path = os.path.abspath(workdir)
+  while path and not os.path.exists(path):
+    path = os.path.dirname(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    where = "is a file" if path == os.path.abspath(workdir) else f"is under {path}, which is a file"
+    raise WorkdirError(f"workdir {workdir} {where}; pass --workdir a folder (new or an earlier run's)")
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
   """{"a": {"b": 1}} -> {"a.b": 1}; tuples become lists (as JSON stores them)."""
   out = {}
@@ -36,6 +50,17 @@ def flatten(d: dict, prefix: str = "") -> dict:
       out.update(flatten(v, key + "."))
     else:
       out[key] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+def saved_form(config) -> dict:
+  """The dict saved as WORKDIR/config.json: `config` with the fields whose "auto" is resolved on the
+  machine (model.dtype: `fineflax.models.dtype`) as resolved, so a run started in float32 on a CPU is
+  not resumed in bfloat16 on a GPU, and a run saved with "bfloat16" resumes under "auto" on a GPU."""
+  from fineflax.models.dtype import DTYPE_CHOICES, resolve_dtype_name
+  out = config.to_dict()
+  if isinstance(out.get("model"), dict) and out["model"].get("dtype") in DTYPE_CHOICES:
+    out["model"]["dtype"] = resolve_dtype_name(out["model"]["dtype"])
   return out
 
 
@@ -53,7 +78,7 @@ def check_resumable(config, workdir: str, write: bool = True) -> None:
   `config.resume=False` move that run's outputs aside instead. Then save the current config.
   write=False only checks (the processes other than 0 of a multi-process run)."""
   path = os.path.join(workdir, "config.json")
-  current = config.to_dict()
+  current = saved_form(config)
   has_ckpt = os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
       os.path.join(workdir, "checkpoints"))
   if not write and not (has_ckpt and config.get("resume", True)):
