@@ -56,6 +56,17 @@ def _hidden(impl, params, config, tokens, cache, **kwargs):
   return forward_hidden(params, config, tokens, cache=cache, **kwargs)
 
 
+def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = False):
+  """The params a decoder reads: "unrolled" re-lays the weights out once (`prepare_unrolled`: an extra
+  copy of the dense weights); dense_base=True decodes a quantised base from a `dtype` copy of its
+  dequantised weights (same weights, a dense kernel's speed, the memory of that copy)."""
+  from fineflax.models.unrolled import prepare_unrolled
+  from fineflax.quant import dequantize_params
+  if impl == "unrolled":
+    return prepare_unrolled(params, config, dtype, dequantize=dense_base)
+  return dequantize_params(params, dtype) if dense_base else params
+
+
 def cast_params(params, dtype):
   """Floating arrays cast to `dtype`; quantised tensors (with `.dequantize`) left as they are."""
   def cast(x):
