@@ -31,6 +31,7 @@ frees a sequence's row and pages at the next step boundary.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Sequence as Seq
 
 import jax
@@ -40,8 +41,9 @@ import numpy as np
 from fineflax.engine import device
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
-from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
 from fineflax.sampling.processors import RowFilters
+from fineflax.sampling.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
 
@@ -92,6 +94,10 @@ class Sequence:
   followers: list = dataclasses.field(default_factory=list)
 
   @property
+  def prompt_len(self) -> int:
+    return len(self.prompt)
+
+  @property
   def full(self) -> list:
     return self.prompt + self.tokens
 
@@ -117,17 +123,17 @@ class Engine:
                chunk_size: int = 32, prefill_chunk: int = 512, prefill_tokens: int = 16384,
                max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
                lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, impl: str | None = "auto",
-               attention: str = "auto", dense_base: bool = False):
+               attention: str = "auto", dense_base: bool = False, prepared: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `sampling.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
     "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
-    tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most."""
-    import os
+    tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
+    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
-    self.params = prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base)
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
     self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
     attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
@@ -140,11 +146,7 @@ class Engine:
     self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
     self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
     self.max_pages_per_row = max_pages_per_row
-    if eos_ids is None:
-      eos_ids = list(config.eos_token_ids)
-      if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos_ids.append(tokenizer.eos_token_id)
-    self.eos_ids = tuple(sorted({int(t) for t in eos_ids}))
+    self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
     self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
@@ -155,39 +157,48 @@ class Engine:
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:
-    """Queues `request` (n > 1: n samples sharing the prompt's pages, keys fold_in(key, i)); returns its
-    Sequence (a list of n for n > 1)."""
-    prompt = [int(t) for t in request.prompt]
+    """Queues `request`; returns its Sequence. n > 1: n samples (keys fold_in(key, i)) sharing the
+    prompt's pages (`submit_group`), returned as a list."""
+    if n == 1:
+      return self.submit_group([request])[0]
+    key = request.key
+    return self.submit_group([dataclasses.replace(request, key=None if key is None else jax.random.fold_in(key, i))
+                              for i in range(n)])
+
+  def submit_group(self, requests: Seq[Request]) -> list[Sequence]:
+    """Queues requests with one prompt (each with its own settings and key) as one unit: the prompt is
+    prefilled once, by the first, and its pages shared by all (copy on write of the partial last page)."""
+    prompt = [int(t) for t in requests[0].prompt]
     if not prompt:
       raise ValueError("submit(): the prompt is empty")
     bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
     if bad:
       raise ValueError(f"prompt: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
-    if request.max_new_tokens < 0 or (request.max_new_tokens == 0 and not request.hold):
-      raise ValueError(f"max_new_tokens={request.max_new_tokens}: must be >= 1 (0 only with hold=True)")
-    if request.temperature > 0 and request.key is None:
-      raise ValueError(f"temperature={request.temperature} samples: pass Request(key=jax.random.key(...))")
-    if request.stop_strings and self.tokenizer is None:
-      raise ValueError(f"stop_strings={tuple(request.stop_strings)} need a tokenizer (Engine(tokenizer=...))")
-    if not 1 <= n <= self.max_rows:
-      raise ValueError(f"submit(n={n}): a group must fit the engine's max_rows={self.max_rows}")
-    key = _key_data(request.key)
-    eos = self.eos_ids if request.eos_ids is None else tuple(int(t) for t in request.eos_ids)
+    if not 1 <= len(requests) <= self.max_rows:
+      raise ValueError(f"a group of {len(requests)} must fit the engine's max_rows={self.max_rows}")
     group = []
-    for i in range(n):
-      seq = Sequence(self._next_id, request, list(prompt), _key_data(jax.random.fold_in(
-          jax.random.wrap_key_data(key), i)) if n > 1 else key, eos, budget=int(request.max_new_tokens),
-          stop_strings=tuple(s for s in request.stop_strings if s))
+    for request in requests:
+      if [int(t) for t in request.prompt] != prompt:
+        raise ValueError("submit_group(): the requests' prompts differ")
+      if request.max_new_tokens < 0 or (request.max_new_tokens == 0 and not request.hold):
+        raise ValueError(f"max_new_tokens={request.max_new_tokens}: must be >= 1 (0 only with hold=True)")
+      if request.temperature > 0 and request.key is None:
+        raise ValueError(f"temperature={request.temperature} samples: pass Request(key=jax.random.key(...))")
+      if request.stop_strings and self.tokenizer is None:
+        raise ValueError(f"stop_strings={tuple(request.stop_strings)} need a tokenizer (Engine(tokenizer=...))")
+      eos = self.eos_ids if request.eos_ids is None else tuple(int(t) for t in request.eos_ids)
+      seq = Sequence(self._next_id, request, list(prompt), _key_data(request.key), eos,
+                     budget=int(request.max_new_tokens), stop_strings=tuple(s for s in request.stop_strings if s))
       self._next_id += 1
       if seq.max_len > self._row_limit():
         raise ValueError(f"prompt ({len(prompt)} tokens) + reserve exceed a row's {self._row_limit()} "
                          "positions (max_pages_per_row x page_size)")
-      if i:
+      if group:
         seq.leader = group[0]
         group[0].followers.append(seq)
       group.append(seq)
     self.waiting.append(group)
-    return group[0] if n == 1 else group
+    return group
 
   def append(self, seq: Sequence, tokens: Seq[int]) -> None:
     """Tool output after a finished, held sequence: fed into the cache (prefill), not generated (model
@@ -405,24 +416,15 @@ class Engine:
       s.request.on_update(s)
 
   def _cut_at_stop(self, s: Sequence) -> bool:
-    """Cuts s after the shortest prefix of its current segment whose text holds a stop string (texts
-    decoded with skip_special_tokens=True); True if cut. The cache is cut back to the kept tokens."""
-    decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-    seg = s.tokens[s.seg_start:]
-    if not any(x in decode(seg) for x in s.stop_strings):
+    """Cuts s after the shortest prefix of its current segment whose text holds a stop string
+    (`sampling.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
+    cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
+                   lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+    if cut is None:
       return False
-    lo, hi = 1, len(seg)  # smallest n with a stop string in decode(seg[:n])
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if any(x in decode(seg[:mid]) for x in s.stop_strings):
-        hi = mid
-      else:
-        lo = mid + 1
-    text = decode(seg[:lo])
-    cut = min(text.find(x) + len(x) for x in s.stop_strings if x in text)
-    end = s.seg_start + lo
+    end = s.seg_start + cut[0]
     del s.tokens[end:], s.logprobs[end:], s.raw_logprobs[end:], s.model[end:]
-    s.excess_chars = len(text) - cut
+    s.excess_chars = cut[1]
     s.cache_len = len(s.full) - 1
     self.pages.truncate(s.id, s.cache_len)
     return True

@@ -56,6 +56,15 @@ def _hidden(impl, params, config, tokens, cache, **kwargs):
   return forward_hidden(params, config, tokens, cache=cache, **kwargs)
 
 
+def resolve_eos_ids(eos_ids, config, tokenizer=None) -> tuple[int, ...]:
+  """Sorted distinct EOS ids: `eos_ids`, or for None the config's plus the tokenizer's EOS id."""
+  if eos_ids is None:
+    eos_ids = list(config.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+      eos_ids.append(tokenizer.eos_token_id)
+  return tuple(sorted({int(t) for t in eos_ids}))
+
+
 def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = False):
   """The params a decoder reads: "unrolled" re-lays the weights out once (`prepare_unrolled`: an extra
   copy of the dense weights); dense_base=True decodes a quantised base from a `dtype` copy of its
