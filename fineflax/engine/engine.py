@@ -46,6 +46,7 @@ from fineflax.sampling.processors import RowFilters
 from fineflax.sampling.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
+MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
 
 
 @dataclasses.dataclass
@@ -149,6 +150,9 @@ class Engine:
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
     self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
+                       _shapes(self.params), _shapes(self.pool), _shapes(lora))
+    self.programs: set = set()  # keys of the compiled decode programs this engine used
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
     self._next_id = 0
@@ -272,19 +276,26 @@ class Engine:
     return (self.max_pages_per_row or self.pages.num_pages - 1) * self.page_size
 
   def _outstanding(self, seq: Sequence) -> int:
-    """Pages `seq` may still take from the free list (its whole reserve; copy on write included)."""
-    if seq.status == "fork":  # before sharing its group's prompt: all of it, plus one copied page
-      return pages_for(seq.max_len, self.page_size) + 1
-    table = self.pages.tables.get(seq.id, [])
+    """Pages `seq` may still take from the free list to reach its max_len (copies on write included).
+    A group shares its prompt's full pages: the followers never take those; whoever writes into the
+    shared partial page first takes a copy of it (the last holder writes the original)."""
+    size, table = pages_for(seq.max_len, self.page_size), self.pages.tables.get(seq.id)
+    shared_full = (len(seq.prompt) - 1) // self.page_size
+    partial = (len(seq.prompt) - 1) % self.page_size != 0
+    if seq.leader is not None and seq.status in ("waiting", "fork"):
+      return size - shared_full
+    if table is None:  # waiting
+      return size + int(partial and bool(seq.followers))
+    forking = partial and any(f.status in ("waiting", "fork") for f in seq.followers)
     shared_tail = bool(table) and seq.cache_len % self.page_size != 0 and self.pages.refcount[table[-1]] > 1
-    return max(pages_for(seq.max_len, self.page_size) - len(table), 0) + int(shared_tail)
+    return max(size - len(table), 0) + int(shared_tail or forking)
 
   def _admit(self) -> None:
     while self.waiting:
       group = self.waiting[0]
       if len(self.live) + len(group) > self.max_rows:
         return
-      need = sum(pages_for(s.max_len, self.page_size) for s in group) + len(group)
+      need = sum(self._outstanding(s) for s in group)
       if need + sum(self._outstanding(s) for s in self.live) > self.pages.num_free:
         if not self.live:
           raise RuntimeError(f"a request needs {need} pages; the pool has {self.pages.num_free} free: raise "
@@ -379,14 +390,14 @@ class Engine:
              "eos": np.array([list(s.eos) + [-1] * (e - len(s.eos)) for s in rows] + [[-1] * e] * pad, np.int32)}
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
-    self.pool, st, eos, out = device.decode_chunk(
-        self.params, self.pool, jnp.asarray(table), jax.tree.map(jnp.asarray, state), self.lora,
-        self.lora_scale, config=self.config, dtype=self.dtype, impl=self.impl, kernel=self.attention,
-        filters=filters, num_steps=steps)
+    program = self._decode_program(b, table.shape[1], e, filters)
+    self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
+                                      jax.tree.map(jnp.asarray, state), self.lora, self.lora_scale)
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["decode_steps"] += int(out["steps"])
     self._note_pages()
+    updated = []
     for r, s in enumerate(rows):
       n = int(out["emitted"][r].sum())
       s.tokens += out["tokens"][r, :n].tolist()
@@ -403,16 +414,50 @@ class Engine:
       if s.stop_strings and self._cut_at_stop(s):
         status = "stop"
       if status is not None:
-        self._finish(s, status)
-      elif n and s.request.on_update is not None:
-        s.request.on_update(s)
+        self._finish(s, status, notify=False)
+      if (n or status) and s.request.on_update is not None:
+        updated.append(s)
+    for s in updated:  # after the bookkeeping: a callback may cancel or submit
+      s.request.on_update(s)
     return True
 
-  def _finish(self, s: Sequence, status: str, force_release: bool = False) -> None:
+  def precompile(self, rows: Seq[int], max_len: int, filters: RowFilters = RowFilters(False),
+                 eos_width: int = 4, threads: int | None = None) -> int:
+    """Compiles, in parallel threads, the decode programs of batches of `rows` sequences (each count
+    rounded to its row bucket) for every page bucket up to sequences of `max_len` positions (XLA compiles
+    without the GIL: a many-core host compiles them at once instead of one per new bucket mid-run).
+    filters / eos_width: those the batches will use (greedy, <= 4 EOS ids by default). Returns the
+    number of programs compiled."""
+    import concurrent.futures
+    widths = {self._table_width(n) for n in range(1, max_len + self.page_size, self.page_size)}
+    keys = [(device.row_bucket(r), w, eos_width, filters) for r in sorted(set(rows)) for w in sorted(widths)]
+    keys = [k for k in dict.fromkeys(keys) if (self._signature, *k) not in _PROGRAMS]
+    workers = threads or max(1, min(len(keys), (os.cpu_count() or 2) // 2))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      list(pool.map(lambda k: self._decode_program(*k), keys))
+    return len(keys)
+
+  def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
+    """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
+    key = (self._signature, b, width, e, filters)
+    if key not in _PROGRAMS:
+      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+      f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+      state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
+               "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
+               "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
+      _PROGRAMS[key] = device.decode_chunk.lower(
+          self.params, self.pool, i32(b, width), state, self.lora, self.lora_scale, config=self.config,
+          dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
+          num_steps=self.chunk_size).compile()
+      self.programs.add(key)
+    return _PROGRAMS[key]
+
+  def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
     s.status, s.budget = status, 0
     if force_release or not s.request.hold:
       self.release(s)
-    if s.request.on_update is not None:
+    if notify and s.request.on_update is not None:
       s.request.on_update(s)
 
   def _cut_at_stop(self, s: Sequence) -> bool:
@@ -439,15 +484,31 @@ class Engine:
     self.pool = device.copy_pages(self.pool, jnp.asarray(src), jnp.asarray(dst), num_layers=self.config.num_layers)
     self.stats["copied_pages"] += len(copies)
 
-  def _table(self, seqs: list[Sequence], rows: int, longest: int) -> np.ndarray:
-    """Block table [rows, n] of `seqs` (then trash rows), n = the page bucket of the longest sequence."""
+  def _table_width(self, longest: int) -> int:
+    """Pages read per row for sequences of at most `longest` positions: the page bucket, at least
+    MIN_READ_TOKENS worth (short sequences share one program; their reads are small anyway)."""
     limit = self.max_pages_per_row or (self.pages.num_pages - 1)
-    n = device.page_bucket(pages_for(longest, self.page_size), limit)
+    need = max(pages_for(longest, self.page_size), pages_for(MIN_READ_TOKENS, self.page_size))
+    return device.page_bucket(need, limit)
+
+  def _table(self, seqs: list[Sequence], rows: int, longest: int) -> np.ndarray:
+    """Block table [rows, n] of `seqs` (then trash rows), n = `_table_width` of the longest sequence."""
+    n = self._table_width(longest)
     table = self.pages.block_table([s.id for s in seqs], n)
     return np.concatenate([table, np.zeros((rows - len(seqs), n), np.int32)])
 
   def _note_pages(self) -> None:
     self.stats["peak_pages"] = max(self.stats["peak_pages"], self.pages.num_used)
+
+
+# Compiled decode chunks by (engine signature: statics and argument shapes, rows, table width, eos width,
+# filters), shared by engines of the same model and pool shape (a new engine does not compile them again).
+_PROGRAMS: dict = {}
+
+
+def _shapes(tree) -> tuple:
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
 
 
 def _key_data(key) -> np.ndarray:

@@ -189,9 +189,9 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
 
 
 def grouped_attention(q, k, v, mask, scale: float, cap: float | None, kv_layout: str = "bskd"):
-  """XLA grouped-query attention: q [B,T,Hq,D], k / v [B,S,Hkv,D] ("bskd"), [B,Hkv,S,D] ("bksd", the
-  unrolled decoder's cache) or [Hkv,B,S,D] ("kbsd", pages gathered from a paged cache), mask [B,T,S] bool
-  -> [B,T,Hq,D]; scores = softcap(q.k * scale, cap) in f32."""
+  """XLA grouped-query attention: q [B,T,Hq,D], k / v [B,S,Hkv,D] ("bskd") or [B,Hkv,S,D] ("bksd", the
+  unrolled decoder's cache and pages gathered from a paged one), mask [B,T,S] bool -> [B,T,Hq,D];
+  scores = softcap(q.k * scale, cap) in f32."""
   b, t, hq, d = q.shape
   hkv = k.shape[kv_layout.index("k")]
   q = q.reshape(b, t, hkv, hq // hkv, d)

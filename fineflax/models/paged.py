@@ -17,7 +17,7 @@ offset by l P (inside the layer scan no per-layer slice of the pool is copied), 
 the layout of JAX's Pallas paged-attention kernel.
 
 Attention over the pages (`paged_attention`), for queries q [B, T, Hq, Dh] at `positions` [B, T]:
-  "gather"  the n pages of every row gathered into [Hkv, B, n S, Dh], then `grouped_attention` with key j
+  "gather"  the n pages of every row gathered into [B, Hkv, n S, Dh], then `grouped_attention` with key j
             visible to a query at position p when j <= p and (window == 0 or p - j < window); the cost
             follows n, which the caller sizes to its longest row (a few compiled buckets). Any T, windows.
   "pallas"  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton on GPUs; interpreted elsewhere): each
@@ -76,12 +76,13 @@ def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, sc
   from fineflax.models.decoder import grouped_attention  # the decoder imports this module
   hkv, _, s, d = pool_k.shape
   b, n = block_table.shape
-  gather = lambda pool: pool[:, block_table + base].reshape(hkv, b, n * s, d).astype(q.dtype)
+  # [B, Hkv, n S, Dh]: the layout the static unrolled cache is read in (the transpose fuses into the gather)
+  gather = lambda pool: pool[:, block_table + base].transpose(1, 0, 2, 3, 4).reshape(b, hkv, n * s, d).astype(q.dtype)
   key_pos = jnp.arange(n * s)
   mask = key_pos[None, None, :] <= positions[:, :, None]
   if window is not None:
     mask = mask & ((window == 0) | (positions[:, :, None] - key_pos[None, None, :] < window))
-  return grouped_attention(q, gather(pool_k), gather(pool_v), mask, scale, cap, kv_layout="kbsd")
+  return grouped_attention(q, gather(pool_k), gather(pool_v), mask, scale, cap, kv_layout="bksd")
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:

@@ -40,18 +40,17 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RowFilters:
-  """Static: which per-row filters any row of a batch uses (the rest of the batch's settings are arrays),
-  so a batch without top-k / top-p rows sorts nothing and an all-greedy batch draws nothing."""
-  sample: bool = True  # some row has temperature > 0
-  top_k: bool = False  # some row has top_k > 0
-  top_p: bool = False  # some row has top_p < 1
+  """Static: what the rows of a batch need (their settings themselves are arrays): `sample` (some row has
+  temperature > 0: else nothing is drawn) and `truncate` (some sampled row has top_k > 0 or top_p < 1:
+  else nothing is sorted). Two flags, so a batch's mix of settings picks one of three programs."""
+  sample: bool = True
+  truncate: bool = False
 
   @classmethod
   def of(cls, temperature, top_k, top_p) -> "RowFilters":
     """The filters a batch with these per-row settings (NumPy arrays or lists) needs."""
-    sampling = [t > 0 for t in temperature]
-    return cls(any(sampling), any(k > 0 for k, s in zip(top_k, sampling) if s),
-               any(p < 1.0 for p, s in zip(top_p, sampling) if s))
+    sampled = [(k, p) for t, k, p in zip(temperature, top_k, top_p) if t > 0]
+    return cls(bool(sampled), any(k > 0 or p < 1.0 for k, p in sampled))
 
 
 def process_logits(logits: jnp.ndarray, sc: SamplingConfig) -> jnp.ndarray:
@@ -61,7 +60,7 @@ def process_logits(logits: jnp.ndarray, sc: SamplingConfig) -> jnp.ndarray:
     return z
   full = lambda v: jnp.full(z.shape[:-1], v)
   return process_logits_rows(z, full(sc.temperature), full(sc.top_k), full(sc.top_p),
-                             RowFilters(True, sc.top_k > 0, sc.top_p < 1.0))
+                             RowFilters(True, sc.top_k > 0 or sc.top_p < 1.0))
 
 
 def process_logits_rows(logits: jnp.ndarray, temperature, top_k, top_p, filters: RowFilters) -> jnp.ndarray:
@@ -71,22 +70,18 @@ def process_logits_rows(logits: jnp.ndarray, temperature, top_k, top_p, filters:
   them), so each row gets exactly what `process_logits` gives with its settings."""
   z = logits.astype(jnp.float32)
   z = z / jnp.where(temperature > 0, temperature, 1.0).astype(jnp.float32)[..., None]
-  if not (filters.top_k or filters.top_p):
+  if not filters.truncate:
     return z
   sorted_z = jnp.sort(z, axis=-1)[..., ::-1]
-  if filters.top_k:
-    k = jnp.asarray(top_k, jnp.int32)[..., None]
-    kth = jnp.take_along_axis(sorted_z, jnp.clip(k - 1, 0, z.shape[-1] - 1), axis=-1)
-    drop = (k > 0) & (z < kth)
-    z = jnp.where(drop, -jnp.inf, z)
-    sorted_z = jnp.where((k > 0) & (sorted_z < kth), -jnp.inf, sorted_z)
-  if filters.top_p:
-    p = jnp.asarray(top_p, jnp.float32)[..., None]
-    probs = jax.nn.softmax(sorted_z, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    threshold = jnp.min(jnp.where(mass_before < p, sorted_z, jnp.inf), axis=-1, keepdims=True)
-    z = jnp.where((p < 1.0) & (z < threshold), -jnp.inf, z)
-  return z
+  k = jnp.asarray(top_k, jnp.int32)[..., None]
+  kth = jnp.take_along_axis(sorted_z, jnp.clip(k - 1, 0, z.shape[-1] - 1), axis=-1)
+  z = jnp.where((k > 0) & (z < kth), -jnp.inf, z)
+  sorted_z = jnp.where((k > 0) & (sorted_z < kth), -jnp.inf, sorted_z)
+  p = jnp.asarray(top_p, jnp.float32)[..., None]
+  probs = jax.nn.softmax(sorted_z, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  threshold = jnp.min(jnp.where(mass_before < p, sorted_z, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where((p < 1.0) & (z < threshold), -jnp.inf, z)
 
 
 def sample_rows(logits: jnp.ndarray, keys: jax.Array, temperature, top_k, top_p, filters: RowFilters):
