@@ -2,7 +2,7 @@
 give the logits of the full forward without a cache, for both decoders (scan over stacked layers, the
 unrolled GPU layout) and every numerics switch (GQA, sliding windows, soft-caps, Gemma's query scale);
 the Pallas kernel (interpreted on CPU) equals the gather path; the compiled decode loop updates the pool
-in place (no copy of it)."""
+in place (no second buffer of it)."""
 import dataclasses
 
 import jax
@@ -88,7 +88,9 @@ def test_pallas_kernel_equals_gather():
 @pytest.mark.slow
 def test_decode_loop_updates_the_pool_in_place():
   """The compiled decode chunk's temporary memory does not grow with the pool, and the donated pool is
-  its output buffer (no per-step copy of the pool, the cost that would follow the allocation)."""
+  its output buffer: no second buffer of the pool exists. (XLA:CPU still rewrites the whole pool in place
+  at each scatter, a time that grows with the pool on CPU only; benchmarks/engine.py case a times the
+  GPU's.)"""
   from fineflax.engine import device
   from fineflax.models import init_params
   from fineflax.sampling.processors import RowFilters
