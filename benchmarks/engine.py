@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import pathlib
 import sys
 import time
@@ -86,25 +85,11 @@ def _setup(spec: dict):
   import jax.numpy as jnp
   from benchmarks._random_weights import random_params
   config = _config(SHAPES[spec["shape"]])
-  bw = copy_bandwidth(spec["copy_bytes"])
+  bw = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
   params = random_params(config, "none", jax.random.key(0), jnp.bfloat16)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
   return config, params, weight_bytes, kv_bytes, bw
-
-
-def copy_bandwidth(nbytes: int) -> float:
-  """2 * bytes / time of a donated jitted `x + 1` over `nbytes` (bytes read and written per second)."""
-  import jax
-  import jax.numpy as jnp
-  x = jnp.ones((nbytes // 2,), jnp.bfloat16)
-  add = jax.jit(lambda x: x + 1, donate_argnums=0)
-  x = add(x).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(10):
-    x = add(x)
-  x.block_until_ready()
-  return 2 * nbytes * 10 / (time.perf_counter() - t)
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -294,7 +279,9 @@ WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "baseline": worker_basel
 # ----------------------------------------------------------------------------- tables
 
 def table_a(res: dict) -> str:
-  head = f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; weights {res.get('weight_bytes', 0) / 1e9:.2f} GB; read ms/step (weights + mean live KV) {res.get('read_ms', 0):.2f}.\n\n"
+  head = (f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; weights "
+          f"{res.get('weight_bytes', 0) / 1e9:.2f} GB; read ms/step (weights + mean live KV) "
+          f"{res.get('read_ms', 0):.2f}.\n\n")
   rows, by = [], {}
   for r in res.get("rows", []):
     if "error" in r:
@@ -348,9 +335,9 @@ def table_c(res: dict) -> str:
   by = {r["mode"]: r for r in res.get("rows", [])}
   note = ""
   if len(by) == 2:
-    note = (f"\n\nshared / unshared: prefill tokens {by['shared']['prefill_tokens'] / by['unshared']['prefill_tokens']:.3f}, "
-            f"prompt pages {by['shared']['prompt_pages'] / by['unshared']['prompt_pages']:.3f}, prefill time "
-            f"{by['shared']['prefill_s'] / by['unshared']['prefill_s']:.3f}")
+    ratio = lambda k: by["shared"][k] / by["unshared"][k]
+    note = (f"\n\nshared / unshared: prefill tokens {ratio('prefill_tokens'):.3f}, "
+            f"prompt pages {ratio('prompt_pages'):.3f}, prefill time {ratio('prefill_s'):.3f}")
   return (f"Device: {res.get('device')}.\n\n" + markdown_table(
       ["prompts", "tokens prefilled", "pages holding prompt positions", "pages copied on write", "prefill s"],
       rows) + note)

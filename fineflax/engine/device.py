@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from fineflax.models.decoder import logits_from_hidden
 from fineflax.models.paged import init_paged_cache
-from fineflax.sampling.decode import _hidden, cast_params
+from fineflax.sampling.decode import cast_params, decode_loop, hidden_states
 from fineflax.sampling.processors import RowFilters, sample_rows
 
 
@@ -57,7 +57,7 @@ def prefill(params, pool, block_table, tokens, positions, valid, lora, lora_scal
   rows' pages (block_table [B, n]); returns the pool. No logits are computed."""
   params = cast_params(params, dtype)
   cache = {"k": pool["k"], "v": pool["v"], "block_table": block_table}
-  _, cache = _hidden(impl, params, config, tokens, cache, positions=positions, attention_mask=valid,
+  _, cache = hidden_states(impl, params, config, tokens, cache, positions=positions, attention_mask=valid,
                      lora=lora, lora_scale=lora_scale, dtype=dtype)
   return {"k": cache["k"], "v": cache["v"]}
 
@@ -72,46 +72,20 @@ def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, 
   state (per row [B]): pending, pos, budget (tokens still allowed), count (tokens this sequence sampled
   before: token t of a sequence is drawn with fold_in(key, t), so a sequence's samples do not depend on
   the rows beside it), active bool, temperature, top_k, top_p, key uint32 [B, 2] (threefry key data),
-  eos int32 [B, E] (-1 = unused). Per step, for active rows: y ~ sample(logits(pending at pos));
-  pending <- y; pos += 1; budget -= 1; count += 1; a row stops when y is one of its eos ids or its budget
-  is 0. Returns (pool, state, hit_eos [B], out) with out = {tokens, logprobs, raw_logprobs [B, num_steps],
-  emitted bool [B, num_steps], steps}.
+  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `sampling.decode.decode_loop`: returns
+  (pool, state, hit_eos [B], out).
   """
   params = cast_params(params, dtype)
-  b = state["pending"].shape[0]
   keys = jax.random.wrap_key_data(state["key"])
-  out = {"tokens": jnp.zeros((b, num_steps), jnp.int32),
-         "logprobs": jnp.zeros((b, num_steps), jnp.float32),
-         "raw_logprobs": jnp.zeros((b, num_steps), jnp.float32),
-         "emitted": jnp.zeros((b, num_steps), jnp.bool_)}
 
-  def cond(carry):
-    step, _, st, _, _ = carry
-    return (step < num_steps) & jnp.any(st["active"])
-
-  def body(carry):
-    step, pool, st, eos, out = carry
-    active = st["active"]
+  def step_fn(pool, st, step):
     cache = {"k": pool["k"], "v": pool["v"], "block_table": block_table}
-    h, cache = _hidden(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
-                       attention_mask=active[:, None], lora=lora, lora_scale=lora_scale, dtype=dtype,
+    h, cache = hidden_states(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
+                       attention_mask=st["active"][:, None], lora=lora, lora_scale=lora_scale, dtype=dtype,
                        paged_kernel=kernel)
     logits = logits_from_hidden(params, config, h)[:, 0]
     step_keys = jax.vmap(jax.random.fold_in)(keys, st["count"])
     tok, lp, raw = sample_rows(logits, step_keys, st["temperature"], st["top_k"], st["top_p"], filters)
-    tok = jnp.where(active, tok, 0)
-    col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
-    out = {"tokens": col(out["tokens"], tok), "logprobs": col(out["logprobs"], jnp.where(active, lp, 0.0)),
-           "raw_logprobs": col(out["raw_logprobs"], jnp.where(active, raw, 0.0)),
-           "emitted": col(out["emitted"], active)}
-    hit_eos = active & jnp.any(tok[:, None] == st["eos"], axis=1)
-    inc = active.astype(jnp.int32)
-    budget = st["budget"] - inc
-    st = dict(st, pending=jnp.where(active, tok, st["pending"]), pos=st["pos"] + inc, count=st["count"] + inc,
-              active=active & ~hit_eos & (budget > 0), budget=budget)
-    return step + 1, {"k": cache["k"], "v": cache["v"]}, st, eos | hit_eos, out
+    return {"k": cache["k"], "v": cache["v"]}, tok, lp, raw
 
-  init = (jnp.zeros((), jnp.int32), pool, state, jnp.zeros((b,), jnp.bool_), out)
-  steps, pool, state, eos, out = jax.lax.while_loop(cond, body, init)
-  out["steps"] = steps
-  return pool, state, eos, out
+  return decode_loop(step_fn, pool, state, state["eos"], num_steps)

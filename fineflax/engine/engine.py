@@ -43,6 +43,7 @@ from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
 from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
 from fineflax.sampling.processors import RowFilters
+from fineflax.sampling.prompts import check_ids
 from fineflax.sampling.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
@@ -175,9 +176,7 @@ class Engine:
     prompt = [int(t) for t in requests[0].prompt]
     if not prompt:
       raise ValueError("submit(): the prompt is empty")
-    bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
-    if bad:
-      raise ValueError(f"prompt: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+    check_ids(prompt, self.config.vocab_size, "prompt")
     if not 1 <= len(requests) <= self.max_rows:
       raise ValueError(f"a group of {len(requests)} must fit the engine's max_rows={self.max_rows}")
     group = []
@@ -212,9 +211,7 @@ class Engine:
       return
     if not seq.request.hold or seq not in self.live:
       raise ValueError(f"append(): sequence {seq.id} is not a live held sequence")
-    bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
-    if bad:
-      raise ValueError(f"append: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+    check_ids(tokens, self.config.vocab_size, "append")
     if len(tokens) > seq.room:
       raise ValueError(f"append(): {len(tokens)} tokens do not fit: {seq.room} positions of the sequence's "
                        "reserve left; raise the reserve (max_total_len)")

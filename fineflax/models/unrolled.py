@@ -20,9 +20,9 @@ axis. With `transpose=False` the key is `kernel` [in, out] instead. A group with
 
 The static KV cache of this path (`init_unrolled_cache`) is per layer, in the layout the attention dots
 read without a transpose: k, v = tuples of L arrays [B, Hkv, S, Dh]; mask, pos [B, S]; index as
-`decoder.init_cache`. A paged cache (`fineflax.models.paged`) is the decoder's, read the same way. The arithmetic is that of `decoder.forward_hidden` with a cache, operation for
-operation (same norms, rope, masks, bias and LoRA order), so outputs match it up to the dot kernels'
-summation order.
+`decoder.init_cache`. A paged cache (`fineflax.models.paged`) is the decoder's, read the same way. The
+arithmetic is that of `decoder.forward_hidden` with a cache, operation for operation (same norms, rope,
+masks, bias and LoRA order), so outputs match it up to the dot kernels' summation order.
 """
 from __future__ import annotations
 

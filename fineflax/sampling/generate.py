@@ -10,24 +10,8 @@ import numpy as np
 
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.session import engine_pool_pages, group_identical, uses_static_cache
-
-
-def prompts_as_lists(prompt_tokens, prompt_mask=None) -> list[list[int]]:
-  """Token lists from a list of lists, or from an array [B, T] (with `prompt_mask` [B, T]: 1 = token)."""
-  if isinstance(prompt_tokens, (list, tuple)) and all(isinstance(p, (list, tuple)) for p in prompt_tokens):
-    if prompt_mask is not None:
-      raise ValueError("prompt_mask is only for array prompts; token lists carry no padding")
-    return [list(p) for p in prompt_tokens]
-  arr = np.asarray(prompt_tokens)
-  if arr.ndim != 2:
-    raise ValueError(f"prompt_tokens: expected token lists or an array [B, T], got shape {arr.shape}")
-  if prompt_mask is None:
-    return arr.tolist()
-  mask = np.asarray(prompt_mask).astype(bool)
-  if mask.shape != arr.shape:
-    raise ValueError(f"prompt_mask shape {mask.shape} != prompt_tokens shape {arr.shape}")
-  return [row[m].tolist() for row, m in zip(arr, mask)]
+from fineflax.sampling.prompts import checked_prompts, group_identical, prompts_as_lists
+from fineflax.sampling.session import engine_pool_pages, uses_static_cache
 
 
 def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature: float = 1.0,
@@ -68,14 +52,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   sc = SamplingConfig(float(temperature), int(top_k), float(top_p))
   if rng is None and not sc.greedy:
     raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")
-  if not prompts:
-    raise ValueError("start(): no prompts")
-  for i, p in enumerate(prompts):
-    if not p:
-      raise ValueError(f"start(): prompt {i} is empty")
-    bad = [t for t in p if not 0 <= t < config.vocab_size]
-    if bad:
-      raise ValueError(f"prompt {i}: token ids {bad[:5]} outside the vocabulary [0, {config.vocab_size})")
+  prompts = checked_prompts(prompts, config.vocab_size)
   rows = len(prompts) if max_rows is None else int(max_rows)
   if rows < 1:
     raise ValueError(f"max_rows={max_rows}: must be >= 1")

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.processors import SamplingConfig
+from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 
 CACHES = ("paged", "static")
 
@@ -109,13 +110,7 @@ class SamplerSession:
     if self._static is not None:
       return self._static.start(prompts)
     from fineflax.engine import Engine, Request
-    prompts = [[int(t) for t in p] for p in prompts]
-    if not prompts:
-      raise ValueError("start(): no prompts")
-    for i, p in enumerate(prompts):
-      if not p:
-        raise ValueError(f"start(): prompt {i} is empty")
-      self._check_ids(p, f"prompt {i}")
+    prompts = checked_prompts(prompts, self.config.vocab_size)
     self.engine = Engine(
         self.params, self.config, max_rows=len(prompts), tokenizer=self.tokenizer, eos_ids=self.eos_ids,
         num_pages=engine_pool_pages([len(p) + self.max_total_len for p in prompts], self.page_size),
@@ -140,16 +135,8 @@ class SamplerSession:
     if self._static is not None:
       return self._static.append(tokens)
     self._need_started()
-    if not isinstance(tokens, Mapping):
-      if len(tokens) != self.num_rows:
-        raise ValueError(f"append(): got {len(tokens)} token lists for {self.num_rows} rows")
-      tokens = dict(enumerate(tokens))
-    lists = {}
-    for b, toks in tokens.items():
-      if not 0 <= b < self.num_rows:
-        raise ValueError(f"append(): row {b} out of range [0, {self.num_rows})")
-      lists[b] = [int(t) for t in toks]
-      self._check_ids(lists[b], f"append row {b}")
+    lists = checked_appends(tokens, self.num_rows, self.config.vocab_size)
+    for b in lists:
       if len(lists[b]) > self.rows[b].room:
         raise ValueError(f"append(): {len(lists[b])} tokens do not fit: row {b} has {self.rows[b].room} of "
                          f"its positions left; raise max_total_len (now {self.max_total_len})")
@@ -162,11 +149,7 @@ class SamplerSession:
     if self._static is not None:
       return self._static.decode(max_new_tokens, stop_strings)
     self._need_started()
-    stop_strings = tuple(s for s in stop_strings if s)
-    if stop_strings and self.tokenizer is None:
-      raise ValueError(f"stop_strings={stop_strings} need a tokenizer (SamplerSession(tokenizer=...))")
-    if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    stop_strings = checked_decode_args(max_new_tokens, stop_strings, self.tokenizer)
     for seq in self.rows:
       if seq.status in ("ready", "prefill"):
         self.engine.resume(seq, max_new_tokens, stop_strings)
@@ -180,19 +163,6 @@ class SamplerSession:
     return build_output(self.rows, width, self.tokenizer)
 
   # ----------------------------------------------------------------------------------------------
-  def _check_ids(self, ids, what):
-    bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-    if bad:
-      raise ValueError(f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
-
   def _need_started(self):
     if not self.rows:
       raise RuntimeError("call start(prompts) first")
-
-
-def group_identical(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-  """Row indices grouped by identical prompt, groups in order of first appearance."""
-  groups: dict[tuple, list[int]] = {}
-  for r, p in enumerate(prompts):
-    groups.setdefault(tuple(p), []).append(r)
-  return list(groups.values())

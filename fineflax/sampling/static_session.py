@@ -1,19 +1,9 @@
-"""The static-cache session (`SamplerSession(cache="static")`, and mesh sessions): one KV cache slot
-index shared by all rows, every row's cache sized for the longest. Same API and results as the paged one.
-
-    s = StaticSession(params, config, max_total_len=512, tokenizer=tok, temperature=1.0, rng=key)
-    s.start(prompts)                                  # list of token lists (any lengths, left-padded)
-    s.decode(128, stop_strings=("</search>",))        # rows stop at EOS, a stop string or the budget
-    s.append({0: passage_ids})                        # rows 0: tokens fed into the cache, mask 0
-    s.decode(128, ...)                                # only rows given tokens continue
-    out = s.result()                                  # SampleOutput over the whole completion
-
-Row states: "ready" (will decode), "eos", "stop", "length" (finished; `append` makes a row ready again).
-Stop strings are found on the host between jitted chunks of `chunk_size` steps, in the text decoded
-(skip_special_tokens=True) from the row's current model segment (since `start` or the last `append`):
-the row keeps the shortest token prefix whose text contains a stop string; `texts` end exactly at the
-stop string's end; the cache slots written after the kept tokens are masked out, so a later `append`
-continues exactly from the kept text. Without stop strings a `decode` call is one device loop.
+"""The static-cache session (`SamplerSession(cache="static")`, and sessions on a mesh of several devices):
+the API and results of `SamplerSession` (see `fineflax.sampling.session`) over one KV cache [B, S] whose
+slot index is shared by every row (left-padded prompts; every row's cache sized for the longest; rows
+and cache split over the mesh's devices). Stop strings mask the cache slots written after the kept
+tokens, so a later `append` continues exactly from the kept text. Without stop strings a `decode` call
+is one device loop.
 """
 from __future__ import annotations
 
@@ -32,6 +22,7 @@ from fineflax.sampling.decode import (bucket, decode_chunk, decode_impl, feed_bl
                                       resolve_eos_ids)
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.processors import SamplingConfig
+from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts
 from fineflax.sampling.stops import stop_cut
 
 
@@ -90,13 +81,7 @@ class StaticSession:
   # ----------------------------------------------------------------------------------------------
   def start(self, prompts) -> None:
     """Prefills the cache with `prompts` (token lists; each non-empty)."""
-    prompts = [[int(t) for t in p] for p in prompts]
-    if not prompts:
-      raise ValueError("start(): no prompts")
-    for i, p in enumerate(prompts):
-      if not p:
-        raise ValueError(f"start(): prompt {i} is empty")
-      self._check_ids(p, f"prompt {i}")
+    prompts = checked_prompts(prompts, self.config.vocab_size)
     self.num_rows = len(prompts)
     self.batch = bucket(len(prompts), minimum=1)
     if self.mesh is not None:  # rows split evenly over every device of the mesh (all processes')
@@ -120,16 +105,9 @@ class StaticSession:
     `tokens`: one list per row, or {row: list}; rows with nothing to append are left as they are.
     """
     self._need_started()
-    if not isinstance(tokens, Mapping):
-      if len(tokens) != self.num_rows:
-        raise ValueError(f"append(): got {len(tokens)} token lists for {self.num_rows} rows")
-      tokens = dict(enumerate(tokens))
     lists = [[] for _ in range(self.batch)]
-    for b, toks in tokens.items():
-      if not 0 <= b < self.num_rows:
-        raise ValueError(f"append(): row {b} out of range [0, {self.num_rows})")
-      lists[b] = [int(t) for t in toks]
-      self._check_ids(lists[b], f"append row {b}")
+    for b, toks in checked_appends(tokens, self.num_rows, self.config.vocab_size).items():
+      lists[b] = toks
     longest = max(len(x) for x in lists)
     if longest == 0:
       return
@@ -156,11 +134,7 @@ class StaticSession:
   def decode(self, max_new_tokens: int, stop_strings: Sequence[str] = ()) -> None:
     """Decodes every ready row until EOS, a stop string, `max_new_tokens` new tokens or a full cache."""
     self._need_started()
-    stop_strings = tuple(s for s in stop_strings if s)
-    if stop_strings and self.tokenizer is None:
-      raise ValueError(f"stop_strings={stop_strings} need a tokenizer (SamplerSession(tokenizer=...))")
-    if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    stop_strings = checked_decode_args(max_new_tokens, stop_strings, self.tokenizer)
     room = self.cache_len - self.index
     ready = np.array([r.status == "ready" for r in self.rows])
     budget = np.where(ready, min(int(max_new_tokens), room), 0).astype(np.int32)
@@ -253,11 +227,6 @@ class StaticSession:
     row.status, row.excess_chars = "stop", cut[1]
     self.pending[b], self.pos[b] = row.tokens[-1], row.prompt_len + len(row.tokens) - 1
     return True
-
-  def _check_ids(self, ids, what):
-    bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-    if bad:
-      raise ValueError(f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
 
   def _need_started(self):
     if not self.rows:
