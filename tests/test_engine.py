@@ -90,6 +90,25 @@ def test_streaming_callbacks_and_cancel():
   assert b.tokens == ref.tokens
 
 
+def test_a_long_prompt_prefills_in_blocks_while_other_rows_decode():
+  engine = _engine(max_rows=2, prefill_chunk=16, prefill_tokens=16)
+  a = engine.submit(Request([5, 6, 7], max_new_tokens=40))
+  engine.step()
+  b = engine.submit(Request(list(range(3, 60)), max_new_tokens=4))
+  progress = []
+  while b.status in ("waiting", "prefill"):
+    engine.step()
+    progress.append((len(a.tokens), b.cache_len))
+  # 56 prompt positions in blocks of 16; in the step its prefill ends, b decodes its 4 tokens too
+  assert [n for _, n in progress] == [16, 32, 48, 56 + 4] and len({n for n, _ in progress}) == 4  # a kept going
+  engine.run()
+  for seq in (a, b):
+    alone = _engine(max_rows=1)
+    ref = alone.submit(seq.request)
+    alone.run()
+    assert seq.tokens == ref.tokens
+
+
 def test_generate_with_fewer_rows_than_prompts_and_pallas_attention_match():
   _, params, config = tiny_llama()
   prompts = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [30, 31], [5, 6, 7, 8, 9], [44]]

@@ -10,10 +10,11 @@ A step (`step`), all decisions on the host between device calls:
   1. admission: waiting requests (first come, first served; a group of n samples as one unit) become live
      sequences while at most `max_rows` are live and the free pages cover what every live sequence may
      still need (its prompt plus its reserve), so a decode never runs out of pages;
-  2. prefill: every live sequence with tokens not yet in the cache (a new prompt, tool output appended
-     with `append`) feeds up to `prefill_chunk` of them (a long prompt takes several steps; rows already
-     decoding keep their state meanwhile); a group's first sequence prefills the prompt once, the other
-     n - 1 then share its pages (`PageAllocator.fork`; the shared partial page is copied on write);
+  2. prefill: live sequences with tokens not yet in the cache (a new prompt, tool output appended with
+     `append`) feed up to `prefill_chunk` of them each (a long prompt takes several steps; while other
+     rows decode, at most `prefill_tokens` tokens a step, so decoding rows keep going between blocks); a
+     group's first sequence prefills the prompt once, the other n - 1 then share its pages
+     (`PageAllocator.fork`; the shared partial page is copied on write);
   3. decode: one chunk of up to `chunk_size` steps on the device (`device.decode_chunk`, lax.while_loop,
      no Python per token) for the rows with a budget, packed into a compact batch (rows bucketed to a
      power of two, pages read per row bucketed to the longest row: cost follows the live tokens);
@@ -22,7 +23,10 @@ A step (`step`), all decisions on the host between device calls:
 
 Sequences and sampling parameters are per row (arrays on the device): temperature (0 = greedy), top_k,
 top_p, key (token t of a sequence is drawn with fold_in(key, t): its samples do not depend on the rows
-beside it), eos ids, max_new_tokens. Not per row: the LoRA adapter (one for the engine).
+beside it), eos ids, max_new_tokens. Not per row yet: the LoRA adapter (one for the engine; per-row
+adapters would stack them [L, A, in, r] and gather each row's by an index array inside the decoder).
+Not yet: a pool split over a mesh (sessions on several devices use the static sampler), preemption
+(admission reserves each sequence's whole length instead), a prefix cache across requests.
 
 For a server (later): `submit` may be called between steps at any time (one thread drives the engine;
 others hand it requests through a queue), `on_update(seq)` streams tokens after each chunk, `cancel(seq)`
@@ -308,7 +312,9 @@ class Engine:
         self.live.append(s)
 
   def _prefill(self) -> bool:
-    """Feeds pending prompt / appended tokens of live sequences (one block per sequence per step)."""
+    """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
+    `prefill_chunk` tokens per sequence. While other rows decode, one call of at most `prefill_tokens`
+    tokens per step (decoding rows do not wait for a flood of new prompts); otherwise all of them."""
     todo = [s for s in self.live if s.status == "prefill"]
     for s in todo:
       if s.cache_len >= len(s.full) - 1:
@@ -316,8 +322,9 @@ class Engine:
     todo = [s for s in todo if s.status == "prefill"]
     if not todo:
       return False
+    decoding = any(s.status == "ready" and s.budget > 0 for s in self.live)
     done = 0
-    while done < len(todo):
+    while done < len(todo) and not (decoding and done):
       longest = min(max(len(s.full) - 1 - s.cache_len for s in todo[done:]), self.prefill_chunk)
       width = min(bucket(longest, minimum=16), self.prefill_chunk)
       rows = max(1, min(len(todo) - done, self.prefill_tokens // width))
