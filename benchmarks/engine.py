@@ -2,7 +2,10 @@
 
   python benchmarks/engine.py --out benchmarks/out/engine                       # GPU: cases a, b, c
   python benchmarks/engine.py --only b --baseline-path .baseline                # b against the old sampler
+  python benchmarks/engine.py --only a --attention pallas                       # one case, one kernel
   python benchmarks/engine.py --tiny                                            # CPU check: tiny shapes
+
+Tables go to --out as engine_<case>.md (engine_<case>_<kernel>.md with one --attention kernel) and .json.
 
 Random bf16 weights of a named shape (`_random_weights.random_params`), greedy decoding, EOS ignored
 except where a case forces it; each case runs in its own subprocess (JAX without preallocation) and its
@@ -358,7 +361,7 @@ def main(argv=None) -> int:
   ap.add_argument("--baseline-runs", type=int, default=2,
                   help="old sampler calls: 2 = time the second; 1 = one call minus JAX's logged compile times")
   ap.add_argument("--copy-gib", type=float, default=2.0)
-  ap.add_argument("--timeout", type=float, default=900.0, help="seconds per case subprocess")
+  ap.add_argument("--timeout", type=float, default=560.0, help="seconds per case subprocess")
   ap.add_argument("--write-results", action="store_true", help="also write the RESULTS.md section")
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
@@ -392,8 +395,9 @@ def main(argv=None) -> int:
     else:
       md = {"a": table_a, "c": table_c}[case](res) if case != "b" else table_b(res, base)
     md = f"### {TITLES[case]}\n\n{md}\n"
-    (out_dir / f"engine_{case}.md").write_text(md)
-    (out_dir / f"engine_{case}.json").write_text(json.dumps({"result": res, "baseline": base}, indent=1))
+    name = f"engine_{case}" + (f"_{attentions[0]}" if len(attentions) == 1 and case != "c" else "")
+    (out_dir / f"{name}.md").write_text(md)
+    (out_dir / f"{name}.json").write_text(json.dumps({"result": res, "baseline": base}, indent=1))
     print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)
     sections.append(md)
   if args.write_results and not args.tiny:

@@ -27,12 +27,12 @@ def test_tiny_run_writes_every_case(tmp_path):
                      cwd=ROOT, capture_output=True, text=True, timeout=1200)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   assert "device: " in r.stdout
-  for case in "abc":
-    md = (out / f"engine_{case}.md").read_text()
+  for name in ("engine_a_gather", "engine_b_gather", "engine_c"):
+    md = (out / f"{name}.md").read_text()
     assert "error" not in md, md
-  a = json.loads((out / "engine_a.json").read_text())["result"]
+  a = json.loads((out / "engine_a_gather.json").read_text())["result"]
   assert [(row["attention"], row["room"]) for row in a["rows"]] == [("gather", 256), ("gather", 64)]
-  b = json.loads((out / "engine_b.json").read_text())
+  b = json.loads((out / "engine_b_gather.json").read_text())
   assert b["baseline"]["fineflax"].startswith(ROOT) and b["baseline"]["steps"] == max(b["result"]["lengths"])
   c = {row["mode"]: row for row in json.loads((out / "engine_c.json").read_text())["result"]["rows"]}
   assert c["shared"]["prefill_tokens"] * 4 == c["unshared"]["prefill_tokens"] == 16 * 39
