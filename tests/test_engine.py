@@ -84,6 +84,10 @@ def test_streaming_callbacks_and_cancel():
   assert [n for n, _ in seen[b.id]] == [8, 16, 20] and seen[b.id][-1][1] == "length"
   assert engine.pages.num_used == 0
   engine.pages.check()
+  group = engine.submit(Request([8, 9, 10], max_new_tokens=3), n=3)
+  engine.cancel(group[0])  # a waiting group's first member: the next one prefills the prompt
+  engine.run()
+  assert [s.status for s in group] == ["cancelled", "length", "length"] and engine.pages.num_used == 0
   alone = _engine(max_rows=1)
   ref = alone.submit(Request([8, 9], max_new_tokens=20))
   alone.run()

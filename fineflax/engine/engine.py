@@ -204,7 +204,7 @@ class Engine:
         seq.leader = group[0]
         group[0].followers.append(seq)
       group.append(seq)
-    self.waiting.append(group)
+    self.waiting.append(list(group))
     return group
 
   def append(self, seq: Sequence, tokens: Seq[int]) -> None:
@@ -241,6 +241,10 @@ class Engine:
     for group in self.waiting:
       if seq in group:
         group.remove(seq)
+        if seq.leader is None and group:  # the next member prefills the group's prompt instead
+          group[0].leader, group[0].followers = None, group[1:]
+          for f in group[1:]:
+            f.leader = group[0]
     self.waiting = [g for g in self.waiting if g]
     if seq in self.live:
       for f in seq.followers:  # members still waiting for this prompt prefill it themselves
