@@ -81,8 +81,9 @@ def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, sc
   from fineflax.models.decoder import grouped_attention  # the decoder imports this module
   hkv, _, s, d = pool_k.shape
   b, n = block_table.shape
-  # [B, Hkv, n S, Dh]: the layout the static unrolled cache is read in (the transpose fuses into the gather)
-  gather = lambda pool: pool[:, block_table + base].transpose(1, 0, 2, 3, 4).reshape(b, hkv, n * s, d).astype(q.dtype)
+  def gather(pool):  # [B, Hkv, n S, Dh]: the static unrolled cache's layout (a transpose XLA may fuse in)
+    return pool[:, block_table + base].transpose(1, 0, 2, 3, 4).reshape(b, hkv, n * s, d).astype(q.dtype)
+
   key_pos = jnp.arange(n * s)
   mask = key_pos[None, None, :] <= positions[:, :, None]
   if window is not None:
