@@ -362,7 +362,7 @@ def main(argv=None) -> int:
                   help="old sampler calls: 2 = time the second; 1 = one call minus JAX's logged compile times")
   ap.add_argument("--copy-gib", type=float, default=2.0)
   ap.add_argument("--timeout", type=float, default=560.0, help="seconds per case subprocess")
-  ap.add_argument("--write-results", action="store_true", help="also write the RESULTS.md section")
+  ap.add_argument("--write-results", action="store_true", help="also write each table's RESULTS.md section")
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -378,7 +378,6 @@ def main(argv=None) -> int:
   out_dir.mkdir(parents=True, exist_ok=True)
   env = _gpu.jax_env(**({"JAX_PLATFORMS": "cpu"} if args.tiny else {}))
   print(f"device: {_gpu.device_name()}", flush=True)
-  sections = []
   for case in cases:
     spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
@@ -399,9 +398,9 @@ def main(argv=None) -> int:
     (out_dir / f"{name}.md").write_text(md)
     (out_dir / f"{name}.json").write_text(json.dumps({"result": res, "baseline": base}, indent=1))
     print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)
-    sections.append(md)
-  if args.write_results and not args.tiny:
-    write_section("engine", "## Generation engine (benchmarks/engine.py)\n\n" + "\n".join(sections))
+    if args.write_results and not args.tiny:  # one section per table: separate calls do not overwrite
+      command = "python benchmarks/engine.py " + " ".join(sys.argv[1:] if argv is None else argv)
+      write_section(name, f"## Generation engine: {name} (benchmarks/engine.py)\n\nCommand: `{command}`.\n\n{md}")
   return 0
 
 
