@@ -84,6 +84,21 @@ def jax_peak_bytes() -> int | None:
   return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
+def jax_copy_bandwidth(nbytes: int, reps: int = 10) -> float:
+  """Device copy bandwidth in bytes/s: 2 * nbytes * reps / time of `reps` calls of a donated jitted
+  `x + 1` over a bf16 array of `nbytes` (bytes read and written; donated: no allocation per call)."""
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+  add = jax.jit(lambda x: x + 1, donate_argnums=0)
+  x = add(x).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(reps):
+    x = add(x)
+  x.block_until_ready()
+  return 2 * nbytes * reps / (time.perf_counter() - t)
+
+
 def jax_device_name() -> str:
   import jax
   d = jax.devices()[0]

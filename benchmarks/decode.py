@@ -80,16 +80,7 @@ def jax_worker(spec: dict) -> dict:
   from fineflax.models.unrolled import prepare_unrolled
   from fineflax.sampling import SamplerSession
   out = {"device": _gpu.jax_device_name(), "rows": [], "weight_bytes": {}}
-  nbytes = spec["copy_bytes"]
-  x = jnp.ones((nbytes // 2,), jnp.bfloat16)
-  add = jax.jit(lambda x: x + 1, donate_argnums=0)  # donated: no allocation per call
-  x = add(x).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(10):
-    x = add(x)
-  x.block_until_ready()
-  out["copy_bytes_s"] = 2 * nbytes * 10 / (time.perf_counter() - t)
-  del x
+  out["copy_bytes_s"] = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
   n = spec["new_tokens"]
   models, greedy, first = {}, {}, {}
   for name, shape in spec["shapes"].items():

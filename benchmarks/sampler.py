@@ -82,16 +82,7 @@ def jax_worker(spec: dict) -> dict:
     if name == "Llama-3.2-1B" or spec.get("smoke"):
       out["weight_bytes"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     del params
-  nbytes = spec["copy_bytes"]
-  x = jnp.ones((nbytes // 2,), jnp.bfloat16)
-  add = jax.jit(lambda x: x + 1, donate_argnums=0)  # donated: no allocation per call
-  x = add(x).block_until_ready()
-  reps = 10
-  t = time.perf_counter()
-  for _ in range(reps):
-    x = add(x)
-  x.block_until_ready()
-  out["hbm_bytes_s"] = 2 * nbytes * reps / (time.perf_counter() - t)
+  out["hbm_bytes_s"] = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
   return out
 
 

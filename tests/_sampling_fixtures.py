@@ -1,4 +1,5 @@
-"""Shared fixtures of the sampling tests: a tiny random transformers Llama and a character tokenizer."""
+"""Shared fixtures of the sampling tests: a tiny random transformers Llama, a character tokenizer, and random
+weights for configs with every numerics switch."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +8,8 @@ import tempfile
 import jax.numpy as jnp
 import numpy as np
 import torch
+
+from fineflax.models import ModelConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,3 +55,34 @@ class CharTokenizer:
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     return "".join(self.pieces[int(i)] for i in ids)
+
+
+BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=16)
+# every numerics switch at once: q/k/v, o and MLP biases (Qwen2 / Llama), qk-norm (Qwen3), Gemma 2 norms,
+# embedding scale, soft-caps, query scale and sliding / full layers
+EVERYTHING = ModelConfig(**BASE, model_type="gemma2", attention_bias=True, attention_out_bias=True,
+                         mlp_bias=True, qk_norm=True, hidden_act="gelu_pytorch_tanh", norm_offset=1.0,
+                         embed_scale=True, sandwich_norms=True, query_pre_attn_scalar=16.0,
+                         attn_logit_softcapping=5.0, final_logit_softcapping=5.0, sliding_window=4,
+                         layer_types=("sliding_attention", "full_attention"))
+LLAMA = ModelConfig(**BASE, tie_word_embeddings=True)
+
+
+def random_params(config, seed=0):
+  """Random f32 weights in the `init_params` layout: N(0, 0.2) kernels, noisy biases and norm weights
+  (so a misplaced one changes the answer). NumPy-drawn: no per-shape random-op compiles."""
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape, std=0.2: jnp.asarray(std * rng.standard_normal(shape), jnp.float32)
+  c, n_layers = config, config.num_layers
+  layers = {n: {"kernel": normal(n_layers, *shape)} for n, shape in c.linear_shapes().items()}
+  for n in c.bias_names():
+    layers[n]["bias"] = normal(n_layers, layers[n]["kernel"].shape[-1], std=0.1)
+  for n in c.vector_names():
+    width = c.head_dim if n in ("q_norm", "k_norm") else c.hidden_size
+    layers[n] = 1.0 - c.norm_offset + normal(n_layers, width, std=0.1)
+  params = {"embed": normal(c.vocab_size, c.hidden_size), "layers": layers,
+            "final_norm": 1.0 - c.norm_offset + normal(c.hidden_size, std=0.1)}
+  if not c.tie_word_embeddings:
+    params["lm_head"] = {"kernel": normal(c.hidden_size, c.vocab_size)}
+  return params

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from _sampling_fixtures import EVERYTHING, LLAMA, random_params
 from fineflax import lora as L
 from fineflax import quant
 from fineflax.models import ModelConfig, init_cache, init_params
@@ -17,37 +18,8 @@ from fineflax.sampling import SamplerSession, decode_impl
 from fineflax.sampling.decode import decode_chunk
 from fineflax.sampling.processors import SamplingConfig
 
-BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-            head_dim=16)
-# every numerics switch at once: q/k/v, o and MLP biases (Qwen2 / Llama), qk-norm (Qwen3), Gemma 2 norms,
-# embedding scale, soft-caps, query scale and sliding / full layers
-EVERYTHING = ModelConfig(**BASE, model_type="gemma2", attention_bias=True, attention_out_bias=True,
-                         mlp_bias=True, qk_norm=True, hidden_act="gelu_pytorch_tanh", norm_offset=1.0,
-                         embed_scale=True, sandwich_norms=True, query_pre_attn_scalar=16.0,
-                         attn_logit_softcapping=5.0, final_logit_softcapping=5.0, sliding_window=4,
-                         layer_types=("sliding_attention", "full_attention"))
-LLAMA = ModelConfig(**BASE, tie_word_embeddings=True)
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def _params(config, seed=0):
-  """Random f32 weights in the `init_params` layout: N(0, 0.2) kernels, noisy biases and norm weights
-  (so a misplaced one changes the answer). NumPy-drawn: no per-shape random-op compiles."""
-  rng = np.random.default_rng(seed)
-  normal = lambda *shape, std=0.2: jnp.asarray(std * rng.standard_normal(shape), jnp.float32)
-  c, n_layers = config, config.num_layers
-  layers = {n: {"kernel": normal(n_layers, *shape)} for n, shape in c.linear_shapes().items()}
-  for n in c.bias_names():
-    layers[n]["bias"] = normal(n_layers, layers[n]["kernel"].shape[-1], std=0.1)
-  for n in c.vector_names():
-    width = c.head_dim if n in ("q_norm", "k_norm") else c.hidden_size
-    layers[n] = 1.0 - c.norm_offset + normal(n_layers, width, std=0.1)
-  params = {"embed": normal(c.vocab_size, c.hidden_size), "layers": layers,
-            "final_norm": 1.0 - c.norm_offset + normal(c.hidden_size, std=0.1)}
-  if not c.tie_word_embeddings:
-    params["lm_head"] = {"kernel": normal(c.hidden_size, c.vocab_size)}
-  return params
 
 
 def _lora(config, seed=1):
@@ -83,14 +55,14 @@ def _assert_same(params, config, append=False, **kw):
 
 
 def test_unrolled_greedy_equals_scan_every_numerics_switch_with_lora():
-  params = _params(EVERYTHING)
+  params = random_params(EVERYTHING)
   lora, scale = _lora(EVERYTHING)
   _assert_same(params, EVERYTHING, lora=lora, lora_scale=scale)
 
 
 def test_unrolled_on_nf4_base_with_lora_equals_scan():
   """q/k/v and gate/up NF4 (kept stacked, not copied, not fused); o and down dense (fused per layer)."""
-  params = _params(LLAMA)
+  params = random_params(LLAMA)
   base = quant.quantize_params(params, targets=("q", "k", "v", "gate", "up"), kind="nf4")
   dparams = prepare_unrolled(base, LLAMA, jnp.float32)
   assert set(dparams["quantized"]) == {"q", "k", "v", "gate", "up"}
@@ -103,7 +75,7 @@ def test_unrolled_on_nf4_base_with_lora_equals_scan():
 
 
 def test_prepare_unrolled_fuses_qkv_and_gate_up():
-  params = _params(EVERYTHING)
+  params = random_params(EVERYTHING)
   layer, i = prepare_unrolled(params, EVERYTHING, jnp.float32)["layers"][1], 1
   cat = lambda names, leaf: jnp.concatenate([params["layers"][n][leaf][i] for n in names], axis=-1)
   np.testing.assert_array_equal(layer["qkv"]["kernel_t"], cat(("q", "k", "v"), "kernel").T)

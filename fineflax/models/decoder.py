@@ -29,6 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fineflax.models.config import ModelConfig
 from fineflax.models.layer_loop import run_layers
+from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -189,7 +190,8 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
 
 def grouped_attention(q, k, v, mask, scale: float, cap: float | None, kv_layout: str = "bskd"):
   """XLA grouped-query attention: q [B,T,Hq,D], k / v [B,S,Hkv,D] ("bskd") or [B,Hkv,S,D] ("bksd", the
-  unrolled decoder's cache), mask [B,T,S] bool -> [B,T,Hq,D]; scores = softcap(q.k * scale, cap) in f32."""
+  unrolled decoder's cache and pages gathered from a paged one), mask [B,T,S] bool -> [B,T,Hq,D];
+  scores = softcap(q.k * scale, cap) in f32."""
   b, t, hq, d = q.shape
   hkv = k.shape[kv_layout.index("k")]
   q = q.reshape(b, t, hkv, hq // hkv, d)
@@ -221,13 +223,18 @@ REMAT_POLICIES = {
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
                    positions=None, attention_mask=None, segment_ids=None, cache=None, lora=None,
                    lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
-                   remat: str = "none", dtype=jnp.float32, causal_prefix: bool = False):
+                   remat: str = "none", dtype=jnp.float32, causal_prefix: bool = False,
+                   paged_kernel: str = "gather"):
   """Final-norm hidden states [B, T, H] (and the updated cache when `cache` is given).
 
   tokens [B, T]; attention_mask [B, T] (1 = real token; default all ones); positions [B, T]
   (default `default_positions(attention_mask)`). segment_ids [B, T] (packed sequences, no cache):
-  a token attends only to earlier tokens of its own segment. With a cache the block is written at slots
-  [index, index + T) and attends to every earlier valid slot plus itself causally.
+  a token attends only to earlier tokens of its own segment. With a static cache (`init_cache`) the
+  block is written at slots [index, index + T) and attends to every earlier valid slot plus itself
+  causally. With a paged cache (`fineflax.models.paged`: pools k / v and a block table [B, n]) each real
+  token is written at its own position of its row's pages and attends to its row's positions <= its own
+  (positions are required: a row's real tokens are at consecutive positions after those in its pages);
+  `paged_kernel` ("gather" | "pallas") picks the attention over pages.
 
   causal_prefix=True (no cache, no segment_ids) promises that each row is one sequence whose real tokens
   are a prefix (right padding, as `fineflax.data` batches without packing are). Attention is then plain
@@ -241,6 +248,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     attention_mask = jnp.ones((b, t), jnp.bool_)
   attention_mask = attention_mask.astype(jnp.bool_)
   if positions is None:
+    if is_paged(cache):
+      raise ValueError("a paged cache needs the tokens' positions (forward_hidden(positions=...))")
     positions = default_positions(attention_mask)
   positions = positions.astype(jnp.int32)
   x = params["embed"][tokens].astype(dtype)
@@ -249,7 +258,12 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
 
   if causal_prefix and (cache is not None or segment_ids is not None):
     raise ValueError("causal_prefix=True takes no cache and no segment_ids (one right-padded sequence a row)")
-  if cache is None:
+  paged = is_paged(cache)
+  if paged:
+    if segment_ids is not None:
+      raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+    bt, impl, index, dist = cache["block_table"], "xla", None, None
+  elif cache is None:
     causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
     mask = causal[None] & attention_mask[:, None, :]
     if segment_ids is not None:
@@ -265,7 +279,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     impl = "xla"
   # sliding layers: a query at position p sees keys at positions (p - window, p]
   windows = jnp.asarray(c.layer_windows(), jnp.int32)
-  dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
+  if not paged:
+    dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
   inv_freqs, rope_factors = layer_rope(c, positions)
   scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
   act = ACTIVATIONS[c.hidden_act]
@@ -296,21 +311,28 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
       k = norm(k, lp["k_norm"])
     q = apply_rope(q, positions, inv_freq, rope_factor)
     k = apply_rope(k, positions, inv_freq, rope_factor)
-    if ck is not None:
-      ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (i, 0, index, 0, 0))
-      cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (i, 0, index, 0, 0))
-      k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(dtype)
-      v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
+    if paged:
+      ck = write_pages(ck, i, k, bt, positions, attention_mask, c.num_layers)
+      cv = write_pages(cv, i, v, bt, positions, attention_mask, c.num_layers)
+      attn = paged_attention(q, ck, cv, i, bt, positions, window if c.has_sliding else None,
+                             c.head_dim ** -0.5 if scale is None else scale, c.attn_logit_softcapping,
+                             num_layers=c.num_layers, kernel=paged_kernel)
     else:
-      k_all, v_all = k, v
-    if causal_prefix and dist is None:
-      m = None  # plain causal (see the docstring)
-    else:
-      m = mask
-      if dist is not None:
-        m = m & ((window == 0) | (dist < window))
-      m = m | self_mask
-    attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
+      if ck is not None:
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (i, 0, index, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (i, 0, index, 0, 0))
+        k_all = jax.lax.dynamic_index_in_dim(ck, i, keepdims=False).astype(dtype)
+        v_all = jax.lax.dynamic_index_in_dim(cv, i, keepdims=False).astype(dtype)
+      else:
+        k_all, v_all = k, v
+      if causal_prefix and dist is None:
+        m = None  # plain causal (see the docstring)
+      else:
+        m = mask
+        if dist is not None:
+          m = m & ((window == 0) | (dist < window))
+        m = m | self_mask
+      attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
     o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
@@ -331,6 +353,8 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   x = norm(x, params["final_norm"])
   if cache is None:
     return x
+  if paged:
+    return x, {"k": ck, "v": cv, "block_table": bt}
   return x, {"k": ck, "v": cv, "mask": kv_mask, "pos": key_pos, "index": index + t}
 
 

@@ -18,11 +18,11 @@ axis. With `transpose=False` the key is `kernel` [in, out] instead. A group with
 (NF4 / int8, anything with `.dequantize`) is not fused and not copied: its linears stay stacked under
 "quantized" {name: {"kernel": [L, ...] quantised, "bias"?}} and layer i is dequantised inside the step.
 
-The KV cache of this path (`init_unrolled_cache`) is per layer, in the layout the attention dots read
-without a transpose: k, v = tuples of L arrays [B, Hkv, S, Dh]; mask, pos [B, S]; index as
-`decoder.init_cache`. The arithmetic is that of `decoder.forward_hidden` with a cache, operation for
-operation (same norms, rope, masks, bias and LoRA order), so outputs match it up to the dot kernels'
-summation order.
+The static KV cache of this path (`init_unrolled_cache`) is per layer, in the layout the attention dots
+read without a transpose: k, v = tuples of L arrays [B, Hkv, S, Dh]; mask, pos [B, S]; index as
+`decoder.init_cache`. A paged cache (`fineflax.models.paged`) is the decoder's, read the same way. The
+arithmetic is that of `decoder.forward_hidden` with a cache, operation for operation (same norms, rope,
+masks, bias and LoRA order), so outputs match it up to the dot kernels' summation order.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from fineflax.models.config import ModelConfig
 from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, matmul, rms_norm
+from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
@@ -136,13 +137,14 @@ def _project(x, lp, group, names, sizes, lora, scale, dtype):
 
 
 def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, cache: dict, *, positions,
-                     attention_mask, lora=None, lora_scale: float = 1.0, dtype=jnp.float32):
+                     attention_mask, lora=None, lora_scale: float = 1.0, dtype=jnp.float32,
+                     paged_kernel: str = "gather"):
   """(final-norm hidden [B, T, H], new cache): `decoder.forward_hidden` with a cache, layers unrolled.
 
-  dparams from `prepare_unrolled`, cache from `init_unrolled_cache`; tokens, positions, attention_mask
-  [B, T] as `forward_hidden`; lora the stacked adapters {name: {"a": [L, in, r], "b": [L, r, out]}}.
-  The block is written at slots [index, index + T) and attends to every earlier valid slot plus itself
-  causally.
+  dparams from `prepare_unrolled`, cache from `init_unrolled_cache` or a paged cache (as
+  `forward_hidden`'s, with `paged_kernel`); tokens, positions, attention_mask [B, T] as `forward_hidden`;
+  lora the stacked adapters {name: {"a": [L, in, r], "b": [L, r, out]}}. With the static cache the block
+  is written at slots [index, index + T) and attends to every earlier valid slot plus itself causally.
   """
   c = config
   b, t = tokens.shape
@@ -151,14 +153,16 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
   x = dparams["embed"][tokens].astype(dtype)
   if c.embed_scale:
     x = x * jnp.asarray(c.hidden_size ** 0.5, dtype)
-  index, kv_mask, key_pos, mask, self_mask = cache_masks(cache, attention_mask, positions)
-  dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
+  paged = is_paged(cache)
+  if not paged:
+    index, kv_mask, key_pos, mask, self_mask = cache_masks(cache, attention_mask, positions)
+    dist = positions[:, :, None] - key_pos[:, None, :] if c.has_sliding else None
   inv_freqs, rope_factors = layer_rope(c, positions)
   scale = c.head_dim ** -0.5 if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
   act = ACTIVATIONS[c.hidden_act]
   norm = lambda x_, w_: rms_norm(x_, w_, c.rms_norm_eps, c.norm_offset)
   nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  ks, vs = list(cache["k"]), list(cache["v"])
+  ks, vs = (cache["k"], cache["v"]) if paged else (list(cache["k"]), list(cache["v"]))
   quantized = dparams.get("quantized", {})
   for i, (lp, window) in enumerate(zip(dparams["layers"], c.layer_windows())):
     if quantized:  # layer i of the stacked quantised linears (the slice fuses into the dequantisation)
@@ -174,14 +178,21 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
       k = norm(k, lp["k_norm"])
     q = apply_rope(q, positions, inv_freqs[i], rope_factors[i])
     k = apply_rope(k, positions, inv_freqs[i], rope_factors[i])
-    ks[i] = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype).transpose(0, 2, 1, 3), (0, 0, index, 0))
-    vs[i] = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype).transpose(0, 2, 1, 3), (0, 0, index, 0))
-    m = mask
-    if dist is not None and window:
-      m = m & (dist < window)
-    m = m | self_mask
-    attn = grouped_attention(q, ks[i].astype(dtype), vs[i].astype(dtype), m, scale, c.attn_logit_softcapping,
-                             kv_layout="bksd")
+    if paged:
+      bt = cache["block_table"]
+      ks = write_pages(ks, i, k, bt, positions, attention_mask, c.num_layers)
+      vs = write_pages(vs, i, v, bt, positions, attention_mask, c.num_layers)
+      attn = paged_attention(q, ks, vs, i, bt, positions, window or None, scale,
+                             c.attn_logit_softcapping, num_layers=c.num_layers, kernel=paged_kernel)
+    else:
+      ks[i] = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype).transpose(0, 2, 1, 3), (0, 0, index, 0))
+      vs[i] = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype).transpose(0, 2, 1, 3), (0, 0, index, 0))
+      m = mask
+      if dist is not None and window:
+        m = m & (dist < window)
+      m = m | self_mask
+      attn = grouped_attention(q, ks[i].astype(dtype), vs[i].astype(dtype), m, scale, c.attn_logit_softcapping,
+                               kv_layout="bksd")
     (o,) = _project(attn.reshape(b, t, nq), lp, "o", ("o",), (c.hidden_size,), ll, lora_scale, dtype)
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
@@ -189,4 +200,6 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
     (y,) = _project(act(g) * u, lp, "down", ("down",), (c.hidden_size,), ll, lora_scale, dtype)
     x = x + (norm(y, lp["post_mlp_norm"]) if c.sandwich_norms else y)
   x = norm(x, dparams["final_norm"])
+  if paged:
+    return x, {"k": ks, "v": vs, "block_table": cache["block_table"]}
   return x, {"k": tuple(ks), "v": tuple(vs), "mask": kv_mask, "pos": key_pos, "index": index + t}

@@ -1,6 +1,8 @@
 """Sampling: batched KV-cache decoding with stop strings, tool-output appends and chat formatting."""
 from fineflax.sampling.chat import format_chat
 from fineflax.sampling.decode import bucket, decode_chunk, decode_impl, feed_block
-from fineflax.sampling.generate import generate, prompts_as_lists
+from fineflax.sampling.generate import generate
+from fineflax.sampling.prompts import prompts_as_lists
+from fineflax.sampling.output import SampleOutput
 from fineflax.sampling.processors import SamplingConfig, process_logits, sample_tokens
-from fineflax.sampling.session import SampleOutput, SamplerSession
+from fineflax.sampling.session import SamplerSession

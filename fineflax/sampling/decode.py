@@ -49,11 +49,31 @@ def decode_impl(preference: str | None = "auto", backend: str | None = None) -> 
   return preference
 
 
-def _hidden(impl, params, config, tokens, cache, **kwargs):
+def hidden_states(impl, params, config, tokens, cache, **kwargs):
   """(hidden [B, T, H], cache) of the chosen decoder."""
   if impl == "unrolled":
     return forward_unrolled(params, config, tokens, cache, **kwargs)
   return forward_hidden(params, config, tokens, cache=cache, **kwargs)
+
+
+def resolve_eos_ids(eos_ids, config, tokenizer=None) -> tuple[int, ...]:
+  """Sorted distinct EOS ids: `eos_ids`, or for None the config's plus the tokenizer's EOS id."""
+  if eos_ids is None:
+    eos_ids = list(config.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+      eos_ids.append(tokenizer.eos_token_id)
+  return tuple(sorted({int(t) for t in eos_ids}))
+
+
+def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = False):
+  """The params a decoder reads: "unrolled" re-lays the weights out once (`prepare_unrolled`: an extra
+  copy of the dense weights); dense_base=True decodes a quantised base from a `dtype` copy of its
+  dequantised weights (same weights, a dense kernel's speed, the memory of that copy)."""
+  from fineflax.models.unrolled import prepare_unrolled
+  from fineflax.quant import dequantize_params
+  if impl == "unrolled":
+    return prepare_unrolled(params, config, dtype, dequantize=dense_base)
+  return dequantize_params(params, dtype) if dense_base else params
 
 
 def cast_params(params, dtype):
@@ -73,7 +93,7 @@ def feed_block(params, cache, tokens, attention_mask, positions, lora, lora_scal
   attention_mask [B, T]: 1 = real token (0 slots stay invisible forever); positions [B, T].
   """
   params = cast_params(params, dtype)
-  _, cache = _hidden(impl, params, config, tokens, cache, positions=positions,
+  _, cache = hidden_states(impl, params, config, tokens, cache, positions=positions,
                      attention_mask=attention_mask, lora=lora, lora_scale=lora_scale, dtype=dtype)
   return cache
 
@@ -91,7 +111,28 @@ def decode_chunk(params, cache, state, rng, eos_ids, lora, lora_scale, *, config
   emitted bool [B, num_steps] (row was active at that step), steps: int32 (steps run)}.
   """
   params = cast_params(params, dtype)
+
+  def step_fn(cache, st, step):
+    h, cache = hidden_states(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
+                       attention_mask=st["active"][:, None], lora=lora, lora_scale=lora_scale, dtype=dtype)
+    logits = logits_from_hidden(params, config, h)
+    return (cache, *sample_tokens(logits[:, 0], jax.random.fold_in(rng, step), sampling))
+
+  return decode_loop(step_fn, cache, state, eos_ids, num_steps)
+
+
+def decode_loop(step_fn, cache, state: dict, eos_ids, num_steps: int):
+  """The decode steps of a chunk under `lax.while_loop`, stopping early once no row is active.
+
+  step_fn(cache, state, step) -> (cache, tokens [B], logprobs [B], raw_logprobs [B]): one forward of every
+  row's pending token and its sample. state: pending, pos, active, budget [B] (and count [B], if present:
+  tokens sampled so far). Per step, for active rows: pending <- y; pos += 1; budget -= 1; count += 1; a row
+  stops when y is one of `eos_ids` (int32 [E] shared or [B, E] per row; -1 = unused) or its budget is 0.
+  Returns (cache, state, eos [B], out) with out = {tokens, logprobs, raw_logprobs: [B, num_steps],
+  emitted bool [B, num_steps] (row was active at that step), steps: int32 (steps run)}.
+  """
   b = state["pending"].shape[0]
+  eos_ids = eos_ids if eos_ids.ndim == 2 else eos_ids[None, :]
   out = {"tokens": jnp.zeros((b, num_steps), jnp.int32),
          "logprobs": jnp.zeros((b, num_steps), jnp.float32),
          "raw_logprobs": jnp.zeros((b, num_steps), jnp.float32),
@@ -104,19 +145,19 @@ def decode_chunk(params, cache, state, rng, eos_ids, lora, lora_scale, *, config
   def body(carry):
     step, cache, st, eos, out = carry
     active = st["active"]
-    h, cache = _hidden(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
-                       attention_mask=active[:, None], lora=lora, lora_scale=lora_scale, dtype=dtype)
-    logits = logits_from_hidden(params, config, h)
-    tok, lp, raw = sample_tokens(logits[:, 0], jax.random.fold_in(rng, step), sampling)
+    cache, tok, lp, raw = step_fn(cache, st, step)
     tok = jnp.where(active, tok, 0)
     col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, step))
     out = {"tokens": col(out["tokens"], tok), "logprobs": col(out["logprobs"], jnp.where(active, lp, 0.0)),
            "raw_logprobs": col(out["raw_logprobs"], jnp.where(active, raw, 0.0)),
            "emitted": col(out["emitted"], active)}
-    hit_eos = active & jnp.any(tok[:, None] == eos_ids[None, :], axis=1)
-    budget = st["budget"] - active.astype(jnp.int32)
-    st = {"pending": jnp.where(active, tok, st["pending"]), "pos": st["pos"] + active.astype(jnp.int32),
-          "active": active & ~hit_eos & (budget > 0), "budget": budget}
+    hit_eos = active & jnp.any(tok[:, None] == eos_ids, axis=1)
+    inc = active.astype(jnp.int32)
+    budget = st["budget"] - inc
+    st = dict(st, pending=jnp.where(active, tok, st["pending"]), pos=st["pos"] + inc,
+              active=active & ~hit_eos & (budget > 0), budget=budget)
+    if "count" in st:
+      st["count"] = st["count"] + inc
     return step + 1, cache, st, eos | hit_eos, out
 
   init = (jnp.zeros((), jnp.int32), cache, state, jnp.zeros((b,), jnp.bool_), out)

@@ -1,29 +1,17 @@
-"""`generate`: one call from prompts to completions (a `SamplerSession` started, decoded once)."""
+"""`generate`: one call from prompts to completions, on the engine (continuous batching over a paged KV
+cache; `fineflax.engine`) or, for cache="static" and meshes of several devices, on the static session."""
 from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.sampling.session import SampleOutput, SamplerSession
-
-
-def prompts_as_lists(prompt_tokens, prompt_mask=None) -> list[list[int]]:
-  """Token lists from a list of lists, or from an array [B, T] (with `prompt_mask` [B, T]: 1 = token)."""
-  if isinstance(prompt_tokens, (list, tuple)) and all(isinstance(p, (list, tuple)) for p in prompt_tokens):
-    if prompt_mask is not None:
-      raise ValueError("prompt_mask is only for array prompts; token lists carry no padding")
-    return [list(p) for p in prompt_tokens]
-  arr = np.asarray(prompt_tokens)
-  if arr.ndim != 2:
-    raise ValueError(f"prompt_tokens: expected token lists or an array [B, T], got shape {arr.shape}")
-  if prompt_mask is None:
-    return arr.tolist()
-  mask = np.asarray(prompt_mask).astype(bool)
-  if mask.shape != arr.shape:
-    raise ValueError(f"prompt_mask shape {mask.shape} != prompt_tokens shape {arr.shape}")
-  return [row[m].tolist() for row, m in zip(arr, mask)]
+from fineflax.sampling.output import SampleOutput, build_output
+from fineflax.sampling.processors import SamplingConfig
+from fineflax.sampling.prompts import checked_prompts, group_identical, prompts_as_lists
+from fineflax.sampling.session import engine_pool_pages, uses_static_cache
 
 
 def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature: float = 1.0,
@@ -31,13 +19,18 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
              stop_strings: Sequence[str] = (), tokenizer=None, rng=None, lora=None,
              lora_scale: float = 1.0, dtype=jnp.bfloat16, prompt_mask=None,
              chunk_size: int = 32, mesh=None, impl: str | None = "auto",
-             dense_base: bool = False) -> SampleOutput:
+             dense_base: bool = False, cache: str = "paged", max_rows: int | None = None,
+             page_size: int = 16, attention: str = "auto") -> SampleOutput:
   """Samples up to `max_new_tokens` per prompt; returns a `SampleOutput` of width `max_new_tokens`.
 
   temperature 0 = greedy. eos_ids: None = the config's (and tokenizer's) EOS ids; () = never stop at
   EOS. stop_strings need `tokenizer`; rows end at their first stop string (see `SamplerSession`).
-  Prompts: token lists of any lengths (left-padded internally), or an array with `prompt_mask`.
-  mesh: a `fineflax.train.mesh` mesh; the rows (and KV cache) are split over its devices.
+  Prompts: token lists of any lengths, or an array with `prompt_mask`.
+  rng: row r samples with key fold_in(rng, r) (paged; its draws do not depend on the other rows).
+  max_rows: rows decoded at once (default all); with fewer, a finished row's place goes to the next prompt.
+  Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
+  cache="static": the static-cache sampler (also used with a mesh of several devices, whose rows and
+  KV cache are split over its devices; the paged engine does not shard its pool yet).
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `sampling.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
@@ -45,10 +38,35 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
     raise ValueError(f"generate(max_new_tokens={max_new_tokens!r}): must be an integer >= 1")
   if stop_strings and tokenizer is None:
     raise ValueError(f"stop_strings={tuple(stop_strings)} need a tokenizer (generate(tokenizer=...))")
-  session = SamplerSession(params, config, max_total_len=max_new_tokens, tokenizer=tokenizer,
-                           temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids,
-                           rng=rng, lora=lora, lora_scale=lora_scale, dtype=dtype,
-                           chunk_size=chunk_size, mesh=mesh, impl=impl, dense_base=dense_base)
-  session.start(prompts_as_lists(prompt_tokens, prompt_mask))
-  session.decode(max_new_tokens, stop_strings)
-  return session.result(width=max_new_tokens)
+  prompts = prompts_as_lists(prompt_tokens, prompt_mask)
+  if uses_static_cache(cache, mesh):
+    from fineflax.sampling.static_session import StaticSession
+    session = StaticSession(params, config, max_total_len=max_new_tokens, tokenizer=tokenizer,
+                            temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids,
+                            rng=rng, lora=lora, lora_scale=lora_scale, dtype=dtype,
+                            chunk_size=chunk_size, mesh=mesh, impl=impl, dense_base=dense_base)
+    session.start(prompts)
+    session.decode(max_new_tokens, stop_strings)
+    return session.result(width=max_new_tokens)
+  from fineflax.engine import Engine, Request
+  sc = SamplingConfig(float(temperature), int(top_k), float(top_p))
+  if rng is None and not sc.greedy:
+    raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")
+  prompts = checked_prompts(prompts, config.vocab_size)
+  rows = len(prompts) if max_rows is None else int(max_rows)
+  if rows < 1:
+    raise ValueError(f"max_rows={max_rows}: must be >= 1")
+  groups = [g[i:i + rows] for g in group_identical(prompts) for i in range(0, len(g), rows)]
+  concurrent = sorted((len(p) + max_new_tokens for p in prompts), reverse=True)[:rows]
+  engine = Engine(params, config, max_rows=rows, num_pages=engine_pool_pages(concurrent, page_size),
+                  page_size=page_size, chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora=lora,
+                  lora_scale=lora_scale, dtype=dtype, impl=impl, attention=attention, dense_base=dense_base)
+  seqs = [None] * len(prompts)
+  for group in groups:
+    requests = [Request(prompts[r], max_new_tokens=int(max_new_tokens), temperature=sc.temperature,
+                        top_k=sc.top_k, top_p=sc.top_p, key=None if rng is None else jax.random.fold_in(rng, r),
+                        stop_strings=tuple(stop_strings)) for r in group]
+    for r, seq in zip(group, engine.submit_group(requests)):
+      seqs[r] = seq
+  engine.run()
+  return build_output(seqs, max_new_tokens, tokenizer)

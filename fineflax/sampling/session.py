@@ -1,7 +1,7 @@
 """SamplerSession: batched decoding with a persistent KV cache, stop strings and tool-output appends.
 
     s = SamplerSession(params, config, max_total_len=512, tokenizer=tok, temperature=1.0, rng=key)
-    s.start(prompts)                                  # list of token lists (any lengths, left-padded)
+    s.start(prompts)                                  # list of token lists (any lengths)
     s.decode(128, stop_strings=("</search>",))        # rows stop at EOS, a stop string or the budget
     s.append({0: passage_ids})                        # rows 0: tokens fed into the cache, mask 0
     s.decode(128, ...)                                # only rows given tokens continue
@@ -11,315 +11,158 @@ Row states: "ready" (will decode), "eos", "stop", "length" (finished; `append` m
 Stop strings are found on the host between jitted chunks of `chunk_size` steps, in the text decoded
 (skip_special_tokens=True) from the row's current model segment (since `start` or the last `append`):
 the row keeps the shortest token prefix whose text contains a stop string; `texts` end exactly at the
-stop string's end; the cache slots written after the kept tokens are masked out, so a later `append`
-continues exactly from the kept text. Without stop strings a `decode` call is one device loop.
+stop string's end; the cache is cut back to the kept tokens, so a later `append` continues exactly from
+the kept text. Each row may hold max_total_len completion tokens (generated and appended).
+
+Backed by the engine (`fineflax.engine`, cache="paged", the default): every row is a held sequence of
+one paged KV cache; identical prompts are prefilled once and share their pages; decoding reads only the
+live tokens. cache="static" (and any session on a mesh of several devices, whose rows and cache are
+split over the devices: the paged engine does not shard its pool yet) runs the static-cache session
+(`static_session.StaticSession`, one cache slot index shared by every row). Row r samples with key
+fold_in(rng, r) (paged) or one key per chunk (static): the same tokens under greedy decoding, other draws
+when sampling.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fineflax.models.decoder import init_cache
-from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
-from fineflax.quant import dequantize_params
-from fineflax.sampling.decode import bucket, decode_chunk, decode_impl, feed_block
+from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.processors import SamplingConfig
+from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
+
+CACHES = ("paged", "static")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _empty_cache(impl: str, config, batch: int, cache_len: int, dtype) -> dict:
-  """A zero KV cache in one device call (not one eager `zeros` per layer: 60 dispatches for 30 layers)."""
-  if impl == "unrolled":
-    return init_unrolled_cache(config, batch, cache_len, dtype)
-  return init_cache(config, batch, cache_len, dtype)
+def uses_static_cache(cache: str, mesh) -> bool:
+  """Whether a session / generate call runs the static-cache path: cache="static", or a mesh of several
+  devices (the paged pool is not split over devices yet)."""
+  if cache not in CACHES:
+    raise ValueError(f"cache={cache!r}; choose one of {CACHES}")
+  return cache == "static" or (mesh is not None and mesh.devices.size > 1)
 
 
-@dataclasses.dataclass
-class SampleOutput:
-  """Completions, right-padded to width N (NumPy arrays; B = number of prompts).
-
-  tokens [B, N] int32; logprobs [B, N] f32 (sampling distribution, 0 under greedy); raw_logprobs [B, N]
-  f32 (untempered policy: log_softmax(logits)[token]); mask [B, N] (1 = model-generated token, not
-  padding, not appended); valid [B, N] (1 = part of the completion: model or appended tokens);
-  lengths [B] (valid tokens); finish_reason: "eos" | "stop" | "length" per row; texts (with a tokenizer).
-  """
-  tokens: np.ndarray
-  logprobs: np.ndarray
-  raw_logprobs: np.ndarray
-  mask: np.ndarray
-  valid: np.ndarray
-  lengths: np.ndarray
-  finish_reason: list[str]
-  prompt_lengths: np.ndarray
-  texts: list[str] | None = None
-
-
-@dataclasses.dataclass
-class _Row:
-  prompt_len: int
-  status: str = "ready"
-  tokens: list = dataclasses.field(default_factory=list)
-  logprobs: list = dataclasses.field(default_factory=list)
-  raw: list = dataclasses.field(default_factory=list)
-  model: list = dataclasses.field(default_factory=list)
-  slot: list = dataclasses.field(default_factory=list)  # cache slot of the step that produced a token
-  seg_start: int = 0
-  excess_chars: int = 0
+def engine_pool_pages(lengths: Sequence[int], page_size: int) -> int:
+  """Pool pages for sequences of at most these lengths decoded at once without sharing (each one page
+  more for a copy on write, plus the trash page), rounded up (`bucket`) so calls of similar sizes reuse
+  one compiled program."""
+  from fineflax.engine.pages import pages_for
+  need = sum(pages_for(n, page_size) + 1 for n in lengths) + 1
+  return bucket(need, minimum=16, multiple=256)
 
 
 class SamplerSession:
-  """Host-side driver of `feed_block` / `decode_chunk` for one batch of rows (see module docstring)."""
+  """The session of the module docstring; keyword arguments as `generate`'s, plus max_total_len (completion
+  tokens a row may hold) and cache / page_size / attention (the engine's, see `fineflax.engine.Engine`)."""
 
   def __init__(self, params, config, *, max_total_len: int, tokenizer=None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, eos_ids: Sequence[int] | None = None, rng=None,
                lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, chunk_size: int = 32, mesh=None,
-               impl: str | None = "auto", dense_base: bool = False):
+               impl: str | None = "auto", dense_base: bool = False, cache: str = "paged",
+               page_size: int = 16, attention: str = "auto"):
     """impl: the decoder (see `decode_impl`; "auto": "unrolled" on GPUs, else "scan"). "unrolled"
     re-lays the weights out once here (`prepare_unrolled`): an extra copy of the dense weights while the
     session lives. dense_base=True decodes a quantised base from a `dtype` copy of its dequantised
     weights made here (same weights; NF4 decoding is 2.4-2.8x slower than bf16 on an H200: RESULTS.md,
     nf4_gemv), at the memory of that copy while the session lives."""
-    self.impl = decode_impl(impl)
-    if self.impl == "unrolled":
-      params = prepare_unrolled(params, config, dtype, dequantize=dense_base)
-    elif dense_base:
-      params = dequantize_params(params, dtype)
-    self.params, self.config, self.tokenizer = params, config, tokenizer
-    self.mesh = mesh
+    self._static = None
+    if uses_static_cache(cache, mesh):
+      from fineflax.sampling.static_session import StaticSession
+      self._static = StaticSession(params, config, max_total_len=max_total_len, tokenizer=tokenizer,
+                                   temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos_ids, rng=rng,
+                                   lora=lora, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
+                                   mesh=mesh, impl=impl, dense_base=dense_base)
+      return
     self.sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
-    if rng is None:
-      if not self.sampling.greedy:
-        raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")
-      rng = jax.random.key(0)
-    if eos_ids is None:
-      eos_ids = list(config.eos_token_ids)
-      if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos_ids.append(tokenizer.eos_token_id)
-    self.eos_ids = tuple(sorted({int(t) for t in eos_ids}))
-    width = -(-max(len(self.eos_ids), 1) // 4) * 4
-    self._eos_arr = jnp.asarray(list(self.eos_ids) + [-1] * (width - len(self.eos_ids)), jnp.int32)
+    if rng is None and not self.sampling.greedy:
+      raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")
     if max_total_len < 1:
       raise ValueError(f"max_total_len={max_total_len}: must be >= 1")
+    self.impl = decode_impl(impl)
+    self.params = prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.config, self.tokenizer, self.mesh = config, tokenizer, mesh
+    self.rng, self.eos_ids, self.lora, self.lora_scale, self.dtype = rng, eos_ids, lora, lora_scale, dtype
     self.max_total_len, self.chunk_size = int(max_total_len), int(chunk_size)
-    self.rng, self.lora, self.dtype = rng, lora, dtype
-    self.lora_scale = jnp.asarray(lora_scale, jnp.float32)
-    self.rows: list[_Row] = []
+    self.page_size, self.attention = int(page_size), attention
+    self.engine = None
+    self.rows: list = []
+
+  def __getattr__(self, name):  # the static session's attributes (cache, params, ...) when it runs
+    static = self.__dict__.get("_static")
+    if static is None:
+      raise AttributeError(name)
+    return getattr(static, name)
+
+  @property
+  def cache(self) -> dict:
+    """The KV cache: the engine's page pools {"k", "v"} (static: the static cache)."""
+    if self._static is not None:
+      return self._static.cache
+    self._need_started()
+    return self.engine.pool
 
   # ----------------------------------------------------------------------------------------------
   def start(self, prompts) -> None:
-    """Prefills the cache with `prompts` (token lists; each non-empty)."""
-    prompts = [[int(t) for t in p] for p in prompts]
-    if not prompts:
-      raise ValueError("start(): no prompts")
-    for i, p in enumerate(prompts):
-      if not p:
-        raise ValueError(f"start(): prompt {i} is empty")
-      self._check_ids(p, f"prompt {i}")
+    """Prefills the cache with `prompts` (token lists; each non-empty); identical prompts share pages."""
+    if self._static is not None:
+      return self._static.start(prompts)
+    from fineflax.engine import Engine, Request
+    prompts = checked_prompts(prompts, self.config.vocab_size)
+    self.engine = Engine(
+        self.params, self.config, max_rows=len(prompts), tokenizer=self.tokenizer, eos_ids=self.eos_ids,
+        num_pages=engine_pool_pages([len(p) + self.max_total_len for p in prompts], self.page_size),
+        page_size=self.page_size, chunk_size=self.chunk_size, lora=self.lora, lora_scale=self.lora_scale,
+        dtype=self.dtype, impl=self.impl, attention=self.attention, prepared=True)
+    sc = self.sampling
+    requests = [Request(p, max_new_tokens=0, temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p,
+                        key=None if self.rng is None else jax.random.fold_in(self.rng, r), hold=True,
+                        reserve=self.max_total_len) for r, p in enumerate(prompts)]
+    self.rows = [None] * len(prompts)
+    for rows in group_identical(prompts):
+      for r, seq in zip(rows, self.engine.submit_group([requests[r] for r in rows])):
+        self.rows[r] = seq
     self.num_rows = len(prompts)
-    self.batch = bucket(len(prompts), minimum=1)
-    if self.mesh is not None:  # rows split evenly over every device of the mesh (all processes')
-      n = self.mesh.devices.size
-      self.batch = -(-self.batch // n) * n
-    block = bucket(max(len(p) for p in prompts) - 1)
-    self.cache_len = block + bucket(self.max_total_len, minimum=16, multiple=64)
-    self.cache = self._new_cache()
-    self.index = 0
-    self.rows = [_Row(prompt_len=len(p)) for p in prompts]
-    self.rows += [_Row(prompt_len=1, status="pad") for _ in range(self.batch - len(prompts))]
-    self.pending = np.zeros(self.batch, np.int32)
-    self.pos = np.zeros(self.batch, np.int32)
-    self._feed([p[:-1] for p in prompts], block)
-    for i, p in enumerate(prompts):
-      self.pending[i], self.pos[i] = p[-1], len(p) - 1
+    self.engine.run()
 
   def append(self, tokens: Mapping[int, Sequence[int]] | Sequence[Sequence[int]]) -> None:
     """Feeds extra tokens (tool output) after rows' completions; mask 0. Rows given tokens become ready.
 
     `tokens`: one list per row, or {row: list}; rows with nothing to append are left as they are.
     """
+    if self._static is not None:
+      return self._static.append(tokens)
     self._need_started()
-    if not isinstance(tokens, Mapping):
-      if len(tokens) != self.num_rows:
-        raise ValueError(f"append(): got {len(tokens)} token lists for {self.num_rows} rows")
-      tokens = dict(enumerate(tokens))
-    lists = [[] for _ in range(self.batch)]
-    for b, toks in tokens.items():
-      if not 0 <= b < self.num_rows:
-        raise ValueError(f"append(): row {b} out of range [0, {self.num_rows})")
-      lists[b] = [int(t) for t in toks]
-      self._check_ids(lists[b], f"append row {b}")
-    longest = max(len(x) for x in lists)
-    if longest == 0:
-      return
-    width = bucket(longest, minimum=8)
-    if self.index + width > self.cache_len:
-      width = longest
-    if self.index + width > self.cache_len:
-      raise ValueError(f"append(): {longest} tokens do not fit: {self.cache_len - self.index} cache "
-                       f"slots left; raise max_total_len (now {self.max_total_len})")
-    self._feed([[int(self.pending[b])] + x[:-1] if x else [] for b, x in enumerate(lists)], width,
-               start_pos=self.pos)
-    for b, x in enumerate(lists):
-      if not x:
-        continue
-      row = self.rows[b]
-      row.tokens += x
-      row.logprobs += [0.0] * len(x)
-      row.raw += [0.0] * len(x)
-      row.model += [False] * len(x)
-      row.slot += [-1] * len(x)
-      row.seg_start, row.status, row.excess_chars = len(row.tokens), "ready", 0
-      self.pending[b], self.pos[b] = x[-1], self.pos[b] + len(x)
+    lists = checked_appends(tokens, self.num_rows, self.config.vocab_size)
+    for b in lists:
+      if len(lists[b]) > self.rows[b].room:
+        raise ValueError(f"append(): {len(lists[b])} tokens do not fit: row {b} has {self.rows[b].room} of "
+                         f"its positions left; raise max_total_len (now {self.max_total_len})")
+    for b, toks in lists.items():
+      if toks:
+        self.engine.append(self.rows[b], toks)
 
   def decode(self, max_new_tokens: int, stop_strings: Sequence[str] = ()) -> None:
-    """Decodes every ready row until EOS, a stop string, `max_new_tokens` new tokens or a full cache."""
+    """Decodes every ready row until EOS, a stop string, `max_new_tokens` new tokens or its reserve ends."""
+    if self._static is not None:
+      return self._static.decode(max_new_tokens, stop_strings)
     self._need_started()
-    stop_strings = tuple(s for s in stop_strings if s)
-    if stop_strings and self.tokenizer is None:
-      raise ValueError(f"stop_strings={stop_strings} need a tokenizer (SamplerSession(tokenizer=...))")
-    if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
-    room = self.cache_len - self.index
-    ready = np.array([r.status == "ready" for r in self.rows])
-    budget = np.where(ready, min(int(max_new_tokens), room), 0).astype(np.int32)
-    for b in np.flatnonzero(ready & (budget == 0)):
-      self.rows[b].status = "length"
-    active = budget > 0
-    num_steps = self.chunk_size if stop_strings else bucket(max_new_tokens)
-    while active.any():
-      self.rng, key = jax.random.split(self.rng)
-      state = {"pending": self._put(self.pending), "pos": self._put(self.pos),
-               "active": self._put(active), "budget": self._put(budget)}
-      self.cache, state, eos, out = decode_chunk(
-          self.params, self.cache, state, key, self._eos_arr, self.lora, self.lora_scale,
-          config=self.config, dtype=self.dtype, sampling=self.sampling, num_steps=num_steps, impl=self.impl)
-      state, eos, out = _fetch((state, eos, out))
-      chunk_start, self.index = self.index, self.index + int(out["steps"])
-      self.pending, self.pos = np.array(state["pending"]), np.array(state["pos"])
-      active, budget = np.array(state["active"]), np.array(state["budget"])
-      keep = None
-      for b in np.flatnonzero(out["emitted"].any(axis=1)):
-        row, n = self.rows[b], int(out["emitted"][b].sum())
-        row.tokens += out["tokens"][b, :n].tolist()
-        row.logprobs += out["logprobs"][b, :n].tolist()
-        row.raw += out["raw_logprobs"][b, :n].tolist()
-        row.model += [True] * n
-        row.slot += list(range(chunk_start, chunk_start + n))
-        if not active[b]:
-          row.status = "eos" if eos[b] else "length"
-        if stop_strings and self._truncate_at_stop(b, stop_strings):
-          active[b] = False
-          keep = np.ones((self.batch, self.cache_len), bool) if keep is None else keep
-          keep[b, row.slot[-1] + 1:] = False
-      if keep is not None:
-        self.cache["mask"] = self.cache["mask"] & self._put(keep)
+    stop_strings = checked_decode_args(max_new_tokens, stop_strings, self.tokenizer)
+    for seq in self.rows:
+      if seq.status in ("ready", "prefill"):
+        self.engine.resume(seq, max_new_tokens, stop_strings)
+    self.engine.run()
 
   def result(self, width: int | None = None) -> SampleOutput:
     """The completions so far (model and appended tokens), right-padded to `width` (default: longest)."""
+    if self._static is not None:
+      return self._static.result(width)
     self._need_started()
-    rows = self.rows[:self.num_rows]
-    longest = max([len(r.tokens) for r in rows] + [1])
-    width = longest if width is None else width
-    if width < longest:
-      raise ValueError(f"result(width={width}) is shorter than the longest completion ({longest})")
-    arr = lambda attr, dt: np.array([getattr(r, attr) + [0] * (width - len(r.tokens)) for r in rows], dt)
-    lengths = np.array([len(r.tokens) for r in rows], np.int32)
-    texts = None
-    if self.tokenizer is not None:
-      texts = []
-      for r in rows:
-        text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
-        texts.append(text[:len(text) - r.excess_chars])
-    return SampleOutput(
-        tokens=arr("tokens", np.int32), logprobs=arr("logprobs", np.float32),
-        raw_logprobs=arr("raw", np.float32), mask=arr("model", bool),
-        valid=np.arange(width)[None, :] < lengths[:, None], lengths=lengths,
-        finish_reason=[r.status for r in rows],
-        prompt_lengths=np.array([r.prompt_len for r in rows], np.int32), texts=texts)
+    return build_output(self.rows, width, self.tokenizer)
 
   # ----------------------------------------------------------------------------------------------
-  def _feed(self, lists, width, start_pos=None):
-    """Writes each row's list right-aligned in a [batch, width] block (positions from start_pos)."""
-    tokens = np.zeros((self.batch, width), np.int32)
-    mask = np.zeros((self.batch, width), bool)
-    positions = np.zeros((self.batch, width), np.int32)
-    for b, x in enumerate(lists):
-      if x:
-        tokens[b, width - len(x):] = x
-        mask[b, width - len(x):] = True
-        first = 0 if start_pos is None else int(start_pos[b])
-        positions[b, width - len(x):] = np.arange(first, first + len(x))
-    self.cache = feed_block(self.params, self.cache, self._put(tokens), self._put(mask),
-                            self._put(positions), self.lora, self.lora_scale, config=self.config,
-                            dtype=self.dtype, impl=self.impl)
-    self.index += width
-
-  def _new_cache(self) -> dict:
-    """An empty KV cache (unrolled: per-layer k / v [B, Hkv, S, Dh]; scan: k / v [L, B, S, Hkv, Dh]); with
-    a mesh, created directly split over its devices by rows, so no device (or process) holds all of it."""
-    make = functools.partial(_empty_cache, self.impl, self.config, self.batch, self.cache_len, self.dtype)
-    if self.mesh is None or self.mesh.devices.size == 1:
-      return make()
-    from fineflax.train.mesh import batch_sharding
-    row_axis = {} if self.impl == "unrolled" else {"k": 1, "v": 1}
-    shardings = {k: jax.tree.map(lambda x, k=k: batch_sharding(self.mesh, row_axis.get(k, 0), len(x.shape))
-                                 if x.shape else NamedSharding(self.mesh, P()), v)
-                 for k, v in jax.eval_shape(make).items()}
-    return jax.jit(make, out_shardings=shardings)()
-
-  def _put(self, x, batch_axis: int = 0):
-    """x as a device array; with a mesh, split along `batch_axis` over every device, so the KV cache
-    and every per-row input are sharded alike. Across processes every process runs this session on the
-    same global rows (same host control flow) and computes only its devices' rows."""
-    if self.mesh is None or self.mesh.devices.size == 1 or np.ndim(x) <= batch_axis:
-      return jnp.asarray(x)
-    from fineflax.train.mesh import batch_sharding, put
-    return put(x, batch_sharding(self.mesh, batch_axis, np.ndim(x)))
-
-  def _truncate_at_stop(self, b: int, stop_strings) -> bool:
-    """Cuts row b after the shortest segment prefix whose text holds a stop string; True if cut."""
-    row, decode = self.rows[b], lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-    seg = row.tokens[row.seg_start:]
-    if not any(s in decode(seg) for s in stop_strings):
-      return False
-    lo, hi = 1, len(seg)  # smallest n with a stop string in decode(seg[:n])
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if any(s in decode(seg[:mid]) for s in stop_strings):
-        hi = mid
-      else:
-        lo = mid + 1
-    text = decode(seg[:lo])
-    cut = min(text.find(s) + len(s) for s in stop_strings if s in text)
-    end = row.seg_start + lo
-    for attr in ("tokens", "logprobs", "raw", "model", "slot"):
-      setattr(row, attr, getattr(row, attr)[:end])
-    row.status, row.excess_chars = "stop", len(text) - cut
-    self.pending[b], self.pos[b] = row.tokens[-1], row.prompt_len + len(row.tokens) - 1
-    return True
-
-  def _check_ids(self, ids, what):
-    bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-    if bad:
-      raise ValueError(f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
-
   def _need_started(self):
     if not self.rows:
       raise RuntimeError("call start(prompts) first")
-
-
-def _fetch(tree):
-  """jax.device_get of a pytree; arrays split over several processes are all-gathered first, so every
-  process sees every row."""
-  def get(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      from jax.experimental import multihost_utils
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return jax.device_get(x)
-  return jax.tree.map(get, tree)

@@ -1,0 +1,408 @@
+"""The generation engine (fineflax.engine: paged KV cache, continuous batching, shared prompts) at scale.
+
+  python benchmarks/engine.py --out benchmarks/out/engine                       # GPU: cases a, b, c
+  python benchmarks/engine.py --only b --baseline-path .baseline                # b against the old sampler
+  python benchmarks/engine.py --only a --attention pallas                       # one case, one kernel
+  python benchmarks/engine.py --tiny                                            # CPU check: tiny shapes
+
+Tables go to --out as engine_<case>.md (engine_<case>_<kernel>.md with one --attention kernel) and .json.
+
+Random bf16 weights of a named shape (`_random_weights.random_params`), greedy decoding, EOS ignored
+except where a case forces it; each case runs in its own subprocess (JAX without preallocation) and its
+Markdown table is written to --out as soon as it ends. Bandwidth BW = 2 * bytes / time of a jitted `x + 1`
+over --copy-gib GiB (read + write), measured in the case's own process. KV bytes per token = 2 (k, v) *
+layers * kv heads * head dim * 2 (bf16); weight bytes = every parameter once (a tied embedding is the
+output projection, read whole each step).
+
+(a) cost follows the live tokens, not the allocation: Llama-3.1-8B shape, 64 rows of a 32-token prompt,
+    1024 new tokens each; the pool and each row's reserve sized for 4096 vs 1024 new tokens ("room").
+    ms/step = decode wall time (prefill excluded; programs compiled before, `Engine.precompile`) / steps;
+    read ms/step = (weights + the live KV averaged over the steps) / BW. Targets: room 4096 <= 1.1x room
+    1024; ms/step <= 1.3x read. One row per paged attention kernel (--attention, default both).
+(b) long-tail rollouts: Llama-3.2-1B shape, 256 rows of a 128-token prompt, response lengths log-normal
+    with median 512 (sigma --sigma) capped at 4096, each row ending at its drawn length (per-row
+    max_new_tokens: the forced EOS). Wall time (prefill + decode, after an untimed run that compiles)
+    vs the read bound: sum over decode steps s of (weights + KV of the rows still live at s) / BW.
+    With --baseline-path DIR, the old static sampler (`fineflax.sampling.generate` imported from
+    DIR/fineflax, a checkout of the starting commit) decodes the same prompts in its own subprocess: its
+    cost does not depend on when rows end (every row attends the whole cache until the longest ends, and
+    finished rows keep their slots), so it runs max(lengths) steps with EOS off. Its time is the second
+    of two calls (--baseline-runs 2; with 1: one call's wall time minus the compile times JAX logs).
+    Targets: wall <= 1.3x the read bound; >= 2.5x faster than the old sampler.
+(c) shared prompts: Llama-3.2-1B shape, 128 prompts x 8 samples, 1024-token prompts, 16 new tokens:
+    `submit(request, n=8)` (prefill once, pages shared) vs 1024 separate requests: tokens prefilled,
+    pages holding prompt positions (after the samples' first token: full pages shared, the partial last
+    page copied on write), prefill wall time. Target: 128 x 1023 tokens prefilled, about 1/8 the pages.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks import _gpu  # noqa: E402
+from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks.sampler import SHAPES as SAMPLER_SHAPES  # noqa: E402
+
+LLAMA3_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+               ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
+SHAPES = {
+    "Llama-3.1-8B": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                         num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE),
+    "Llama-3.2-1B": SAMPLER_SHAPES["Llama-3.2-1B"],
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
+}
+FULL = {
+    "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
+    "b": dict(shape="Llama-3.2-1B", rows=256, prompt_len=128, median=512, cap=4096),
+    "c": dict(shape="Llama-3.2-1B", prompts=128, samples=8, prompt_len=1024, new_tokens=16),
+}
+TINY = {
+    "a": dict(shape="tiny", rows=4, prompt_len=8, new_tokens=48, rooms=[256, 64]),
+    "b": dict(shape="tiny", rows=16, prompt_len=8, median=16, cap=64),
+    "c": dict(shape="tiny", prompts=4, samples=4, prompt_len=40, new_tokens=4),
+}
+TITLES = {"a": "(a) cost follows the live tokens", "b": "(b) long-tail rollouts", "c": "(c) shared prompts"}
+
+
+# ----------------------------------------------------------------------------- worker helpers
+
+def _config(shape: dict):
+  from fineflax.models import ModelConfig
+  shape = dict(shape)
+  if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
+    shape["rope_scaling"] = tuple(tuple(kv) for kv in shape["rope_scaling"])
+  return ModelConfig(**shape, max_position_embeddings=131072)
+
+
+def _setup(spec: dict):
+  """(config, bf16 random params, weight bytes, kv bytes per token, copy bandwidth B/s)."""
+  import jax
+  import jax.numpy as jnp
+  from benchmarks._random_weights import random_params
+  config = _config(SHAPES[spec["shape"]])
+  bw = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
+  params = random_params(config, "none", jax.random.key(0), jnp.bfloat16)
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
+  return config, params, weight_bytes, kv_bytes, bw
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+  import numpy as np
+  return np.random.default_rng(seed).integers(3, vocab, (n, length)).tolist()
+
+
+def response_lengths(rows: int, median: int, cap: int, sigma: float, seed: int = 0) -> list[int]:
+  """min(cap, max(1, round(exp(N(ln median, sigma^2))))) per row."""
+  import numpy as np
+  draws = np.exp(np.random.default_rng(seed).normal(np.log(median), sigma, rows))
+  return np.clip(np.round(draws), 1, cap).astype(int).tolist()
+
+
+def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
+  import jax.numpy as jnp
+  from fineflax.engine import Engine
+  from fineflax.sampling.session import engine_pool_pages
+  return Engine(params, config, max_rows=max_rows, num_pages=engine_pool_pages(lengths, spec["page_size"]),
+                page_size=spec["page_size"], chunk_size=spec["chunk_size"], eos_ids=(), dtype=jnp.bfloat16,
+                attention=attention, prepared=prepared, impl=spec.get("impl", "auto"))
+
+
+# ----------------------------------------------------------------------------- case workers
+
+def worker_a(spec: dict) -> dict:
+  import jax
+  from fineflax.engine import Request
+  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  import jax.numpy as jnp
+  config, params, wbytes, kv, bw = _setup(spec)
+  params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
+  rows, plen, n = spec["rows"], spec["prompt_len"], spec["new_tokens"]
+  prompts = _prompts(rows, plen, config.vocab_size)
+  live_kv = rows * kv * (plen + (n - 1) / 2)  # mean over the steps of the KV in the cache
+  read_ms = 1e3 * (wbytes + live_kv) / bw
+  out = {"device": _gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "read_ms": read_ms, "rows": []}
+  for attention in spec["attentions"]:
+    for room in spec["rooms"]:
+      try:
+        engine = _engine(params, config, spec, max_rows=rows, lengths=[plen + room] * rows,
+                         attention=attention, prepared=True)
+        t = time.perf_counter()
+        compiled = engine.precompile([rows], plen + n)
+        compile_s = time.perf_counter() - t
+        timings = []
+        for _ in range(2):  # the first run also compiles the prefill program
+          seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
+          engine.run()
+          jax.block_until_ready(engine.pool)
+          steps0 = engine.stats["decode_steps"]
+          t = time.perf_counter()
+          for s in seqs:
+            engine.resume(s, n)
+          engine.run()
+          timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
+          assert all(len(s.tokens) == n for s in seqs), "a row stopped early"
+          for s in seqs:
+            engine.release(s)
+        dt, steps = timings[-1]
+        pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / _gpu.GIB
+        out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
+                            "pool_gib": pool_gib, "programs": compiled, "compile_s": compile_s,
+                            "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB})
+        del engine
+      except Exception as e:  # noqa: BLE001 - reported in the table (e.g. the Pallas kernel on this GPU)
+        out["rows"].append({"attention": attention, "room": room, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+      _gpu.print_result(out)  # cumulative: a killed worker still leaves its rows
+  return out
+
+
+def worker_b(spec: dict) -> dict:
+  import jax.numpy as jnp
+  import numpy as np
+  from fineflax.engine import Request
+  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  config, params, wbytes, kv, bw = _setup(spec)
+  params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
+  lengths = response_lengths(spec["rows"], spec["median"], spec["cap"], spec["sigma"])
+  plen = spec["prompt_len"]
+  prompts = _prompts(spec["rows"], plen, config.vocab_size)
+  steps = np.arange(max(lengths))
+  lens = np.array(lengths)
+  live = (lens[None, :] > steps[:, None])  # [steps, rows]: row still decoding at step s
+  bound_s = float(((wbytes + kv * (live * (plen + steps[:, None])).sum(1)) / bw).sum())
+  out = {"device": _gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "lengths": lengths,
+         "bound_s": bound_s, "rows": []}
+  for attention in spec["attentions"]:
+    try:
+      engine = _engine(params, config, spec, max_rows=spec["rows"], lengths=[plen + n for n in lengths],
+                       attention=attention, prepared=True)
+      times = []
+      for _ in range(2):  # the first run compiles the programs its buckets need
+        t = time.perf_counter()
+        seqs = [engine.submit(Request(p, max_new_tokens=n)) for p, n in zip(prompts, lengths)]
+        calls = engine.stats["decode_calls"]
+        engine.run()
+        times.append(time.perf_counter() - t)
+        assert [len(s.tokens) for s in seqs] == lengths
+      out["rows"].append({"attention": attention, "wall_s": times[-1], "first_s": times[0],
+                          "decode_calls": engine.stats["decode_calls"] - calls, "programs": len(engine.programs),
+                          "peak_pages": engine.stats["peak_pages"], "pool_pages": engine.pages.num_pages,
+                          "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB})
+      del engine
+    except Exception as e:  # noqa: BLE001
+      out["rows"].append({"attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    _gpu.print_result(out)
+  return out
+
+
+def worker_baseline(spec: dict) -> dict:
+  """The old static sampler on case b's prompts, imported from spec["baseline_path"]."""
+  sys.path.insert(0, str(pathlib.Path(spec["baseline_path"]).resolve()))
+  import fineflax
+  import jax
+  import jax.numpy as jnp
+  from fineflax.sampling import generate
+  jax.config.update("jax_log_compiles", True)
+  compile_s = [0.0]
+
+  class Timer(logging.Handler):
+    def emit(self, record):
+      msg = record.getMessage()
+      if msg.startswith("Finished") and " in " in msg and msg.rstrip().endswith("sec"):
+        compile_s[0] += float(msg.rsplit(" in ", 1)[1].split()[0])
+
+  logging.getLogger("jax").addHandler(Timer())
+  config, params, _, _, _ = _setup(spec)
+  lengths = response_lengths(spec["rows"], spec["median"], spec["cap"], spec["sigma"])
+  prompts = _prompts(spec["rows"], spec["prompt_len"], config.vocab_size)
+  walls, compiles = [], []
+  for _ in range(spec["baseline_runs"]):
+    compile_s[0] = 0.0
+    t = time.perf_counter()
+    res = generate(params, config, prompts, max_new_tokens=max(lengths), temperature=0.0, eos_ids=(),
+                   dtype=jnp.bfloat16)
+    walls.append(time.perf_counter() - t)
+    compiles.append(compile_s[0])
+    assert res.mask.all()
+  return {"device": _gpu.jax_device_name(), "fineflax": fineflax.__file__, "walls": walls, "compiles": compiles,
+          "steps": max(lengths), "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB}
+
+
+def worker_c(spec: dict) -> dict:
+  import jax
+  import jax.numpy as jnp
+  from fineflax.engine import Request
+  from fineflax.engine.pages import pages_for
+  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  config, params, _, _, _ = _setup(spec)
+  params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
+  k, plen, n = spec["samples"], spec["prompt_len"], spec["new_tokens"]
+  prompts = _prompts(spec["prompts"], plen, config.vocab_size)
+  out = {"device": _gpu.jax_device_name(), "rows": []}
+  for mode in ("shared", "unshared"):
+    engine = _engine(params, config, spec, max_rows=len(prompts) * k, lengths=[plen + n] * (len(prompts) * k),
+                     attention="gather", prepared=True)
+    for rep in range(2):  # the first run compiles
+      if mode == "shared":
+        seqs = [s for p in prompts for s in engine.submit(Request(p, max_new_tokens=n, hold=True), n=k)]
+      else:
+        seqs = [engine.submit(Request(p, max_new_tokens=n, hold=True)) for p in prompts for _ in range(k)]
+      before = dict(engine.stats)
+      t = time.perf_counter()
+      engine._admit()
+      while engine._prefill():
+        pass
+      jax.block_until_ready(engine.pool)
+      prefill_s = time.perf_counter() - t
+      engine.run()
+      prompt_pages = len({table[i] for s in seqs for table in [engine.pages.tables[s.id]]
+                          for i in range(pages_for(plen - 1, engine.page_size))})
+      row = {"mode": mode, "prefill_tokens": engine.stats["prefill_tokens"] - before["prefill_tokens"],
+             "prompt_pages": prompt_pages, "prefill_s": prefill_s,
+             "copied_pages": engine.stats["copied_pages"] - before["copied_pages"]}
+      for s in seqs:
+        engine.release(s)
+    out["rows"].append(row)
+    del engine
+    _gpu.print_result(out)
+  return out
+
+
+WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "baseline": worker_baseline}
+
+
+# ----------------------------------------------------------------------------- tables
+
+def table_a(res: dict) -> str:
+  head = (f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; weights "
+          f"{res.get('weight_bytes', 0) / 1e9:.2f} GB; read ms/step (weights + mean live KV) "
+          f"{res.get('read_ms', 0):.2f}.\n\n")
+  rows, by = [], {}
+  for r in res.get("rows", []):
+    if "error" in r:
+      rows.append([r["attention"], r["room"], "error", "-", "-", "-", "-", r["error"][:120]])
+      continue
+    by[(r["attention"], r["room"])] = r["ms_step"]
+    rows.append([r["attention"], r["room"], r["ms_step"], r["ms_step"] / res["read_ms"], r["pool_gib"],
+                 r["programs"], r["compile_s"], ""])
+  notes = []
+  for att in {a for a, _ in by}:
+    rooms = sorted(room for a, room in by if a == att)
+    if len(rooms) == 2:
+      ratio = by[(att, rooms[1])] / by[(att, rooms[0])]
+      notes.append(f"- {att}: room {rooms[1]} / room {rooms[0]} = {ratio:.3f} (target <= 1.1: "
+                   f"{'met' if ratio <= 1.1 else 'missed'})")
+  return head + markdown_table(["attention", "room", "ms/step", "/ read", "pool GiB", "programs", "compile s",
+                                "note"], rows) + "\n\n" + "\n".join(notes)
+
+
+def table_b(res: dict, base: dict | None) -> str:
+  head = (f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; read bound "
+          f"{res.get('bound_s', 0):.2f} s over {max(res.get('lengths') or [0])} steps; lengths: median "
+          f"{sorted(res.get('lengths') or [0])[len(res.get('lengths') or [0]) // 2]}, max "
+          f"{max(res.get('lengths') or [0])}, total {sum(res.get('lengths') or [0])} tokens.\n\n")
+  rows = []
+  old = None
+  if base and "walls" in base:
+    if len(base["walls"]) > 1:  # the last of several runs (the first compiled)
+      old, how = base["walls"][-1], f"run {len(base['walls'])} of {len(base['walls'])} (first {base['walls'][0]:.1f} s)"
+    else:
+      old = base["walls"][0] - base["compiles"][0]
+      how = f"one run: wall {base['walls'][0]:.1f} s - logged compile {base['compiles'][0]:.1f} s"
+    rows.append(["old static sampler", old, old / res["bound_s"], "-",
+                 f"{how}; {base['steps']} steps; peak {base['peak_gib']:.1f} GiB; {base['fineflax']}"])
+  elif base:
+    rows.append(["old static sampler", "error", "-", "-", str(base.get("error"))[:200]])
+  for r in res.get("rows", []):
+    if "error" in r:
+      rows.append([f"engine ({r['attention']})", "error", "-", "-", r["error"][:200]])
+      continue
+    rows.append([f"engine ({r['attention']})", r["wall_s"], r["wall_s"] / res["bound_s"],
+                 f"{old / r['wall_s']:.2f}x" if old else "-",
+                 f"first run {r['first_s']:.1f} s; {r['programs']} programs; peak pages {r['peak_pages']} "
+                 f"of {r['pool_pages']}; peak {r['peak_gib']:.1f} GiB"])
+  return head + markdown_table(["sampler", "wall s", "/ read bound", "speed-up vs old", "note"], rows)
+
+
+def table_c(res: dict) -> str:
+  rows = [[r["mode"], r["prefill_tokens"], r["prompt_pages"], r["copied_pages"], r["prefill_s"]]
+          for r in res.get("rows", [])]
+  by = {r["mode"]: r for r in res.get("rows", [])}
+  note = ""
+  if len(by) == 2:
+    ratio = lambda k: by["shared"][k] / by["unshared"][k]
+    note = (f"\n\nshared / unshared: prefill tokens {ratio('prefill_tokens'):.3f}, "
+            f"prompt pages {ratio('prompt_pages'):.3f}, prefill time {ratio('prefill_s'):.3f}")
+  return (f"Device: {res.get('device')}.\n\n" + markdown_table(
+      ["prompts", "tokens prefilled", "pages holding prompt positions", "pages copied on write", "prefill s"],
+      rows) + note)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--only", default="a,b,c", help="cases to run, comma-separated (a, b, c)")
+  ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
+  ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
+  ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")
+  ap.add_argument("--attention", default="gather,pallas", help="paged attention kernels to time (a, b)")
+  ap.add_argument("--page-size", type=int, default=16)
+  ap.add_argument("--chunk-size", type=int, default=32, help="decode steps per device call")
+  ap.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of case b's lengths")
+  ap.add_argument("--baseline-runs", type=int, default=2,
+                  help="old sampler calls: 2 = time the second; 1 = one call minus JAX's logged compile times")
+  ap.add_argument("--copy-gib", type=float, default=2.0)
+  ap.add_argument("--timeout", type=float, default=560.0, help="seconds per case subprocess")
+  ap.add_argument("--write-results", action="store_true", help="also write each table's RESULTS.md section")
+  ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.worker:
+    _gpu.print_result(WORKERS[args.worker](json.loads(args.spec)))
+    return 0
+  cases = [c.strip() for c in args.only.split(",") if c.strip()]
+  bad = [c for c in cases if c not in FULL]
+  if bad:
+    ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c")
+  attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+  out_dir = pathlib.Path(args.out)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  env = _gpu.jax_env(**({"JAX_PLATFORMS": "cpu"} if args.tiny else {}))
+  print(f"device: {_gpu.device_name()}", flush=True)
+  for case in cases:
+    spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
+                sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
+                copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * _gpu.GIB))
+    run = lambda name, s: _gpu.run_worker([sys.executable, __file__, "--worker", name, "--spec", json.dumps(s)],
+                                          env=env, timeout=args.timeout)
+    t = time.perf_counter()
+    res = run(case, spec)
+    base = None
+    if case == "b" and args.baseline_path:
+      base = run("baseline", dict(spec, baseline_path=args.baseline_path))
+    if "error" in res and not res.get("rows"):
+      md = f"error: {res['error']}"
+    else:
+      md = {"a": table_a, "c": table_c}[case](res) if case != "b" else table_b(res, base)
+    md = f"### {TITLES[case]}\n\n{md}\n"
+    name = f"engine_{case}" + (f"_{attentions[0]}" if len(attentions) == 1 and case != "c" else "")
+    (out_dir / f"{name}.md").write_text(md)
+    (out_dir / f"{name}.json").write_text(json.dumps({"result": res, "baseline": base}, indent=1))
+    print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)
+    if args.write_results and not args.tiny:  # one section per table: separate calls do not overwrite
+      command = "python benchmarks/engine.py " + " ".join(sys.argv[1:] if argv is None else argv)
+      write_section(name, f"## Generation engine: {name} (benchmarks/engine.py)\n\nCommand: `{command}`.\n\n{md}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

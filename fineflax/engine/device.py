@@ -1,0 +1,91 @@
+"""The engine's jitted device functions over a paged KV cache (`fineflax.models.paged`).
+
+Every function donates the pool (updated in place) and is compiled once per (static settings, shapes);
+the host rounds shapes up to buckets: rows (`row_bucket`), pages read per row (`page_bucket`), block
+lengths (`sampling.decode.bucket`), so a few programs serve any mix of lengths.
+
+State of a decoding row ("pending token" scheme, as `fineflax.sampling.decode`): the row's sequence is in
+the cache up to position pos - 1; `pending` is its last token, at position pos, not yet in the cache. A
+decode step feeds `pending` at `pos`, samples the next token from its logits and makes it the new pending.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from fineflax.models.decoder import logits_from_hidden
+from fineflax.models.paged import init_paged_cache
+from fineflax.sampling.decode import cast_params, decode_loop, hidden_states
+from fineflax.sampling.processors import RowFilters, sample_rows
+
+
+def row_bucket(n: int) -> int:
+  """Rows of a device call: n rounded up to a power of two."""
+  return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def page_bucket(n: int, limit: int | None = None) -> int:
+  """Pages read per row: n rounded up to the next 2^k or 3 * 2^(k-1) (at most 1.5x the pages needed,
+  two programs per doubling), capped at `limit`."""
+  n = max(int(n), 1)
+  p = 1 << (n - 1).bit_length()  # smallest power of two >= n
+  out = 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
+  return out if limit is None else min(out, max(int(limit), n))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def new_pool(config, num_pages: int, page_size: int, dtype) -> dict:
+  """Zero pools (one device call; see `fineflax.models.paged.init_paged_cache`)."""
+  return init_paged_cache(config, num_pages, page_size, dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("num_layers",), donate_argnames=("pool",))
+def copy_pages(pool, src, dst, *, num_layers: int):
+  """The pool with page src[i] copied to page dst[i] in every layer (copy on write); src, dst int32 [C]
+  (pairs (0, 0) copy the trash page onto itself: padding)."""
+  per_layer = pool["k"].shape[1] // num_layers
+  offsets = (jnp.arange(num_layers) * per_layer)[:, None]
+  s, d = (src[None] + offsets).reshape(-1), (dst[None] + offsets).reshape(-1)
+  return {name: x.at[:, d].set(x[:, s]) for name, x in pool.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl"), donate_argnames=("pool",))
+def prefill(params, pool, block_table, tokens, positions, valid, lora, lora_scale, *, config, dtype, impl):
+  """Writes tokens [B, T] (valid [B, T]: real tokens, a prefix of each row) at `positions` [B, T] of the
+  rows' pages (block_table [B, n]); returns the pool. No logits are computed."""
+  params = cast_params(params, dtype)
+  cache = {"k": pool["k"], "v": pool["v"], "block_table": block_table}
+  _, cache = hidden_states(impl, params, config, tokens, cache, positions=positions, attention_mask=valid,
+                     lora=lora, lora_scale=lora_scale, dtype=dtype)
+  return {"k": cache["k"], "v": cache["v"]}
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl", "kernel", "filters", "num_steps"),
+                   donate_argnames=("pool",))
+def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, dtype, impl: str,
+                 kernel: str, filters: RowFilters, num_steps: int):
+  """Up to `num_steps` decode steps under `lax.while_loop`, stopping early once no row is active.
+
+  block_table [B, n]: each row's pages, covering every position it may write in this chunk.
+  state (per row [B]): pending, pos, budget (tokens still allowed), count (tokens this sequence sampled
+  before: token t of a sequence is drawn with fold_in(key, t), so a sequence's samples do not depend on
+  the rows beside it), active bool, temperature, top_k, top_p, key uint32 [B, 2] (threefry key data),
+  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `sampling.decode.decode_loop`: returns
+  (pool, state, hit_eos [B], out).
+  """
+  params = cast_params(params, dtype)
+  keys = jax.random.wrap_key_data(state["key"])
+
+  def step_fn(pool, st, step):
+    cache = {"k": pool["k"], "v": pool["v"], "block_table": block_table}
+    h, cache = hidden_states(impl, params, config, st["pending"][:, None], cache, positions=st["pos"][:, None],
+                       attention_mask=st["active"][:, None], lora=lora, lora_scale=lora_scale, dtype=dtype,
+                       paged_kernel=kernel)
+    logits = logits_from_hidden(params, config, h)[:, 0]
+    step_keys = jax.vmap(jax.random.fold_in)(keys, st["count"])
+    tok, lp, raw = sample_rows(logits, step_keys, st["temperature"], st["top_k"], st["top_p"], filters)
+    return {"k": cache["k"], "v": cache["v"]}, tok, lp, raw
+
+  return decode_loop(step_fn, pool, state, state["eos"], num_steps)

@@ -1,0 +1,531 @@
+"""The generation engine: continuous batching of sequences over one paged KV cache.
+
+    engine = Engine(params, config, max_rows=64, num_pages=4096, tokenizer=tok, dtype=jnp.bfloat16)
+    seq = engine.submit(Request(prompt_ids, max_new_tokens=512, temperature=1.0, key=jax.random.key(0)))
+    group = engine.submit(Request(prompt_ids, max_new_tokens=512, temperature=1.0, key=k), n=8)
+    engine.run()                        # steps until no sequence has work left
+    seq.tokens, seq.raw_logprobs, seq.status
+
+A step (`step`), all decisions on the host between device calls:
+  1. admission: waiting requests (first come, first served; a group of n samples as one unit) become live
+     sequences while at most `max_rows` are live and the free pages cover what every live sequence may
+     still need (its prompt plus its reserve), so a decode never runs out of pages;
+  2. prefill: live sequences with tokens not yet in the cache (a new prompt, tool output appended with
+     `append`) feed up to `prefill_chunk` of them each (a long prompt takes several steps; while other
+     rows decode, at most `prefill_tokens` tokens a step, so decoding rows keep going between blocks); a
+     group's first sequence prefills the prompt once, the other n - 1 then share its pages
+     (`PageAllocator.fork`; the shared partial page is copied on write);
+  3. decode: one chunk of up to `chunk_size` steps on the device (`device.decode_chunk`, lax.while_loop,
+     no Python per token) for the rows with a budget, packed into a compact batch (rows bucketed to a
+     power of two, pages read per row bucketed to the longest row: cost follows the live tokens);
+  4. host: tokens appended, stop strings cut (shortest prefix whose text holds one; the cache is cut
+     back to it), finished sequences release their pages unless `hold`, `on_update` callbacks stream.
+
+Sequences and sampling parameters are per row (arrays on the device): temperature (0 = greedy), top_k,
+top_p, key (token t of a sequence is drawn with fold_in(key, t): its samples do not depend on the rows
+beside it), eos ids, max_new_tokens. Not per row yet: the LoRA adapter (one for the engine; per-row
+adapters would stack them [L, A, in, r] and gather each row's by an index array inside the decoder).
+Not yet: a pool split over a mesh (sessions on several devices use the static sampler), preemption
+(admission reserves each sequence's whole length instead), a prefix cache across requests.
+
+For a server (later): `submit` may be called between steps at any time (one thread drives the engine;
+others hand it requests through a queue), `on_update(seq)` streams tokens after each chunk, `cancel(seq)`
+frees a sequence's row and pages at the next step boundary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence as Seq
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fineflax.engine import device
+from fineflax.engine.pages import PageAllocator, pages_for
+from fineflax.models.paged import PAGED_KERNELS, pallas_available
+from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
+from fineflax.sampling.processors import RowFilters
+from fineflax.sampling.prompts import check_ids
+from fineflax.sampling.stops import stop_cut
+
+FINISHED = ("eos", "stop", "length", "cancelled")
+MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
+
+
+@dataclasses.dataclass
+class Request:
+  """One prompt to continue. max_new_tokens: tokens the first decode may generate (0 with hold=True:
+  prefill only, `Engine.resume` gives budgets later). reserve: completion tokens (generated and appended)
+  the sequence may ever hold, default max_new_tokens (pages are reserved for prompt + reserve).
+  key: a PRNG key (typed or raw uint32[2], threefry), needed when temperature > 0. eos_ids None: the
+  engine's. hold: keep the sequence and its pages after it finishes (for `append` / `resume`; `release`
+  frees it). on_update(seq): called after each step in which the sequence got tokens or finished."""
+  prompt: Seq[int]
+  max_new_tokens: int
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  key: object = None
+  eos_ids: Seq[int] | None = None
+  stop_strings: Seq[str] = ()
+  reserve: int | None = None
+  hold: bool = False
+  on_update: Callable | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+  """A request's state. tokens / logprobs / raw_logprobs / model: the completion so far (model False for
+  appended tokens, whose log-probs are 0); status: waiting | prefill | fork (waits for its group's prompt)
+  | ready (decodes while budget > 0) | eos | stop | length | cancelled."""
+  id: int
+  request: Request
+  prompt: list
+  key: np.ndarray
+  eos: tuple
+  tokens: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  raw_logprobs: list = dataclasses.field(default_factory=list)
+  model: list = dataclasses.field(default_factory=list)
+  status: str = "waiting"
+  budget: int = 0
+  cache_len: int = 0  # positions in the cache
+  count: int = 0  # tokens sampled so far (the key's counter)
+  seg_start: int = 0  # start of the current model segment (stop strings look at it only)
+  excess_chars: int = 0  # text past the stop string's end inside the last token
+  stop_strings: tuple = ()
+  leader: "Sequence | None" = None  # group member: shares this sequence's prompt pages
+  followers: list = dataclasses.field(default_factory=list)
+
+  @property
+  def prompt_len(self) -> int:
+    return len(self.prompt)
+
+  @property
+  def full(self) -> list:
+    return self.prompt + self.tokens
+
+  @property
+  def max_len(self) -> int:
+    """Positions the sequence may ever reach: prompt + reserve."""
+    r = self.request
+    return len(self.prompt) + (r.max_new_tokens if r.reserve is None else r.reserve)
+
+  @property
+  def room(self) -> int:
+    return self.max_len - len(self.full)
+
+  @property
+  def finished(self) -> bool:
+    return self.status in FINISHED
+
+
+class Engine:
+  """Host driver of the paged-cache device functions (see the module docstring)."""
+
+  def __init__(self, params, config, *, max_rows: int, num_pages: int, page_size: int = 16,
+               chunk_size: int = 32, prefill_chunk: int = 512, prefill_tokens: int = 16384,
+               max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
+               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, impl: str | None = "auto",
+               attention: str = "auto", dense_base: bool = False, prepared: bool = False):
+    """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
+    ("unrolled" | "scan"; "auto" as `sampling.decode.decode_impl`). attention: the decode attention over
+    pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
+    "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
+    tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
+    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already."""
+    if max_rows < 1:
+      raise ValueError(f"max_rows={max_rows}: must be >= 1")
+    self.impl = decode_impl(impl)
+    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
+    attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
+    if attention not in PAGED_KERNELS:
+      raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
+    if attention == "pallas" and not pallas_available():
+      raise ValueError("attention='pallas': this jax has no jax.experimental.pallas.ops.gpu.paged_attention")
+    self.attention = attention
+    self.max_rows, self.page_size = int(max_rows), int(page_size)
+    self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
+    self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
+    self.max_pages_per_row = max_pages_per_row
+    self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
+    self.pages = PageAllocator(num_pages, page_size)
+    self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
+                       _shapes(self.params), _shapes(self.pool), _shapes(lora))
+    self.programs: set = set()  # keys of the compiled decode programs this engine used
+    self.waiting: list[list[Sequence]] = []  # groups, first come first served
+    self.live: list[Sequence] = []
+    self._next_id = 0
+    self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
+                  "copied_pages": 0, "peak_pages": 0}
+
+  # ----------------------------------------------------------------------------------------------
+  def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:
+    """Queues `request`; returns its Sequence. n > 1: n samples (keys fold_in(key, i)) sharing the
+    prompt's pages (`submit_group`), returned as a list."""
+    if n == 1:
+      return self.submit_group([request])[0]
+    key = request.key
+    return self.submit_group([dataclasses.replace(request, key=None if key is None else jax.random.fold_in(key, i))
+                              for i in range(n)])
+
+  def submit_group(self, requests: Seq[Request]) -> list[Sequence]:
+    """Queues requests with one prompt (each with its own settings and key) as one unit: the prompt is
+    prefilled once, by the first, and its pages shared by all (copy on write of the partial last page)."""
+    prompt = [int(t) for t in requests[0].prompt]
+    if not prompt:
+      raise ValueError("submit(): the prompt is empty")
+    check_ids(prompt, self.config.vocab_size, "prompt")
+    if not 1 <= len(requests) <= self.max_rows:
+      raise ValueError(f"a group of {len(requests)} must fit the engine's max_rows={self.max_rows}")
+    group = []
+    for request in requests:
+      if [int(t) for t in request.prompt] != prompt:
+        raise ValueError("submit_group(): the requests' prompts differ")
+      if request.max_new_tokens < 0 or (request.max_new_tokens == 0 and not request.hold):
+        raise ValueError(f"max_new_tokens={request.max_new_tokens}: must be >= 1 (0 only with hold=True)")
+      if request.temperature > 0 and request.key is None:
+        raise ValueError(f"temperature={request.temperature} samples: pass Request(key=jax.random.key(...))")
+      if request.stop_strings and self.tokenizer is None:
+        raise ValueError(f"stop_strings={tuple(request.stop_strings)} need a tokenizer (Engine(tokenizer=...))")
+      eos = self.eos_ids if request.eos_ids is None else tuple(int(t) for t in request.eos_ids)
+      seq = Sequence(self._next_id, request, list(prompt), _key_data(request.key), eos,
+                     budget=int(request.max_new_tokens), stop_strings=tuple(s for s in request.stop_strings if s))
+      self._next_id += 1
+      if seq.max_len > self._row_limit():
+        raise ValueError(f"prompt ({len(prompt)} tokens) + reserve exceed a row's {self._row_limit()} "
+                         "positions (max_pages_per_row x page_size)")
+      if group:
+        seq.leader = group[0]
+        group[0].followers.append(seq)
+      group.append(seq)
+    self.waiting.append(list(group))
+    return group
+
+  def append(self, seq: Sequence, tokens: Seq[int]) -> None:
+    """Tool output after a finished, held sequence: fed into the cache (prefill), not generated (model
+    False, log-prob 0); the sequence becomes ready with budget 0 (`resume` gives it one)."""
+    tokens = [int(t) for t in tokens]
+    if not tokens:
+      return
+    if not seq.request.hold or seq not in self.live:
+      raise ValueError(f"append(): sequence {seq.id} is not a live held sequence")
+    check_ids(tokens, self.config.vocab_size, "append")
+    if len(tokens) > seq.room:
+      raise ValueError(f"append(): {len(tokens)} tokens do not fit: {seq.room} positions of the sequence's "
+                       "reserve left; raise the reserve (max_total_len)")
+    seq.tokens += tokens
+    seq.logprobs += [0.0] * len(tokens)
+    seq.raw_logprobs += [0.0] * len(tokens)
+    seq.model += [False] * len(tokens)
+    seq.seg_start, seq.excess_chars, seq.budget = len(seq.tokens), 0, 0
+    seq.status = "prefill"
+
+  def resume(self, seq: Sequence, max_new_tokens: int, stop_strings: Seq[str] = ()) -> None:
+    """Gives a live sequence that is not finished a decode budget (capped by its reserve: "length" when
+    nothing is left) and the stop strings of this turn."""
+    if seq.finished:
+      return
+    seq.stop_strings = tuple(s for s in stop_strings if s)
+    seq.budget = min(int(max_new_tokens), seq.room)
+    if seq.budget <= 0:
+      seq.budget, seq.status = 0, "length"
+
+  def cancel(self, seq: Sequence) -> None:
+    """Stops a sequence now (between steps): its pages are released, status "cancelled"."""
+    for group in self.waiting:
+      if seq in group:
+        group.remove(seq)
+        if seq.leader is None and group:  # the next member prefills the group's prompt instead
+          group[0].leader, group[0].followers = None, group[1:]
+          for f in group[1:]:
+            f.leader = group[0]
+    self.waiting = [g for g in self.waiting if g]
+    if seq in self.live:
+      for f in seq.followers:  # members still waiting for this prompt prefill it themselves
+        if f.status == "fork":
+          f.leader, f.status = None, "prefill"
+          self.pages.new(f.id)
+      self._finish(seq, "cancelled", force_release=True)
+    else:
+      seq.status = "cancelled"
+
+  def release(self, seq: Sequence) -> None:
+    """Frees a held sequence's pages and row."""
+    if seq in self.live:
+      self.live.remove(seq)
+      if seq.id in self.pages.tables:
+        self.pages.release(seq.id)
+
+  def run(self) -> None:
+    """Steps until no sequence has work left (prefill or a decode budget) and none waits."""
+    while self.step():
+      pass
+    if self.waiting:
+      raise RuntimeError(f"{len(self.waiting)} requests wait for rows that never free up: all "
+                         f"{len(self.live)} live sequences are held (release them) or max_rows is too small")
+
+  def step(self) -> bool:
+    """One engine step (module docstring); False when it did nothing."""
+    self._admit()
+    did = self._prefill()
+    return self._decode() or did
+
+  # ----------------------------------------------------------------------------------------------
+  def _row_limit(self) -> int:
+    return (self.max_pages_per_row or self.pages.num_pages - 1) * self.page_size
+
+  def _outstanding(self, seq: Sequence) -> int:
+    """Pages `seq` may still take from the free list to reach its max_len (copies on write included).
+    A group shares its prompt's full pages: the followers never take those; whoever writes into the
+    shared partial page first takes a copy of it (the last holder writes the original)."""
+    size, table = pages_for(seq.max_len, self.page_size), self.pages.tables.get(seq.id)
+    shared_full = (len(seq.prompt) - 1) // self.page_size
+    partial = (len(seq.prompt) - 1) % self.page_size != 0
+    if seq.leader is not None and seq.status in ("waiting", "fork"):
+      return size - shared_full
+    if table is None:  # waiting
+      return size + int(partial and bool(seq.followers))
+    forking = partial and any(f.status in ("waiting", "fork") for f in seq.followers)
+    shared_tail = bool(table) and seq.cache_len % self.page_size != 0 and self.pages.refcount[table[-1]] > 1
+    return max(size - len(table), 0) + int(shared_tail or forking)
+
+  def _admit(self) -> None:
+    while self.waiting:
+      group = self.waiting[0]
+      if len(self.live) + len(group) > self.max_rows:
+        return
+      need = sum(self._outstanding(s) for s in group)
+      if need + sum(self._outstanding(s) for s in self.live) > self.pages.num_free:
+        if not self.live:
+          raise RuntimeError(f"a request needs {need} pages; the pool has {self.pages.num_free} free: raise "
+                             "num_pages")
+        return
+      self.waiting.pop(0)
+      for s in group:
+        if s.status == "cancelled":
+          continue
+        if s.leader is None:
+          self.pages.new(s.id)
+        s.status = "fork" if s.leader is not None else "prefill"
+        self.live.append(s)
+
+  def _prefill(self) -> bool:
+    """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
+    `prefill_chunk` tokens per sequence. While other rows decode, one call of at most `prefill_tokens`
+    tokens per step (decoding rows do not wait for a flood of new prompts); otherwise all of them."""
+    todo = [s for s in self.live if s.status == "prefill"]
+    for s in todo:
+      if s.cache_len >= len(s.full) - 1:
+        self._prefilled(s)
+    todo = [s for s in todo if s.status == "prefill"]
+    if not todo:
+      return False
+    decoding = any(s.status == "ready" and s.budget > 0 for s in self.live)
+    done = 0
+    while done < len(todo) and not (decoding and done):
+      longest = min(max(len(s.full) - 1 - s.cache_len for s in todo[done:]), self.prefill_chunk)
+      width = min(bucket(longest, minimum=16), self.prefill_chunk)
+      rows = max(1, min(len(todo) - done, self.prefill_tokens // width))
+      batch, done = todo[done:done + rows], done + rows
+      self._prefill_call(batch, width)
+    for s in todo:
+      if s.cache_len >= len(s.full) - 1:
+        self._prefilled(s)
+    return True
+
+  def _prefill_call(self, batch: list[Sequence], width: int) -> None:
+    b = device.row_bucket(len(batch))
+    tokens = np.zeros((b, width), np.int32)
+    positions = np.zeros((b, width), np.int32)
+    valid = np.zeros((b, width), bool)
+    copies, ends = [], []
+    for r, s in enumerate(batch):
+      seg = s.full[s.cache_len:len(s.full) - 1][:width]
+      tokens[r, :len(seg)] = seg
+      positions[r] = s.cache_len + np.arange(width)
+      valid[r, :len(seg)] = True
+      copies += self.pages.grow(s.id, s.cache_len + len(seg))
+      ends.append(s.cache_len + len(seg))
+    self._copy(copies)
+    table = self._table(batch, b, max(ends))
+    self.pool = device.prefill(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
+                               jnp.asarray(positions), jnp.asarray(valid), self.lora, self.lora_scale,
+                               config=self.config, dtype=self.dtype, impl=self.impl)
+    for s, end in zip(batch, ends):
+      self.stats["prefill_tokens"] += end - s.cache_len
+      s.cache_len = end
+    self.stats["prefill_calls"] += 1
+    self._note_pages()
+
+  def _prefilled(self, s: Sequence) -> None:
+    """s's cache holds all but its last token: it decodes (budget permitting); its group shares it."""
+    s.status = "ready"
+    for f in s.followers:
+      if f.status == "fork":
+        self.pages.fork(s.id, f.id, s.cache_len)
+        f.cache_len, f.status = s.cache_len, "ready"
+    if s.budget <= 0 and not s.request.hold:
+      self._finish(s, "length")
+
+  def _decode(self) -> bool:
+    rows = [s for s in self.live if s.status == "ready" and s.budget > 0]
+    if not rows:
+      return False
+    steps = self.chunk_size
+    copies, ends = [], []
+    for s in rows:
+      end = s.cache_len + min(s.budget, steps)
+      copies += self.pages.grow(s.id, end)
+      ends.append(end)
+    self._copy(copies)
+    b = device.row_bucket(len(rows))
+    table = self._table(rows, b, max(ends))
+    e = -(-max(max(len(s.eos) for s in rows), 1) // 4) * 4
+    pad = b - len(rows)
+    col = lambda f, dt: np.array([f(s) for s in rows] + [0] * pad, dt)
+    state = {"pending": col(lambda s: s.full[-1], np.int32), "pos": col(lambda s: s.cache_len, np.int32),
+             "budget": col(lambda s: s.budget, np.int32), "count": col(lambda s: s.count, np.int32),
+             "active": col(lambda s: True, bool), "temperature": col(lambda s: s.request.temperature, np.float32),
+             "top_k": col(lambda s: s.request.top_k, np.int32), "top_p": np.array(
+                 [s.request.top_p for s in rows] + [1.0] * pad, np.float32),
+             "key": np.stack([s.key for s in rows] + [np.zeros(2, np.uint32)] * pad),
+             "eos": np.array([list(s.eos) + [-1] * (e - len(s.eos)) for s in rows] + [[-1] * e] * pad, np.int32)}
+    filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
+                            state["top_p"][:len(rows)])
+    program = self._decode_program(b, table.shape[1], e, filters)
+    self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
+                                      jax.tree.map(jnp.asarray, state), self.lora, self.lora_scale)
+    st, eos, out = jax.device_get((st, eos, out))
+    self.stats["decode_calls"] += 1
+    self.stats["decode_steps"] += int(out["steps"])
+    self._note_pages()
+    updated = []
+    for r, s in enumerate(rows):
+      n = int(out["emitted"][r].sum())
+      s.tokens += out["tokens"][r, :n].tolist()
+      s.logprobs += out["logprobs"][r, :n].tolist()
+      s.raw_logprobs += out["raw_logprobs"][r, :n].tolist()
+      s.model += [True] * n
+      s.cache_len += n
+      s.count += n
+      s.budget = int(st["budget"][r])
+      self.pages.truncate(s.id, s.cache_len)
+      status = None
+      if not st["active"][r]:
+        status = "eos" if eos[r] else "length"
+      if s.stop_strings and self._cut_at_stop(s):
+        status = "stop"
+      if status is not None:
+        self._finish(s, status, notify=False)
+      if (n or status) and s.request.on_update is not None:
+        updated.append(s)
+    for s in updated:  # after the bookkeeping: a callback may cancel or submit
+      s.request.on_update(s)
+    return True
+
+  def precompile(self, rows: Seq[int], max_len: int, filters: RowFilters = RowFilters(False),
+                 eos_width: int = 4, threads: int | None = None) -> int:
+    """Compiles, in parallel threads, the decode programs of batches of `rows` sequences (each count
+    rounded to its row bucket) for every page bucket up to sequences of `max_len` positions (XLA compiles
+    without the GIL: a many-core host compiles them at once instead of one per new bucket mid-run).
+    filters / eos_width: those the batches will use (greedy, <= 4 EOS ids by default). Returns the
+    number of programs compiled."""
+    import concurrent.futures
+    widths = {self._table_width(n) for n in range(1, max_len + self.page_size, self.page_size)}
+    keys = [(device.row_bucket(r), w, eos_width, filters) for r in sorted(set(rows)) for w in sorted(widths)]
+    keys = [k for k in dict.fromkeys(keys) if (self._signature, *k) not in _PROGRAMS]
+    workers = threads or max(1, min(len(keys), (os.cpu_count() or 2) // 2))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      list(pool.map(lambda k: self._decode_program(*k), keys))
+    return len(keys)
+
+  def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
+    """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
+    key = (self._signature, b, width, e, filters)
+    if key not in _PROGRAMS:
+      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+      f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+      state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
+               "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
+               "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
+      _PROGRAMS[key] = device.decode_chunk.lower(
+          self.params, self.pool, i32(b, width), state, self.lora, self.lora_scale, config=self.config,
+          dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
+          num_steps=self.chunk_size).compile()
+      self.programs.add(key)
+    return _PROGRAMS[key]
+
+  def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
+    s.status, s.budget = status, 0
+    if force_release or not s.request.hold:
+      self.release(s)
+    if notify and s.request.on_update is not None:
+      s.request.on_update(s)
+
+  def _cut_at_stop(self, s: Sequence) -> bool:
+    """Cuts s after the shortest prefix of its current segment whose text holds a stop string
+    (`sampling.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
+    cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
+                   lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+    if cut is None:
+      return False
+    end = s.seg_start + cut[0]
+    del s.tokens[end:], s.logprobs[end:], s.raw_logprobs[end:], s.model[end:]
+    s.excess_chars = cut[1]
+    s.cache_len = len(s.full) - 1
+    self.pages.truncate(s.id, s.cache_len)
+    return True
+
+  def _copy(self, copies: list[tuple[int, int]]) -> None:
+    if not copies:
+      return
+    width = device.row_bucket(len(copies))
+    src = np.zeros(width, np.int32)
+    dst = np.zeros(width, np.int32)
+    src[:len(copies)], dst[:len(copies)] = zip(*copies)
+    self.pool = device.copy_pages(self.pool, jnp.asarray(src), jnp.asarray(dst), num_layers=self.config.num_layers)
+    self.stats["copied_pages"] += len(copies)
+
+  def _table_width(self, longest: int) -> int:
+    """Pages read per row for sequences of at most `longest` positions: the page bucket, at least
+    MIN_READ_TOKENS worth (short sequences share one program; their reads are small anyway)."""
+    limit = self.max_pages_per_row or (self.pages.num_pages - 1)
+    need = max(pages_for(longest, self.page_size), pages_for(MIN_READ_TOKENS, self.page_size))
+    return device.page_bucket(need, limit)
+
+  def _table(self, seqs: list[Sequence], rows: int, longest: int) -> np.ndarray:
+    """Block table [rows, n] of `seqs` (then trash rows), n = `_table_width` of the longest sequence."""
+    n = self._table_width(longest)
+    table = self.pages.block_table([s.id for s in seqs], n)
+    return np.concatenate([table, np.zeros((rows - len(seqs), n), np.int32)])
+
+  def _note_pages(self) -> None:
+    self.stats["peak_pages"] = max(self.stats["peak_pages"], self.pages.num_used)
+
+
+# Compiled decode chunks by (engine signature: statics and argument shapes, rows, table width, eos width,
+# filters), shared by engines of the same model and pool shape (a new engine does not compile them again).
+_PROGRAMS: dict = {}
+
+
+def _shapes(tree) -> tuple:
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
+
+
+def _key_data(key) -> np.ndarray:
+  """uint32 [2] key data of a typed or raw threefry key (zeros for None: greedy rows draw nothing)."""
+  if key is None:
+    return np.zeros(2, np.uint32)
+  if jnp.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  data = np.asarray(key, np.uint32)
+  if data.shape != (2,):
+    raise ValueError(f"key: expected a threefry key (uint32[2] data), got data of shape {data.shape}")
+  return data

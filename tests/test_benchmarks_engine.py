@@ -1,0 +1,39 @@
+"""benchmarks/engine.py --tiny: every case runs on the CPU and writes its table as it ends (case b against a
+baseline fineflax imported from --baseline-path, here this checkout); the analytic pieces are right."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks.engine import response_lengths
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_response_lengths_are_a_capped_log_normal():
+  n = response_lengths(4000, median=512, cap=4096, sigma=1.0)
+  assert max(n) == 4096 and min(n) >= 1 and abs(np.median(n) - 512) < 40
+  assert 0.005 < np.mean(np.array(n) == 4096) < 0.04  # P(z > ln 8) = 1.9%
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_every_case(tmp_path):
+  out = tmp_path / "out"
+  r = subprocess.run([sys.executable, "benchmarks/engine.py", "--tiny", "--attention", "gather", "--out", str(out),
+                      "--baseline-path", ROOT, "--baseline-runs", "1"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=1200)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  assert "device: " in r.stdout
+  for name in ("engine_a_gather", "engine_b_gather", "engine_c"):
+    md = (out / f"{name}.md").read_text()
+    assert "error" not in md, md
+  a = json.loads((out / "engine_a_gather.json").read_text())["result"]
+  assert [(row["attention"], row["room"]) for row in a["rows"]] == [("gather", 256), ("gather", 64)]
+  b = json.loads((out / "engine_b_gather.json").read_text())
+  assert b["baseline"]["fineflax"].startswith(ROOT) and b["baseline"]["steps"] == max(b["result"]["lengths"])
+  c = {row["mode"]: row for row in json.loads((out / "engine_c.json").read_text())["result"]["rows"]}
+  assert c["shared"]["prefill_tokens"] * 4 == c["unshared"]["prefill_tokens"] == 16 * 39
+  assert c["shared"]["prompt_pages"] < c["unshared"]["prompt_pages"]
