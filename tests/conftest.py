@@ -88,3 +88,22 @@ def pytest_collection_modifyitems(config, items):
   tests overlap the short ones instead of one of them running alone on one worker at the end while the
   other worker idles (longest-first list scheduling)."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_worker_memory():
+  """After each test module: if this process holds over 6 GiB, drop the engine's shared decode programs
+  and JAX's compilation caches (a 2-core CI worker runs ~500 tests in one process; one grew to 18.7 GB and
+  was OOM-killed)."""
+  yield
+  import gc
+  try:
+    rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    return
+  if rss > 6 << 30:
+    import jax
+    from fineflax.engine import engine
+    engine._PROGRAMS.clear()
+    jax.clear_caches()
+    gc.collect()

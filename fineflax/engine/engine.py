@@ -459,6 +459,8 @@ class Engine:
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size).compile()
       self.programs.add(key)
+      while len(_PROGRAMS) > MAX_PROGRAMS:  # oldest first: a long process (a test session) stays bounded
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
     return _PROGRAMS[key]
 
   def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
@@ -512,6 +514,7 @@ class Engine:
 # Compiled decode chunks by (engine signature: statics and argument shapes, rows, table width, eos width,
 # filters), shared by engines of the same model and pool shape (a new engine does not compile them again).
 _PROGRAMS: dict = {}
+MAX_PROGRAMS = 64  # compiled decode chunks kept (insertion order; the oldest is dropped first)
 
 
 def _shapes(tree) -> tuple:
