@@ -99,7 +99,7 @@ def get_config(arg: str = ""):
   config.eval_at_start = True  # evaluate the untrained model at step 0
   config.eval_batch_size = 128  # completions per evaluation sampling call
 
-  common.model(config, dtype="bfloat16", quant="nf4", logits_chunk=128)
+  common.model(config, quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
   common.checkpoint(config, every=config.get_ref("eval_every"))
   common.mesh(config)
