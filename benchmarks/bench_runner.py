@@ -3,15 +3,16 @@
 Rows: the GSM8K-format sample (fineflax/data/samples/gsm8k_test.jsonl) plus --problems held-out arithmetic
 word problems (fineflax.envs.word_problems, 1-3 operations) written as GSM8K rows ("#### answer"), each
 with --n samples at temperature 0.6, top-p 0.95.
-  generate  the chat-formatted prompts, n copies each, in calls of --batch-size prompts (what the runner does,
-            without grading or writing); timed on a second pass, after compilation
-  runner    fineflax.evals.bench.run on the same file into a fresh folder (tokenise, generate, grade with
-            math-verify, append generations.jsonl); its generation loop's time (model load excluded)
+  generate  the chat-formatted prompts, n copies each, in calls of --batch-size completions (each call ends
+            with its longest row); timed on a second pass, after compilation
+  runner    fineflax.evals.bench.run on the same file into a fresh folder (tokenise, generate --batch-size
+            completions at once with refill over --refill batches a call, grade with math-verify, append
+            generations.jsonl); its generation loop's time (model load excluded)
 tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the runner adds no overhead that
 batching does not pay for).
 
   python benchmarks/bench_runner.py [--model smollm2-135m-instruct] [--problems 256] [--n 8]
-      [--max-new-tokens 256] [--batch-size 256] [--dtype bfloat16] [--out DIR] [--write]
+      [--max-new-tokens 256] [--batch-size 256] [--refill 4] [--dtype bfloat16] [--out DIR] [--write]
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def runner(args, folder: pathlib.Path) -> tuple[float, int, dict]:
   ns = bench.build_parser().parse_args(
       ["--model", args.model, "--benchmarks", "gsm8k", "--data-dir", str(folder), "--n", str(args.n),
        "--temperature", "0.6", "--top-p", "0.95", "--max-new-tokens", str(args.max_new_tokens),
-       "--batch-size", str(args.batch_size), "--dtype", args.dtype, "--out", str(out)])
+       "--batch-size", str(args.batch_size), "--refill", str(args.refill), "--dtype", args.dtype,
+       "--out", str(out)])
   result = bench.run(ns)
   return result["timing"]["seconds"], result["timing"]["tokens"], result["summary"]["gsm8k"]
 
@@ -81,6 +83,7 @@ def main(argv=None) -> int:
   ap.add_argument("--n", type=int, default=8)
   ap.add_argument("--max-new-tokens", type=int, default=256)
   ap.add_argument("--batch-size", type=int, default=256)
+  ap.add_argument("--refill", type=int, default=4, help="the runner's --refill")
   ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "bench_runner"))
   ap.add_argument("--write", action="store_true", help="write the section of benchmarks/RESULTS.md")
@@ -97,7 +100,8 @@ def main(argv=None) -> int:
   text = (f"## Benchmark runner vs generate (benchmarks/bench_runner.py)\n\n"
           f"{args.model} ({args.dtype}) on {device}, {time.strftime('%Y-%m-%d')}: {8 + args.problems} GSM8K-format "
           f"rows (the sample + {args.problems} arithmetic problems) x {args.n} samples, T=0.6, top-p 0.95, "
-          f"max {args.max_new_tokens} new tokens, {args.batch_size} prompts per generate call.\n\n{table}\n\n"
+          f"max {args.max_new_tokens} new tokens, {args.batch_size} completions decoded at once (runner: refill over "
+          f"{args.refill} batches a call).\n\n{table}\n\n"
           f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); avg@{args.n} "
           f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
   print(text)

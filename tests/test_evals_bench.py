@@ -114,3 +114,17 @@ def test_user_mistakes_exit_2(tmp_path, capsys):
   assert "no file holds benchmark(s) ['aime25']" in capsys.readouterr().err
   assert bench.main(["--model", "m", "--benchmarks", "nq", "--n", "4", "--out", str(tmp_path / "c")]) == 2
   assert "--n > 1 needs --temperature > 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_refill_changes_no_greedy_completion(tiny_smol, tmp_path):
+  """--refill decodes a call's prompts through max_rows slots with refill; greedy text must not depend on it."""
+  base = ["--model", tiny_smol, "--benchmarks", "gsm8k", "--data-dir", str(SAMPLES_DIR), "--n", "1",
+          "--temperature", "0", "--max-new-tokens", "6", "--batch-size", "3", "--grade-workers", "0"]
+  texts = {}
+  for refill in (1, 4):
+    out = tmp_path / f"r{refill}"
+    assert bench.main([*base, "--refill", str(refill), "--out", str(out)]) == 0
+    recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    texts[refill] = {r["row"]: r["completion"] for r in recs}
+  assert len(texts[1]) == 8 and texts[1] == texts[4]

@@ -5,9 +5,10 @@
 
 Rows come from LUFFY's valid.parquet, Search-R1's test parquets, GSM8K or MATH files (found by data source:
 `fineflax.evals.benchmarks`); each row's prompt (its chat messages, the system turn dropped with
---drop-system as LUFFY's script does) gets n completions from `fineflax.sampling.generate`, --batch-size
-prompts a call, graded by the benchmark's grader (in --grade-workers processes, overlapping the next
-batch's generation). Per benchmark (over its R rows, c_r correct of n):
+--drop-system as LUFFY's script does) gets n completions from `fineflax.sampling.generate`: --batch-size
+completions decode at once, and a finished one's place goes to the next prompt of the call (--refill
+batches a call); each call's completions are graded by the benchmark's grader (in --grade-workers
+processes, overlapping the next call's generation) and appended. Per benchmark (over its R rows, c_r correct of n):
   avg@n  = mean_r c_r / n                      (greedy accuracy when n = 1 and temperature 0)
   pass@n = mean_r 1[c_r > 0]                   (= the unbiased pass@k estimate at k = n)
 with 95% bootstrap intervals over rows (`fineflax.evals.stats.mean_ci`). Writes OUT/generations.jsonl (one
@@ -183,7 +184,8 @@ def run(args) -> dict:
         pool.submit(grade_all, [("math500", "", "\\boxed{1}", {"ground_truth": "1"}, "off")])
     params, config, tok, lora, scale, dtype = load_local(args.model, args.adapter or None, quant=args.quant,
                                                          dtype=args.dtype)
-    per = max(args.batch_size // args.n, 1)  # rows per generate call, each with its n samples
+    per = max(args.batch_size // args.n, 1) * args.refill  # rows per generate call, each with its n samples
+    live = max(args.batch_size // args.n, 1) * args.n  # completions decoded at once; a finished one's place refills
     t0, tokens, pending = time.time(), 0, []
     with open(gen_path, "a", encoding="utf-8") as f:
       def flush(wait: bool):
@@ -206,7 +208,7 @@ def run(args) -> dict:
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(args.n)]
         res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, tokenizer=tok, lora=lora, lora_scale=scale, dtype=dtype,
-                       rng=jax.random.fold_in(jax.random.PRNGKey(args.seed), len(records) + b))
+                       max_rows=live, rng=jax.random.fold_in(jax.random.PRNGKey(args.seed), len(records) + b))
         batch, jobs = [], []
         for i, (name, item) in enumerate(chunk):
           for j in range(args.n):
@@ -258,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   ap.add_argument("--top-p", type=float, default=1.0)
   ap.add_argument("--max-new-tokens", type=int, default=1024)
-  ap.add_argument("--batch-size", type=int, default=64, help="prompts per generate call (rows x n)")
+  ap.add_argument("--batch-size", type=int, default=64, help="completions decoded at once (rows x n)")
+  ap.add_argument("--refill", type=int, default=4,
+                  help="batches per generate call: a finished completion's place goes to the next prompt "
+                       "(continuous batching); generations are written and graded per call")
   ap.add_argument("--think-gate", default="auto", choices=("auto", "on", "off"),
                   help="math: grade only the text after </think> (no tag = wrong); auto: when the prompt ends "
                        "with '<think>\\n' (LUFFY's eval script)")
@@ -276,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  for key in ("n", "max_new_tokens", "batch_size"):
+  for key in ("n", "max_new_tokens", "batch_size", "refill"):
     if getattr(args, key) < 1:
       print(f"error: --{key.replace('_', '-')}={getattr(args, key)}: must be >= 1", file=sys.stderr)
       return 2
