@@ -154,3 +154,63 @@ def test_a_corpus_that_does_not_match_the_index_is_refused(built, tmp_path):
                         "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 2
   assert "the index holds 12 vectors but the corpus" in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_e5(tmp_path_factory):
+  """A tiny random BERT in an e5-named sentence-transformers folder (MiniLM's uncased WordPiece tokenizer,
+  which e5-base-v2 shares; mean pooling), written by transformers."""
+  import shutil
+
+  import torch
+  import transformers
+
+  from retrieval.hf_model import resolve_model_folder
+  minilm_dir = resolve_model_folder("all-MiniLM-L6-v2")
+  folder = tmp_path_factory.mktemp("models") / "e5-tiny-v2"
+  cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64, max_position_embeddings=128)
+  torch.manual_seed(0)
+  model = transformers.BertModel(cfg).eval()
+  model.save_pretrained(folder)
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
+               "1_Pooling"):
+    src = minilm_dir / name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, folder / name)
+  return folder, model
+
+
+def _torch_mean_pooled(model, folder, texts):
+  """e5's embedding as its model card computes it: mean of the last hidden states over the mask, L2-normalised."""
+  import torch
+  import transformers
+  tok = transformers.AutoTokenizer.from_pretrained(folder)
+  batch = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+  with torch.no_grad():
+    hidden = model(**batch).last_hidden_state
+  mask = batch["attention_mask"][..., None].float()
+  pooled = (hidden * mask).sum(1) / mask.sum(1)
+  return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+
+
+def test_an_e5_folder_gets_e5_prefixes_end_to_end(tiny_e5, tmp_path):
+  """The e5 path itself (not only the name rule): build_index picks e5's name and passage prefix, the
+  vectors equal transformers' mean-pooled encoding of "passage: " + text, and the served index prefixes
+  queries with "query: " (top-k equal to a brute-force search with transformers' query vectors)."""
+  folder, model = tiny_e5
+  index_path = build(SAMPLE, tmp_path / "index", embedder=str(folder), max_length=128, show_progress=False)
+  assert index_path.name == "e5_Flat.index"
+  meta = json.loads((index_path.parent / "index_meta.json").read_text())
+  assert (meta["query_prefix"], meta["passage_prefix"]) == ("query: ", "passage: ")
+  records = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+  emb = _torch_mean_pooled(model, folder, ["passage: " + r["contents"] for r in records])
+  index, _ = read_index(index_path)
+  np.testing.assert_allclose(index.reconstruct_n(0, index.ntotal), emb, atol=2e-5)
+  engine = load_prebuilt(index_path, SAMPLE)
+  assert engine.query_prefix == "query: "
+  qemb = _torch_mean_pooled(model, folder, ["query: " + q for q in QUERIES])
+  expected = search_r1_response(QueryRequest(queries=QUERIES, topk=3, return_scores=True), records, emb, qemb)
+  with RetrievalServer(engine, "127.0.0.1", 0, workers=1) as server:
+    got = retrieve_http(server.url, QUERIES, topk=3, return_scores=True)
+  assert [[h["document"]["id"] for h in row] for row in got] == \
+      [[h["document"]["id"] for h in row] for row in expected["result"]]
