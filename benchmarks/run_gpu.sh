@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in benchmarks/RESULTS.md and experiments/*/RESULTS.md were produced, stage by stage,
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
-#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
+#   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 runner bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
 #                                          cudnn exgrpo masking agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
@@ -25,6 +25,10 @@ for stage in "$@"; do
             mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
     setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
+    runner) # issue 32: the benchmark runner (continuous refill) vs chunked generate calls, SmolLM2-135M, ~90 s
+            timeout -s TERM 200 python3 benchmarks/bench_runner.py --model "$GGUF" --problems 512 --n 4 \
+              --max-new-tokens 256 --batch-size 256 --refill 4 --out "$OUT/bench_runner" --write
+            cp benchmarks/RESULTS.md "$OUT/" ;;
     bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"   # tokens/s, MFU, peak memory vs transformers+peft
             python3 benchmarks/qlora.py ;;                      # 7B-shape QLoRA peaks, QLoRA vs bf16 speed + MFU
     profile) python3 benchmarks/profile_step.py --out "$OUT/profile"               # 1B bf16 LoRA step by op
