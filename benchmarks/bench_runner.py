@@ -12,7 +12,7 @@ tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the ru
 batching does not pay for).
 
   python benchmarks/bench_runner.py [--model smollm2-135m-instruct] [--problems 256] [--n 8]
-      [--max-new-tokens 256] [--batch-size 256] [--refill 4] [--dtype bfloat16] [--out DIR] [--write]
+      [--max-new-tokens 256] [--batch-size 256] [--refill 1] [--dtype bfloat16] [--out DIR] [--write]
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
   ap.add_argument("--n", type=int, default=8)
   ap.add_argument("--max-new-tokens", type=int, default=256)
   ap.add_argument("--batch-size", type=int, default=256)
-  ap.add_argument("--refill", type=int, default=4, help="the runner's --refill")
+  ap.add_argument("--refill", type=int, default=1, help="the runner's --refill")
   ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "bench_runner"))
   ap.add_argument("--write", action="store_true", help="write the section of benchmarks/RESULTS.md")

@@ -261,9 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--top-p", type=float, default=1.0)
   ap.add_argument("--max-new-tokens", type=int, default=1024)
   ap.add_argument("--batch-size", type=int, default=64, help="completions decoded at once (rows x n)")
-  ap.add_argument("--refill", type=int, default=4,
+  ap.add_argument("--refill", type=int, default=1,
                   help="batches per generate call: a finished completion's place goes to the next prompt "
-                       "(continuous batching); generations are written and graded per call")
+                       "(continuous batching; each new admission size compiles a prefill program, so it pays "
+                       "only on long generations); generations are written and graded per call")
   ap.add_argument("--think-gate", default="auto", choices=("auto", "on", "off"),
                   help="math: grade only the text after </think> (no tag = wrong); auto: when the prompt ends "
                        "with '<think>\\n' (LUFFY's eval script)")
