@@ -45,7 +45,7 @@ def direct(args, path) -> tuple[float, int]:
 
   from fineflax.data.rl_prompts import FORMATS, load_prompts
   from fineflax.evals.variants import load_local
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import chat_prompt_ids, generate
   params, config, tok, lora, scale, dtype = load_local(args.model, dtype=args.dtype)
   rows = list(load_prompts(str(path), FORMATS["gsm8k"]))
   per = max(args.batch_size // args.n, 1)
@@ -53,8 +53,7 @@ def direct(args, path) -> tuple[float, int]:
   for _ in range(2):  # the first pass compiles
     t0, tokens = time.perf_counter(), 0
     for b in range(0, len(rows), per):
-      texts = [format_chat(tok, r.messages) for r in rows[b:b + per]]
-      ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(args.n)]
+      ids = [p for r in rows[b:b + per] for p in [chat_prompt_ids(tok, r.messages)] * args.n]
       res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.95,
                      tokenizer=tok, dtype=dtype, rng=jax.random.fold_in(jax.random.PRNGKey(0), b))
       tokens += int(res.lengths.sum())

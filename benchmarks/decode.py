@@ -160,7 +160,7 @@ def _real_identity(gguf: str, n: int) -> dict:
   import numpy as np
   from fineflax.models import load
   from fineflax.sampling import SamplerSession
-  from fineflax.sampling.chat import format_chat
+  from fineflax.sampling.chat import chat_prompt_ids
   params, config, tok = load(gguf, dtype=jnp.bfloat16)
   questions = [f"Tom has {a} apples and buys {b} more, then gives away {c}. How many are left? Think step by step."
                for a, b, c in [(12, 7, 3), (20, 5, 9), (8, 8, 1), (15, 2, 6)]]
@@ -169,8 +169,7 @@ def _real_identity(gguf: str, n: int) -> dict:
                 "Give a one-sentence summary of photosynthesis.", "Name a famous physicist.",
                 "Why is the sky blue?", "Write a Python function that adds two numbers.",
                 "What is the boiling point of water?", "Suggest a name for a cat."]
-  prompts = [tok.encode(format_chat(tok, [{"role": "user", "content": q}]), add_special_tokens=False)
-             for q in questions]
+  prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
   res = {}
   for impl in ("scan", "unrolled"):
     s = SamplerSession(params, config, max_total_len=n, temperature=0.0, tokenizer=tok, dtype=jnp.bfloat16,

@@ -131,12 +131,12 @@ def run_engine(args, levels):
   from fineflax.serve.__main__ import build, parse_args as serve_parse
   from fineflax.serve.engine import Job
   from fineflax.serve.model import decode_slots
-  from fineflax.sampling.chat import format_chat
+  from fineflax.sampling.chat import chat_prompt_ids
   from fineflax.sampling.decode import bucket as _bucket
   server, _ = build(serve_parse(server_args(args, 0, ":memory:")))
   engine = server.engine.start()
   tok = engine.tokenizer
-  prompt = tok(format_chat(tok, PROMPT), add_special_tokens=False)["input_ids"]
+  prompt = chat_prompt_ids(tok, PROMPT)
 
   def wave(c):
     done = threading.Semaphore(0)
