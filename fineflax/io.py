@@ -1,11 +1,13 @@
-"""Small file helpers: atomic text writes, JSON reads whose errors name the file."""
+"""Small file helpers: atomic writes, JSON and JSON-lines reads whose errors name the file (and line).
+
+Plain Python only (no JAX): `retrieval/` and `memory/` import it too."""
 from __future__ import annotations
 
 import json
 import os
 import pathlib
 import tempfile
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
@@ -31,3 +33,49 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}: invalid JSON ({e})") from e
+
+
+class JsonLineError(ValueError):
+  """A JSON-lines record that is not a JSON object: `where` ("<file>:line <n>") and `reason`."""
+
+  def __init__(self, where: str, reason: str):
+    super().__init__(f"{where}: {reason}")
+    self.where, self.reason = where, reason
+
+
+def json_error(e: json.JSONDecodeError) -> str:
+  """"Expecting value at column 5", "Invalid control character at column 50" (json's own message for some
+  errors already ends with "at"), with the line when the text spans several."""
+  where = f"line {e.lineno} column {e.colno}" if e.lineno > 1 else f"column {e.colno}"
+  return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
+
+
+def json_object(text: str | bytes, where: str) -> dict:
+  """The JSON object in `text`; JsonLineError(where, "invalid JSON (...)" | "expected a JSON object, got
+  list") otherwise."""
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise JsonLineError(where, f"invalid JSON ({json_error(e)})") from None
+  if not isinstance(value, dict):
+    raise JsonLineError(where, f"expected a JSON object, got {type(value).__name__}")
+  return value
+
+
+def json_lines(path: str | os.PathLike,
+               on_error: Callable[[JsonLineError], None] | None = None) -> Iterator[tuple[int, dict]]:
+  """(line number, object) of each non-blank line of a JSON-lines file (numbered from 1). A line that is
+  not a JSON object raises JsonLineError naming "<path>:line <n>", or, with `on_error`, is passed to it
+  and skipped."""
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        value = json_object(line.rstrip("\r\n"), f"{path}:line {n}")
+      except JsonLineError as e:
+        if on_error is None:
+          raise
+        on_error(e)
+        continue
+      yield n, value

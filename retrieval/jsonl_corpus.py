@@ -20,6 +20,8 @@ import tempfile
 
 import numpy as np
 
+from fineflax.io import json_object
+
 CHUNK = 64 << 20
 
 
@@ -97,14 +99,7 @@ class JsonlCorpus:
     return os.pread(self._fd, end - start, start)
 
   def __getitem__(self, i: int) -> dict:
-    text = self.line(int(i))
-    try:
-      record = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{self.path}: record {i} (byte {int(self.offsets[i])}): invalid JSON ({e.msg})") from None
-    if not isinstance(record, dict):
-      raise ValueError(f"{self.path}: record {i}: expected a JSON object, got {type(record).__name__}")
-    return record
+    return json_object(self.line(int(i)).rstrip(b"\r\n"), f"{self.path}: record {i} (byte {int(self.offsets[i])})")
 
   def close(self) -> None:
     if self._fd is not None:
