@@ -10,7 +10,7 @@ with --n samples at temperature 0.6, top-p 0.95.
 tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the runner adds no overhead that
 batching does not pay for).
 
-  python benchmarks/bench_runner.py [--model smollm2-135m-instruct] [--problems 256] [--n 8]
+  python -m benchmarks.bench_runner [--model smollm2-135m-instruct] [--problems 256] [--n 8]
       [--max-new-tokens 256] [--batch-size 256] [--dtype bfloat16] [--out DIR] [--write]
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_text
 
 
 def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
           f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); avg@{args.n} "
           f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
   print(text)
-  (folder / "results.md").write_text(text)
+  atomic_write_text(folder / "results.md", text)
   if args.write:
     write_section("bench_runner", text)
   return 0

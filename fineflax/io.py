@@ -3,6 +3,7 @@
 Plain Python only (no JAX): `retrieval/` and `memory/` import it too."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -10,20 +11,38 @@ import tempfile
 from typing import Any, Callable, Iterator
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
-  """Writes `text` to a temporary sibling, then renames it over `path`: readers never see half a file."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[pathlib.Path]:
+  """Yields a temporary sibling of `path` (its folder is created) for a writer that takes a file name;
+  when the block succeeds the sibling is renamed over `path`, else removed: readers never see half a file,
+  and a crash leaves the old one."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  os.close(fd)
   try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
+    yield pathlib.Path(tmp)
     os.replace(tmp, path)
-  except BaseException:
+  finally:
     if os.path.exists(tmp):
       os.unlink(tmp)
-    raise
-  return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
+  """Writes `data` to `path` through `atomic_path`."""
+  with atomic_path(path) as tmp:
+    tmp.write_bytes(data)
+  return pathlib.Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
+  """Writes `text` (UTF-8) to `path` through `atomic_path`."""
+  return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, value: Any, indent: int | None = 1) -> pathlib.Path:
+  """Writes `json.dumps(value, indent=indent)` and a newline to `path` through `atomic_path`."""
+  return atomic_write_text(path, json.dumps(value, indent=indent) + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -16,11 +16,10 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 
 import numpy as np
 
-from fineflax.io import json_object
+from fineflax.io import atomic_path, atomic_write_json, json_object
 
 CHUNK = 64 << 20
 
@@ -71,11 +70,9 @@ def load_offsets(path: pathlib.Path) -> np.ndarray:
     except (ValueError, OSError):
       pass
   offsets = scan_offsets(path)
-  for target, write in ((npy, lambda f: np.save(f, offsets)), (meta, lambda f: f.write(json.dumps(stamp).encode()))):
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-    os.replace(tmp, target)
+  with atomic_path(npy) as tmp, open(tmp, "wb") as f:
+    np.save(f, offsets)
+  atomic_write_json(meta, stamp, indent=None)
   return np.load(npy, mmap_mode="r")
 
 
