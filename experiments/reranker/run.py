@@ -5,7 +5,7 @@ hybrid -> rerank on held-out training claims.
 Split: the 809 SciFact training claims with cited documents (benchmarks/retrieval.py's queries), shuffled
 with --seed; the first --eval-fraction are held out (never seen in training). Training groups: a claim, one
 cited abstract and --negatives abstracts drawn from BM25's top --pool non-cited ones (listwise softmax loss,
-experiments/reranker/cross_encoder.py). Training stops after --train-minutes or --max-steps.
+retrieval/cross_encoder_train.py). Training stops after --train-minutes or --max-steps.
 Evaluation: each retriever's top --depth is rescored by the saved model, loaded back through
 retrieval.rerank.CrossEncoderReranker (JAX), and reordered; ranks below --depth keep the retriever's order.
 
@@ -28,7 +28,7 @@ os.environ.setdefault("FINEFLAX_SHARED", str(ROOT / "../shared") if (ROOT / "../
 import optax
 
 from benchmarks.retrieval import load_scifact, ndcg_at_k
-from experiments.reranker import cross_encoder as ce
+from retrieval import cross_encoder_train as ce
 from retrieval import bert, create_search_engine
 from retrieval.hf_model import load_tokenizer, resolve_model_folder
 from fineflax.io import atomic_write_json, atomic_write_text
