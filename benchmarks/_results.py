@@ -1,10 +1,10 @@
 """Writes one benchmark's section of benchmarks/RESULTS.md, leaving the other sections untouched."""
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import tempfile
+
+from fineflax.io import atomic_write_text
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 _HEADER = "# Benchmark results\n\nEach section is written by the script it names; numbers name their device.\n"
@@ -16,10 +16,7 @@ def write_section(name: str, markdown: str, path: pathlib.Path = RESULTS) -> Non
   block = f"<!-- {name}:start -->\n{markdown.strip()}\n<!-- {name}:end -->"
   pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
   text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".RESULTS.")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  atomic_write_text(path, text)
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -88,9 +88,9 @@ def run(spec: dict) -> dict:
     if not np.isfinite(metrics.get("loss", np.nan)):
       raise FloatingPointError(f"fineflax loss is {metrics.get('loss')}")
   res = C.summarize(split, spec["warmup"])
-  from benchmarks import _gpu
+  from benchmarks import gpu
   return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
-          "peak_bytes": _gpu.jax_peak_bytes(),
+          "peak_bytes": gpu.jax_peak_bytes(),
           "settings": f"jit, all rows in one update; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
                       f"agg={rl.agg_mode}, old log-probs recomputed",
           "versions": {"jax": jax.__version__}}

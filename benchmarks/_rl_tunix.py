@@ -129,8 +129,8 @@ def run(spec: dict) -> dict:
   for st in split.steps:
     st["update"] = st["step"] - st["rollout"]
   res = C.summarize(split, spec["warmup"])
-  from benchmarks import _gpu
-  return {**res, "setup_s": setup_s, "peak_bytes": _gpu.jax_peak_bytes(), "completion_len": None,  # not read back from tunix
+  from benchmarks import gpu
+  return {**res, "setup_s": setup_s, "peak_bytes": gpu.jax_peak_bytes(), "completion_len": None,  # not read back from tunix
           "settings": f"vanilla rollout engine, colocated; loss grpo/{spec['agg_mode']}, micro-batch "
                       f"{micro_prompts * group} rows, remat {mc.remat_config.name}",
           "versions": {"tunix": getattr(tunix, "__version__", "?"), "qwix": getattr(qwix, "__version__", "?"),

@@ -1,20 +1,19 @@
 """Agent rollouts: wall time of N calculator-agent rollouts run by 1 thread (each LLM call its own `generate`)
 vs N threads (concurrent calls batched by `fineflax.agents.batcher`), each after two warm-up runs (compilation).
 
-  python benchmarks/agents.py --model smollm2-135m-instruct --rollouts 32 --out DIR     # GPU
-  python benchmarks/agents.py --model /path/tiny --rollouts 8 --max-tokens 8 --out DIR  # CPU
+  python -m benchmarks.agents --model smollm2-135m-instruct --rollouts 32 --out DIR     # GPU
+  python -m benchmarks.agents --model /path/tiny --rollouts 8 --max-tokens 8 --out DIR  # CPU
 Writes DIR/agents.json and prints a markdown table.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from fineflax.io import atomic_write_json
 
 
 def main():
@@ -28,7 +27,7 @@ def main():
   args = ap.parse_args()
   import jax
   import jax.numpy as jnp
-  from benchmarks._gpu import device_name
+  from benchmarks.gpu import device_name
   from fineflax.agents import LocalLLM, Store, run_rollouts
   from fineflax.agents.calculator import CalculatorAgent, calculator_tasks
   from fineflax.envs.word_problems import generate_problems
@@ -53,7 +52,7 @@ def main():
                                      "mean_batch": calls / max(len(llm.batcher.batch_sizes), 1)}
   os.makedirs(args.out, exist_ok=True)
   res = {"device": device_name(), "command": "python " + " ".join(sys.argv), "rows": rows}
-  pathlib.Path(args.out, "agents.json").write_text(json.dumps(res, indent=1))
+  atomic_write_json(pathlib.Path(args.out, "agents.json"), res, indent=1)
   print(f"device: {res['device']}\n\n| threads | wall (s) | LLM calls | generate calls | mean batch |\n|---|---|---|---|---|")
   for k, r in rows.items():
     if k.endswith("timed"):

@@ -11,7 +11,7 @@ with --n samples at temperature 0.6, top-p 0.95.
 tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the runner adds no overhead that
 batching does not pay for).
 
-  python benchmarks/bench_runner.py [--model smollm2-135m-instruct] [--problems 256] [--n 8]
+  python -m benchmarks.bench_runner [--model smollm2-135m-instruct] [--problems 256] [--n 8]
       [--max-new-tokens 256] [--batch-size 256] [--refill 1] [--dtype bfloat16] [--out DIR] [--write]
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_text
 
 
 def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
@@ -46,7 +46,7 @@ def direct(args, path) -> tuple[float, int]:
 
   from fineflax.data.rl_prompts import FORMATS, load_prompts
   from fineflax.evals.variants import load_local
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import chat_prompt_ids, generate
   params, config, tok, lora, scale, dtype = load_local(args.model, dtype=args.dtype)
   rows = list(load_prompts(str(path), FORMATS["gsm8k"]))
   per = max(args.batch_size // args.n, 1)
@@ -54,8 +54,7 @@ def direct(args, path) -> tuple[float, int]:
   for _ in range(2):  # the first pass compiles
     t0, tokens = time.perf_counter(), 0
     for b in range(0, len(rows), per):
-      texts = [format_chat(tok, r.messages) for r in rows[b:b + per]]
-      ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(args.n)]
+      ids = [p for r in rows[b:b + per] for p in [chat_prompt_ids(tok, r.messages)] * args.n]
       res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.95,
                      tokenizer=tok, dtype=dtype, rng=jax.random.fold_in(jax.random.PRNGKey(0), b))
       tokens += int(res.lengths.sum())
@@ -105,7 +104,7 @@ def main(argv=None) -> int:
           f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); avg@{args.n} "
           f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
   print(text)
-  (folder / "results.md").write_text(text)
+  atomic_write_text(folder / "results.md", text)
   if args.write:
     write_section("bench_runner", text)
   return 0

@@ -1,6 +1,6 @@
 """Does the cuDNN attention path honour segment ids? Packed-row logits, cuDNN vs XLA, within bf16 noise.
 
-  python benchmarks/check_cudnn_segments.py [--model smollm2-135m-instruct|PATH.gguf|HF_FOLDER|random]
+  python -m benchmarks.check_cudnn_segments [--model smollm2-135m-instruct|PATH.gguf|HF_FOLDER|random]
                                             [--batch 4] [--max_length 256] [--out DIR]
 
 A packed batch of the bundled arithmetic chats is built by the SFT batch iterator (packing=True: several
@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def packed_batch(tokenizer, batch: int, max_length: int) -> dict:
@@ -95,7 +93,7 @@ def main(argv=None) -> int:
   import jax.numpy as jnp
   from fineflax.models import load_tokenizer
   backend = jax.default_backend()
-  from benchmarks._gpu import device_name
+  from benchmarks.gpu import device_name
   device = device_name() if backend == "gpu" else f"CPU, {len(os.sched_getaffinity(0))} cores"
   tok = load_tokenizer("smollm2-135m-instruct")
   params, cfg, model = load_model(args.model, len(tok))
@@ -159,7 +157,7 @@ def main(argv=None) -> int:
     rows = [[n, "error: " + r["error"][:80], "", "", ""] if "error" in r else
             [n, r["err_abs"], r["err_rel"], r["leak_abs"], "ok" if checks[n] else "FAIL"]
             for n, r in results.items()]
-    cmd = "python benchmarks/check_cudnn_segments.py" + (f" --model {args.model}"
+    cmd = "python -m benchmarks.check_cudnn_segments" + (f" --model {args.model}"
                                                          if args.model != "smollm2-135m-instruct" else "")
     write_section("check_cudnn_segments", "\n\n".join([
         "## cuDNN attention honours segment ids (packed rows)",

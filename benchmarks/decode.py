@@ -1,7 +1,7 @@
 """Decode speed at the weight-read bound: fineflax's scan vs unrolled decoder vs transformers, same GPU, same run.
 
-  python benchmarks/decode.py            # GPU: SmolLM2-135M and Llama-3.2-1B shapes, random bf16 weights
-  python benchmarks/decode.py --smoke    # CPU check: tiny shape, prints only (RESULTS.md untouched)
+  python -m benchmarks.decode            # GPU: SmolLM2-135M and Llama-3.2-1B shapes, random bf16 weights
+  python -m benchmarks.decode --smoke    # CPU check: tiny shape, prints only (RESULTS.md untouched)
 
 Per model, with a 32-token random prompt, N = 64 new tokens, greedy, EOS ignored, bf16 weights and KV cache:
   * fineflax `SamplerSession` with impl="scan" (the old path: layers scanned over stacked weights) and
@@ -31,17 +31,15 @@ import argparse
 import concurrent.futures
 import json
 import os
-import pathlib
 import shlex
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from benchmarks.sampler import SHAPES, _prompts  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from benchmarks.sampler import SHAPES, _prompts
 
 SMOKE_SHAPES = {"tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=16, tie_word_embeddings=True)}
@@ -67,7 +65,7 @@ def _try(fn, *args) -> str | None:
 
 def _emit(out: dict) -> None:
   """The cumulative result so far (a killed worker still leaves its last line)."""
-  _gpu.print_result(out)
+  gpu.print_result(out)
 
 
 # ----------------------------------------------------------------------------- fineflax worker
@@ -79,8 +77,8 @@ def jax_worker(spec: dict) -> dict:
   from fineflax.models import init_params
   from fineflax.models.unrolled import prepare_unrolled
   from fineflax.sampling import SamplerSession
-  out = {"device": _gpu.jax_device_name(), "rows": [], "weight_bytes": {}}
-  out["copy_bytes_s"] = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
+  out = {"device": gpu.jax_device_name(), "rows": [], "weight_bytes": {}}
+  out["copy_bytes_s"] = gpu.jax_copy_bandwidth(spec["copy_bytes"])
   n = spec["new_tokens"]
   models, greedy, first = {}, {}, {}
   for name, shape in spec["shapes"].items():
@@ -160,7 +158,7 @@ def _real_identity(gguf: str, n: int) -> dict:
   import numpy as np
   from fineflax.models import load
   from fineflax.sampling import SamplerSession
-  from fineflax.sampling.chat import format_chat
+  from fineflax.sampling.chat import chat_prompt_ids
   params, config, tok = load(gguf, dtype=jnp.bfloat16)
   questions = [f"Tom has {a} apples and buys {b} more, then gives away {c}. How many are left? Think step by step."
                for a, b, c in [(12, 7, 3), (20, 5, 9), (8, 8, 1), (15, 2, 6)]]
@@ -169,8 +167,7 @@ def _real_identity(gguf: str, n: int) -> dict:
                 "Give a one-sentence summary of photosynthesis.", "Name a famous physicist.",
                 "Why is the sky blue?", "Write a Python function that adds two numbers.",
                 "What is the boiling point of water?", "Suggest a name for a cat."]
-  prompts = [tok.encode(format_chat(tok, [{"role": "user", "content": q}]), add_special_tokens=False)
-             for q in questions]
+  prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
   res = {}
   for impl in ("scan", "unrolled"):
     s = SamplerSession(params, config, max_total_len=n, temperature=0.0, tokenizer=tok, dtype=jnp.bfloat16,
@@ -192,7 +189,7 @@ def torch_worker(spec: dict) -> dict:
   from transformers.generation import CompileConfig
   cuda = torch.cuda.is_available()
   dev = "cuda" if cuda else "cpu"
-  out = {"device": _gpu.torch_device_name(), "rows": []}
+  out = {"device": gpu.torch_device_name(), "rows": []}
   if not cuda and not spec.get("smoke"):
     out["skipped"] = "torch has no CUDA"
     return out
@@ -203,7 +200,7 @@ def torch_worker(spec: dict) -> dict:
   for name, batch in spec["pairs"]:  # (model, batch) in the order to measure; models built once
     shape = spec["shapes"][name]
     if name not in models:
-      models[name] = _gpu.torch_random_llama(shape, dev)
+      models[name] = gpu.torch_random_llama(shape, dev)
     model = models[name]
     ids = torch.tensor(_prompts(batch, spec["prompt_len"], shape["vocab_size"]), device=dev)
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
@@ -239,16 +236,16 @@ def torch_worker(spec: dict) -> dict:
 
 def _run(spec: dict, env=None, timeout: float = 600.0) -> dict:
   """Runs one worker; its last result line, also when it was killed at `timeout`."""
-  argv = [sys.executable, __file__, "--worker", json.dumps(spec)]
+  argv = [*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)]
   try:
-    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=max(timeout, 1.0))
+    proc = subprocess.run(argv, env=env, cwd=gpu.REPO, stdout=subprocess.PIPE, text=True, timeout=max(timeout, 1.0))
     stdout, err = proc.stdout, f"exit code {proc.returncode}"
   except subprocess.TimeoutExpired as e:
     stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
     err = f"stopped at the time cap ({timeout:.0f} s)"
   for line in reversed(stdout.splitlines()):
-    if line.startswith(_gpu.RESULT_PREFIX):
-      res = json.loads(line[len(_gpu.RESULT_PREFIX):])
+    if line.startswith(gpu.RESULT_PREFIX):
+      res = json.loads(line[len(gpu.RESULT_PREFIX):])
       if err.startswith("stopped"):
         res["note"] = err
       return res
@@ -348,7 +345,7 @@ def main(argv=None) -> None:
           "copy_bytes": (1 << 24) if args.smoke else (1 << 31), "in_out": not args.no_in_out,
           "gguf": args.gguf, "repeats": args.repeats}
   spec["pairs"] = [(m, b) for b in spec["batches"] for m in spec["shapes"]]  # batch-major: small first
-  ours = _run(dict(spec, side="jax"), _gpu.jax_env(), timeout=0.65 * args.budget)
+  ours = _run(dict(spec, side="jax"), gpu.jax_env(), timeout=0.65 * args.budget)
   hf, raw = [], []
   if not args.no_hf:
     for cache in ("dynamic", "static"):

@@ -1,9 +1,9 @@
 """The generation engine (fineflax.engine: paged KV cache, continuous batching, shared prompts) at scale.
 
-  python benchmarks/engine.py --out benchmarks/out/engine                       # GPU: cases a, b, c
-  python benchmarks/engine.py --only b --baseline-path .baseline                # b against the old sampler
-  python benchmarks/engine.py --only a --attention pallas                       # one case, one kernel
-  python benchmarks/engine.py --tiny                                            # CPU check: tiny shapes
+  python -m benchmarks.engine --out benchmarks/out/engine                       # GPU: cases a, b, c
+  python -m benchmarks.engine --only b --baseline-path .baseline                # b against the old sampler
+  python -m benchmarks.engine --only a --attention pallas                       # one case, one kernel
+  python -m benchmarks.engine --tiny                                            # CPU check: tiny shapes
 
 Tables go to --out as engine_<case>.md (engine_<case>_<kernel>.md with one --attention kernel) and .json.
 
@@ -43,11 +43,11 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from benchmarks.sampler import SHAPES as SAMPLER_SHAPES  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from benchmarks.sampler import SHAPES as SAMPLER_SHAPES
+from fineflax.io import atomic_write_json, atomic_write_text
 
 LLAMA3_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
                ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
@@ -88,7 +88,7 @@ def _setup(spec: dict):
   import jax.numpy as jnp
   from benchmarks._random_weights import random_params
   config = _config(SHAPES[spec["shape"]])
-  bw = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
+  bw = gpu.jax_copy_bandwidth(spec["copy_bytes"])
   params = random_params(config, "none", jax.random.key(0), jnp.bfloat16)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
@@ -129,7 +129,7 @@ def worker_a(spec: dict) -> dict:
   prompts = _prompts(rows, plen, config.vocab_size)
   live_kv = rows * kv * (plen + (n - 1) / 2)  # mean over the steps of the KV in the cache
   read_ms = 1e3 * (wbytes + live_kv) / bw
-  out = {"device": _gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "read_ms": read_ms, "rows": []}
+  out = {"device": gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "read_ms": read_ms, "rows": []}
   for attention in spec["attentions"]:
     for room in spec["rooms"]:
       try:
@@ -153,14 +153,14 @@ def worker_a(spec: dict) -> dict:
           for s in seqs:
             engine.release(s)
         dt, steps = timings[-1]
-        pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / _gpu.GIB
+        pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / gpu.GIB
         out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
                             "pool_gib": pool_gib, "programs": compiled, "compile_s": compile_s,
-                            "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB})
+                            "peak_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB})
         del engine
       except Exception as e:  # noqa: BLE001 - reported in the table (e.g. the Pallas kernel on this GPU)
         out["rows"].append({"attention": attention, "room": room, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-      _gpu.print_result(out)  # cumulative: a killed worker still leaves its rows
+      gpu.print_result(out)  # cumulative: a killed worker still leaves its rows
   return out
 
 
@@ -178,7 +178,7 @@ def worker_b(spec: dict) -> dict:
   lens = np.array(lengths)
   live = (lens[None, :] > steps[:, None])  # [steps, rows]: row still decoding at step s
   bound_s = float(((wbytes + kv * (live * (plen + steps[:, None])).sum(1)) / bw).sum())
-  out = {"device": _gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "lengths": lengths,
+  out = {"device": gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "lengths": lengths,
          "bound_s": bound_s, "rows": []}
   for attention in spec["attentions"]:
     try:
@@ -195,11 +195,11 @@ def worker_b(spec: dict) -> dict:
       out["rows"].append({"attention": attention, "wall_s": times[-1], "first_s": times[0],
                           "decode_calls": engine.stats["decode_calls"] - calls, "programs": len(engine.programs),
                           "peak_pages": engine.stats["peak_pages"], "pool_pages": engine.pages.num_pages,
-                          "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB})
+                          "peak_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB})
       del engine
     except Exception as e:  # noqa: BLE001
       out["rows"].append({"attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    _gpu.print_result(out)
+    gpu.print_result(out)
   return out
 
 
@@ -232,8 +232,8 @@ def worker_baseline(spec: dict) -> dict:
     walls.append(time.perf_counter() - t)
     compiles.append(compile_s[0])
     assert res.mask.all()
-  return {"device": _gpu.jax_device_name(), "fineflax": fineflax.__file__, "walls": walls, "compiles": compiles,
-          "steps": max(lengths), "peak_gib": (_gpu.jax_peak_bytes() or 0) / _gpu.GIB}
+  return {"device": gpu.jax_device_name(), "fineflax": fineflax.__file__, "walls": walls, "compiles": compiles,
+          "steps": max(lengths), "peak_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB}
 
 
 def worker_c(spec: dict) -> dict:
@@ -246,7 +246,7 @@ def worker_c(spec: dict) -> dict:
   params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
   k, plen, n = spec["samples"], spec["prompt_len"], spec["new_tokens"]
   prompts = _prompts(spec["prompts"], plen, config.vocab_size)
-  out = {"device": _gpu.jax_device_name(), "rows": []}
+  out = {"device": gpu.jax_device_name(), "rows": []}
   for mode in ("shared", "unshared"):
     engine = _engine(params, config, spec, max_rows=len(prompts) * k, lengths=[plen + n] * (len(prompts) * k),
                      attention="gather", prepared=True)
@@ -272,7 +272,7 @@ def worker_c(spec: dict) -> dict:
         engine.release(s)
     out["rows"].append(row)
     del engine
-    _gpu.print_result(out)
+    gpu.print_result(out)
   return out
 
 
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
   ap.add_argument("--spec", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.worker:
-    _gpu.print_result(WORKERS[args.worker](json.loads(args.spec)))
+    gpu.print_result(WORKERS[args.worker](json.loads(args.spec)))
     return 0
   cases = [c.strip() for c in args.only.split(",") if c.strip()]
   bad = [c for c in cases if c not in FULL]
@@ -376,13 +376,13 @@ def main(argv=None) -> int:
   attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  env = _gpu.jax_env(**({"JAX_PLATFORMS": "cpu"} if args.tiny else {}))
-  print(f"device: {_gpu.device_name()}", flush=True)
+  env = gpu.jax_env(**({"JAX_PLATFORMS": "cpu"} if args.tiny else {}))
+  print(f"device: {gpu.device_name()}", flush=True)
   for case in cases:
     spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
-                copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * _gpu.GIB))
-    run = lambda name, s: _gpu.run_worker([sys.executable, __file__, "--worker", name, "--spec", json.dumps(s)],
+                copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * gpu.GIB))
+    run = lambda name, s: gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)],
                                           env=env, timeout=args.timeout)
     t = time.perf_counter()
     res = run(case, spec)
@@ -395,11 +395,11 @@ def main(argv=None) -> int:
       md = {"a": table_a, "c": table_c}[case](res) if case != "b" else table_b(res, base)
     md = f"### {TITLES[case]}\n\n{md}\n"
     name = f"engine_{case}" + (f"_{attentions[0]}" if len(attentions) == 1 and case != "c" else "")
-    (out_dir / f"{name}.md").write_text(md)
-    (out_dir / f"{name}.json").write_text(json.dumps({"result": res, "baseline": base}, indent=1))
+    atomic_write_text(out_dir / f"{name}.md", md)
+    atomic_write_json(out_dir / f"{name}.json", {"result": res, "baseline": base}, indent=1)
     print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)
     if args.write_results and not args.tiny:  # one section per table: separate calls do not overwrite
-      command = "python benchmarks/engine.py " + " ".join(sys.argv[1:] if argv is None else argv)
+      command = "python -m benchmarks.engine " + " ".join(sys.argv[1:] if argv is None else argv)
       write_section(name, f"## Generation engine: {name} (benchmarks/engine.py)\n\nCommand: `{command}`.\n\n{md}")
   return 0
 

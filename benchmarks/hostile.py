@@ -1,7 +1,7 @@
 """Hostile probes (issue 36): the sandbox, the code reward, training and ingestion as a hostile or unlucky
 user would meet them, plus the servers' probes of benchmarks/hostile_servers.py when present.
 
-  python benchmarks/hostile.py [--out DIR] [--kills 3] [--areas sandbox,code,ingest,training,servers]
+  python -m benchmarks.hostile [--out DIR] [--kills 3] [--areas sandbox,code,ingest,training,servers]
                                [--no-write]
 
 Prints one Markdown table (area, probe, expected, seen, ok); `--out DIR` also writes it as hostile.md and
@@ -9,7 +9,7 @@ hostile.json (the rows); the table goes into benchmarks/RESULTS.md ("Hostile pro
 --no-write. Every probe is a dict {area, probe, expected, seen, ok}, the shape `hostile_servers.probes()`
 returns. Exit status 1 if any probe is not ok.
 
-- sandbox: the programs of tests/sandbox_hostile.py in the mode runs use here (fork and memory bombs, an
+- sandbox: the programs of fineflax/testing/sandbox_hostile.py in the mode runs use here (fork and memory bombs, an
   endless loop, a detached child, writes outside, /etc/shadow, TCP and UDP to the host, host Unix sockets
   by path and abstract name, a 0666 System V segment, a world-readable host file, 1 GB and 30,000 files);
 - code: an answer whose `__eq__` is always True, and one that hunts the nonce and forges result lines;
@@ -39,11 +39,10 @@ import tempfile
 import time
 import uuid
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_json, atomic_write_text
 
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 AREAS = ("sandbox", "code", "ingest", "training", "servers")
 
@@ -68,7 +67,7 @@ def _first_words(text: str, n: int = 3) -> list[str]:
 
 
 def sandbox_probes() -> list[dict]:
-  import sandbox_hostile
+  from fineflax.testing import sandbox_hostile
   from fineflax.rewards import sandbox
   mode = sandbox.resolve_mode()
   area = f"sandbox ({mode})"
@@ -171,7 +170,7 @@ def sandbox_probes() -> list[dict]:
 
 
 def code_probes() -> list[dict]:
-  import sandbox_hostile
+  from fineflax.testing import sandbox_hostile
   from fineflax.rewards import get_reward
   code = get_reward("code")
 
@@ -193,6 +192,7 @@ import os, signal, sys, threading
 from memory import ingest
 from memory.hashing import HashingEmbedding
 from memory.store import VectorStore
+from fineflax.io import atomic_write_json, atomic_write_text
 col = VectorStore(sys.argv[2]).get_or_create_collection("kb", HashingEmbedding(32))
 if sys.argv[3] == "never":
   pass
@@ -257,7 +257,7 @@ def ingest_probes(work: pathlib.Path, kills: int) -> list[dict]:
 
 # ---- training ------------------------------------------------------------------------------------------
 def _tiny_model(path: pathlib.Path) -> str:
-  from conftest import make_hf_model
+  from fineflax.testing.hf_models import make_hf_model
   from fineflax.models.load import load_tokenizer
   make_hf_model("smollm2", path, vocab_size=49152, hidden_size=64, intermediate_size=128,
                 num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3)
@@ -417,13 +417,13 @@ def main() -> int:
   print(table)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "hostile.md").write_text(table + "\n")
-  (out / "hostile.json").write_text(json.dumps(rows, indent=1))
+  atomic_write_text(out / "hostile.md", table + "\n")
+  atomic_write_json(out / "hostile.json", rows, indent=1)
   user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
   if not args.no_write:
     write_section("hostile", f"## Hostile probes (issue 36)\n\n{datetime.date.today()}, CPU: {os.cpu_count()} "
                   f"cores ({platform.machine()}), shared with other jobs; kernel {platform.release()}, as {user}. "
-                  f"Command: `python benchmarks/hostile.py --kills {args.kills}` "
+                  f"Command: `python -m benchmarks.hostile --kills {args.kills}` "
                   f"({time.monotonic() - start:.0f} s). {sum(r['ok'] for r in rows)}/{len(rows)} ok. Before issue 36's "
                   "fixes the host Unix socket, System V, host file, 1 GB / 30k files, code-reward, first-batch ingest "
                   "kill and damaged-checkpoint rows failed (each has a regression test that fails on the old code)."

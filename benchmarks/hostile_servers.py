@@ -1,11 +1,11 @@
 """Hostile or unlucky clients against the two HTTP servers (issue 36): each probe says what it expects and
 what it saw.
 
-  python benchmarks/hostile_servers.py        # prints the rows as a Markdown table (CPU, about 1-2 min)
+  python -m benchmarks.hostile_servers        # prints the rows as a Markdown table (CPU, about 1-2 min)
   from benchmarks.hostile_servers import probes; probes() -> [{area, probe, expected, seen, ok}, ...]
 
 Chat server: `python -m fineflax.serve` in a subprocess over a tiny random Llama with SmolLM2's tokenizer
-and two random LoRA adapters (tests/_serve_fixtures.py), 2 slots, context 256, --idle-timeout 1, on a
+and two random LoRA adapters (fineflax/testing/serve.py), 2 slots, context 256, --idle-timeout 1, on a
 reward log left as an older server could have left it (a reward of 1e200 among alpha's zeros, +-inf, NULL
 and text rewards). Retrieval server: in this process, BM25 over 200 documents with the engine slowed to
 5 ms per query (what a dense engine costs on a CPU), 1 worker, --max-queries 500, --batch-queries 16,
@@ -26,10 +26,6 @@ import time
 import urllib.error
 import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests"):
-  if str(p) not in sys.path:
-    sys.path.insert(0, str(p))
 
 CHAT, RETRIEVAL = "chat server", "retrieval server"
 IDLE_S = 1.0
@@ -118,7 +114,7 @@ def _seed_old_log(path):
 
 @contextlib.contextmanager
 def chat_server(root: pathlib.Path):
-  from _serve_fixtures import free_port, server_argv, start_subprocess_server, tiny_chat_model, write_adapters
+  from fineflax.testing.serve import free_port, server_argv, start_subprocess_server, tiny_chat_model, write_adapters
   model = tiny_chat_model(root)
   adapters = write_adapters(model, root)
   log = root / "old_log.sqlite"
@@ -244,21 +240,8 @@ def chat_probes() -> list[dict]:
 
 
 # -- retrieval server ----------------------------------------------------------------------------------
-class SlowEngine:
-  """An engine that sleeps `per_query` s per query before searching (a dense engine's cost on a CPU)."""
-
-  def __init__(self, engine, per_query: float):
-    self.engine, self.per_query = engine, per_query
-
-  def __len__(self):
-    return len(self.engine)
-
-  def search_batch(self, queries, k):
-    time.sleep(self.per_query * len(queries))
-    return self.engine.search_batch(queries, k)
-
-
 def retrieval_probes() -> list[dict]:
+  from fineflax.testing.retrieval import SlowEngine
   from retrieval.engine import create_search_engine
   from retrieval.server import RetrievalHTTPError, RetrievalServer, retrieve_http
   docs = [{"id": f"d{i}", "title": f"Topic {i}", "text": f"cells protein {i % 7} glucose word{i}"}

@@ -1,8 +1,8 @@
 """The mechanism behind `model.layer_loop = "unrolled"`: data-movement ops in the compiled SFT step, scan vs unrolled.
 
-  python benchmarks/layer_loop_hlo.py                 # Llama-3.2-1B shape, 4 x 1024, bf16 and NF4, this backend
-  python benchmarks/layer_loop_hlo.py --smoke         # tiny shape (seconds)
-  python benchmarks/layer_loop_hlo.py --section layer_loop_hlo_cpu   # also writes that RESULTS.md section
+  python -m benchmarks.layer_loop_hlo                 # Llama-3.2-1B shape, 4 x 1024, bf16 and NF4, this backend
+  python -m benchmarks.layer_loop_hlo --smoke         # tiny shape (seconds)
+  python -m benchmarks.layer_loop_hlo --section layer_loop_hlo_cpu   # also writes that RESULTS.md section
 
 Builds the training step as benchmarks/sft.py does (`make_sft_fns`, LoRA r=16 on all linears, logits chunk 256,
 one right-padded sequence a row) from abstract arrays (`jax.eval_shape`: no weights are allocated), compiles it
@@ -27,9 +27,8 @@ import re
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks._results import markdown_table, write_section
 
 
 def count_ops(hlo_text: str) -> dict:
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
                      round(secs, 1)])
         print(f"[hlo] {quant} remat={remat} {loop}: {c} ({secs:.0f}s)", file=sys.stderr, flush=True)
   name = "tiny" if args.smoke else args.model
-  command = "python benchmarks/layer_loop_hlo.py " + " ".join(argv if argv is not None else sys.argv[1:])
+  command = "python -m benchmarks.layer_loop_hlo " + " ".join(argv if argv is not None else sys.argv[1:])
   md = "\n".join([f"## Layer scan vs unrolled layer loop: HLO op counts ({args.section or 'layer_loop_hlo'})", "",
                   f"Command: `{command.strip()}`. HLO op counts of the compiled SFT step, {name} shape, {b} x {t}, backend "
                   f"{jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}:", "",

@@ -2,7 +2,7 @@
 cost and query latency (one FAISS thread vs FAISS's default) at 10k / 100k 384-d vectors; recall@10 of the
 IVF index at 1M vectors.
 
-  python benchmarks/memory.py [--max-files 12] [--sizes 10000,100000] [--recall-n 1000000] [--queries 100]
+  python -m benchmarks.memory [--max-files 12] [--sizes 10000,100000] [--recall-n 1000000] [--queries 100]
 
 Ingestion embeds with all-MiniLM-L6-v2 (retrieval.embedder, JAX backend); it is capped at --max-files
 files because embedding the whole library takes too long on 2 cores. Chunking alone runs on all files.
@@ -14,19 +14,17 @@ import os
 import pathlib
 import platform
 import shutil
-import sys
 import sysconfig
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from memory.chunking import chunk_file  # noqa: E402
-from memory.ingest import ingest, walk  # noqa: E402
-from memory.store import VectorStore, default_embedding_function  # noqa: E402
+from benchmarks._results import markdown_table, write_section
+from memory.chunking import chunk_file
+from memory.ingest import ingest, walk
+from memory.store import VectorStore, default_embedding_function
 
 
 def stdlib_folder() -> pathlib.Path:
@@ -240,7 +238,7 @@ def main() -> None:
   device = f"2-core CPU, this machine ({platform.processor() or platform.machine()}, {os.cpu_count()} cores " \
            f"shared with other jobs; 1-minute load average {load_before:.1f} at the start, " \
            f"{os.getloadavg()[0]:.1f} at the end), python {platform.python_version()}"
-  command = f"`python benchmarks/memory.py --max-files {args.max_files} --sizes {args.sizes} " \
+  command = f"`python -m benchmarks.memory --max-files {args.max_files} --sizes {args.sizes} " \
             f"--recall-n {args.recall_n} --queries {args.queries} --data {args.data}`"
   md = "\n\n".join([
       "## memory",

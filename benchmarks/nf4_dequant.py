@@ -1,7 +1,7 @@
 """NF4 dequantisation on the GPU: how fast XLA runs each way of writing it, alone and in front of a matmul.
 
-  python benchmarks/nf4_dequant.py           # GPU, ~1 min; writes the "nf4_dequant" section of RESULTS.md
-  python benchmarks/nf4_dequant.py --smoke   # CPU, tiny shapes; prints only
+  python -m benchmarks.nf4_dequant           # GPU, ~1 min; writes the "nf4_dequant" section of RESULTS.md
+  python -m benchmarks.nf4_dequant --smoke   # CPU, tiny shapes; prints only
 
 Ways of writing W = NF4[q] * absmax (all bit-identical in bf16, checked in the run):
   current   NF4Tensor.dequantize: flat [nblocks, 64] view, 16-entry gather, double-quant absmax decoded inline
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import re
 import statistics
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
 
 SHAPES = {"gate/up [2048, 8192]": (2048, 8192), "down [8192, 2048]": (8192, 2048),
           "q/o [2048, 2048]": (2048, 2048)}
@@ -72,12 +70,12 @@ def fused_dot(hlo: str) -> bool:
 
 
 def median_ms(fn, *args, calls: int, repeats: int = 5) -> float:
-  """Median over `repeats` of the ms per call of `calls` back-to-back calls (`_gpu.time_steps`)."""
+  """Median over `repeats` of the ms per call of `calls` back-to-back calls (`gpu.time_steps`)."""
   import jax
   box = [fn(*args)]  # compile
   step = lambda: box.__setitem__(0, fn(*args))
   sync = lambda: jax.block_until_ready(box[0])
-  return 1000 * statistics.median(_gpu.time_steps(step, calls, sync) / calls for _ in range(repeats))
+  return 1000 * statistics.median(gpu.time_steps(step, calls, sync) / calls for _ in range(repeats))
 
 
 def worker(spec: dict) -> dict:
@@ -93,7 +91,7 @@ def worker(spec: dict) -> dict:
   copy = jax.jit(lambda a: a + 1)
   copy_bw = 2 * big.nbytes / (median_ms(copy, big, calls=5) / 1000)
   del big
-  out = {"copy_GBps": copy_bw / 1e9, "cases": [], "device": _gpu.jax_device_name(), "jax": jax.__version__}
+  out = {"copy_GBps": copy_bw / 1e9, "cases": [], "device": gpu.jax_device_name(), "jax": jax.__version__}
   for name, (k, n) in spec["shapes"].items():
     w = 0.02 * jax.random.normal(jax.random.PRNGKey(0), (k, n), jnp.float32)
     t = quantize_nf4(w.astype(jnp.bfloat16))
@@ -149,7 +147,7 @@ def main():
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
-    _gpu.print_result(worker(json.loads(args.worker)))
+    gpu.print_result(worker(json.loads(args.worker)))
     return
   spec = {"shapes": SMOKE_SHAPES if args.smoke else SHAPES, "rows": 64 if args.smoke else ROWS,
           "calls": 2 if args.smoke else 20}
@@ -157,10 +155,10 @@ def main():
   for flags, value in FLAGS.items():
     if args.smoke and value:
       continue
-    env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env(XLA_FLAGS=value)
-    results[flags] = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=env)
-  command = " ".join(["python benchmarks/nf4_dequant.py"] + sys.argv[1:])
-  md = report(results, _gpu.device_name(), command)
+    env = gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else gpu.jax_env(XLA_FLAGS=value)
+    results[flags] = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env)
+  command = " ".join(["python -m benchmarks.nf4_dequant"] + sys.argv[1:])
+  md = report(results, gpu.device_name(), command)
   print(md)
   if not args.smoke:
     write_section("nf4_dequant", md)

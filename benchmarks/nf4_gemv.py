@@ -1,7 +1,7 @@
 """NF4 products with few rows (decoding): the fused Pallas kernel vs `x @ W.dequantize()` vs a bf16 W, same GPU.
 
-  python benchmarks/nf4_gemv.py           # GPU, ~3 min; writes the "nf4_gemv" section of RESULTS.md
-  python benchmarks/nf4_gemv.py --smoke   # CPU, tiny shapes, kernel interpreted; prints only
+  python -m benchmarks.nf4_gemv           # GPU, ~3 min; writes the "nf4_gemv" section of RESULTS.md
+  python -m benchmarks.nf4_gemv --smoke   # CPU, tiny shapes, kernel interpreted; prints only
 
 Part 1, per Llama-3.2-1B linear shape and M rows: one jitted call computes x @ W_i for 8 distinct random
 kernels W_i (so the weights are read 8 times per call, no reuse), timed as the median of 5 runs of 20 calls;
@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
 
 SHAPES = {"q/o [2048, 2048]": (2048, 2048), "k/v [2048, 512]": (2048, 512), "gate/up [2048, 8192]": (2048, 8192),
           "down [8192, 2048]": (8192, 2048)}
@@ -63,7 +61,7 @@ def micro_worker(spec: dict) -> dict:
         try:
           out = fn(x, ws)
           jax.block_until_ready(out)
-          runs = [_gpu.time_steps(lambda: fn(x, ws), spec["calls"], lambda: jax.block_until_ready(fn(x, ws)))
+          runs = [gpu.time_steps(lambda: fn(x, ws), spec["calls"], lambda: jax.block_until_ready(fn(x, ws)))
                   / spec["calls"] for _ in range(5)]
           sec = statistics.median(runs)
           err = None
@@ -77,7 +75,7 @@ def micro_worker(spec: dict) -> dict:
         except Exception as e:  # a variant that fails keeps the others
           rows.append({"shape": name, "rows": m, "variant": variant, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         print(rows[-1], file=sys.stderr, flush=True)
-  return {"rows": rows, "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
+  return {"rows": rows, "device": gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
 
 
 def decode_worker(spec: dict) -> dict:
@@ -107,7 +105,7 @@ def decode_worker(spec: dict) -> dict:
     if i:
       times.append(dt)
     out["tokens"] = np.asarray(s.result(width=n).tokens).tolist()
-  out.update(step_ms=1e3 * statistics.median(times) / n, device=_gpu.jax_device_name())
+  out.update(step_ms=1e3 * statistics.median(times) / n, device=gpu.jax_device_name())
   return out
 
 
@@ -157,17 +155,17 @@ def main():
   args = ap.parse_args()
   if args.worker:
     spec = json.loads(args.worker)
-    _gpu.print_result(micro_worker(spec) if spec["part"] == "micro" else decode_worker(spec))
+    gpu.print_result(micro_worker(spec) if spec["part"] == "micro" else decode_worker(spec))
     return
-  command = " ".join(["python benchmarks/nf4_gemv.py"] + sys.argv[1:])
-  env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
+  command = " ".join(["python -m benchmarks.nf4_gemv"] + sys.argv[1:])
+  env = gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else gpu.jax_env()
   if args.decode_only:
     md = f"## NF4 decode step: NF4 base vs its dense copy (benchmarks/nf4_gemv.py --decode-only)\n\nCommand: `{command}`."
     variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-dense", "nf4", "xla", True))
   else:
     spec = {"part": "micro", "smoke": args.smoke, "shapes": SMOKE_SHAPES if args.smoke else SHAPES,
             "rows": [1, 16] if args.smoke else list(ROWS), "calls": 2 if args.smoke else 20}
-    micro = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=env)
+    micro = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env)
     md = micro_report(dict({"rows": []}, **micro), command)
     variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-fused", "nf4", "pallas", False))
   if not args.smoke:
@@ -179,7 +177,7 @@ def main():
         continue  # the Triton kernel needs a GPU (interpret mode is covered by part 1 and the tests)
       dspec = {"part": "decode", "smoke": args.smoke, "model": "Llama-2-7B" if args.smoke else "Llama-3.2-1B",
                "quant": quant, "new_tokens": 8 if args.smoke else 64, "batch": batch, "dense": dense}
-      decodes[name] = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(dspec)],
+      decodes[name] = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(dspec)],
                                       env=dict(env, FINEFLAX_NF4_KERNEL=kernel))
       print(name, batch, {k: v for k, v in decodes[name].items() if k != "tokens"}, file=sys.stderr, flush=True)
     md += "\n\n" + decode_report(decodes, batch)

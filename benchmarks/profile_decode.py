@@ -1,7 +1,7 @@
 """Where a decode step's time goes: kernels per step, device-busy time vs wall time, top ops.
 
-  python benchmarks/profile_decode.py --out DIR            # GPU: SmolLM2-135M shape, batch 1 and 64
-  python benchmarks/profile_decode.py --smoke --out DIR    # CPU check: tiny shape
+  python -m benchmarks.profile_decode --out DIR            # GPU: SmolLM2-135M shape, batch 1 and 64
+  python -m benchmarks.profile_decode --smoke --out DIR    # CPU check: tiny shape
 
 Per batch: a `SamplerSession` (unrolled decoder, greedy, bf16, random weights, 32-token prompts) decodes N = 64
 tokens once untimed (compile), once timed (wall ms/step = decode wall time / N), once under
@@ -24,10 +24,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.profile_step import categorize, device_events  # noqa: E402
-from benchmarks.sampler import SHAPES, _prompts  # noqa: E402
+from benchmarks import gpu
+from benchmarks.profile_step import categorize, device_events
+from benchmarks.sampler import SHAPES, _prompts
 
 SMOKE_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
                    num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
@@ -100,9 +100,9 @@ def main(argv=None) -> int:
       if not graphs:
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + NO_GRAPHS
       spec = json.dumps({"batch": batch, "profile": not graphs})
-      proc = subprocess.run([sys.executable, __file__, "--worker", spec, "--new-tokens", str(args.new_tokens)]
+      proc = subprocess.run([*gpu.worker_argv(__spec__.name), "--worker", spec, "--new-tokens", str(args.new_tokens)]
                             + (["--smoke"] if args.smoke else ["--model", args.model]),
-                            env=env, capture_output=True, text=True, timeout=600)
+                            env=env, cwd=gpu.REPO, capture_output=True, text=True, timeout=600)
       if proc.returncode:
         raise SystemExit(f"profile_decode worker failed:\n{proc.stderr[-2000:]}")
       r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,9 +1,9 @@
 """Where the time of one LoRA SFT step goes: a device profile, per HLO op and per category.
 
-  python benchmarks/profile_step.py --out DIR               # GPU: Llama-3.2-1B shape, 4 x 1024, bf16 LoRA
-  python benchmarks/profile_step.py --quant nf4 --out DIR   # the same step on NF4 (QLoRA) weights
-  python benchmarks/profile_step.py --smoke --out DIR       # CPU check: tiny shape
-  python benchmarks/profile_step.py --layer-loop unrolled --out DIR   # layers as a Python loop (model.layer_loop)
+  python -m benchmarks.profile_step --out DIR               # GPU: Llama-3.2-1B shape, 4 x 1024, bf16 LoRA
+  python -m benchmarks.profile_step --quant nf4 --out DIR   # the same step on NF4 (QLoRA) weights
+  python -m benchmarks.profile_step --smoke --out DIR       # CPU check: tiny shape
+  python -m benchmarks.profile_step --layer-loop unrolled --out DIR   # layers as a Python loop (model.layer_loop)
 
 Builds the step exactly as `benchmarks/sft.py` does (`make_sft_fns`, LoRA r=16 on all linears, AdamW + clip,
 one right-padded sequence a row), times `--steps` steps without the profiler (tokens/s, MFU as in
@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 CATEGORIES = ("matmul", "attention", "elementwise", "copies", "optimizer", "dequant")
 SCOPES = ("loss_head", "optimizer")
@@ -249,13 +248,13 @@ def main(argv=None) -> int:
   os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
   import jax
 
-  from benchmarks import _gpu
+  from benchmarks import gpu
   from fineflax.models.flops import mfu, peak_bf16_flops
 
   compiled, state, params, data, b, t, flops = build_step(args)
-  dt, _ = _gpu.time_jax_steps(compiled, state, params, data, warmup=2, steps=args.steps)
+  dt, _ = gpu.time_jax_steps(compiled, state, params, data, warmup=2, steps=args.steps)
   step_s = dt / args.steps
-  device = _gpu.jax_device_name()
+  device = gpu.jax_device_name()
   u = mfu(flops, step_s, peak_bf16_flops(device))
   hlo = parse_hlo(compiled.as_text())
   state = jax.tree.map(lambda x: x, state)
@@ -274,7 +273,7 @@ def main(argv=None) -> int:
   s = summarize(events, hlo, args.steps, 1000 * step_s, args.top)
   case = {"name": name, "device": device, "quant": args.quant, "tokens_s": b * t / step_s,
           "mfu": "n/a" if u is None else f"{100 * u:.1f}%",
-          "command": "python benchmarks/profile_step.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+          "command": "python -m benchmarks.profile_step " + " ".join(argv if argv is not None else sys.argv[1:])}
   md = report(s, case)
   print(md)
   out = pathlib.Path(args.out)

@@ -1,9 +1,9 @@
 """QLoRA on one GPU: peak memory of a training step on 7B shapes, and step speed of QLoRA vs bf16 LoRA
 vs transformers + peft.
 
-  python benchmarks/qlora.py            # GPU (H100): about 5 minutes; writes the "qlora" section of RESULTS.md
-  python benchmarks/qlora.py --smoke    # CPU check with tiny shapes; prints only (RESULTS.md untouched)
-  python benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll  # scan vs unrolled
+  python -m benchmarks.qlora            # GPU (H100): about 5 minutes; writes the "qlora" section of RESULTS.md
+  python -m benchmarks.qlora --smoke    # CPU check with tiny shapes; prints only (RESULTS.md untouched)
+  python -m benchmarks.qlora --only speed --layer-loop both --skip-torch --section qlora_unroll  # scan vs unrolled
 
 Every case: random weights of the model's shape built on the device layer by layer (bf16; NF4 = block 64 with
 double quantisation, quantised on the device one layer at a time, so no 7B model ever sits in f32),
@@ -26,16 +26,14 @@ import argparse
 import functools
 import gc
 import json
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._random_weights import random_params  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops  # noqa: E402
+from benchmarks import gpu
+from benchmarks._random_weights import random_params
+from benchmarks._results import markdown_table, write_section
+from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops
 
 LORA_R, LORA_ALPHA, LR, LOGITS_CHUNK = 16, 32.0, 1e-4, 256
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -140,12 +138,12 @@ def fineflax_worker(spec: dict) -> dict:
     mark("compiled")
   mem = compiled.memory_analysis()
   temp_bytes = None if mem is None else int(mem.temp_size_in_bytes)
-  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"], steps=spec["steps"])
+  dt, loss = gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"], steps=spec["steps"])
   mark("steps")
-  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
+  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": gpu.jax_peak_bytes(),
           "xla_temp_bytes": temp_bytes, "param_bytes": int(param_bytes), "bits": bits,
           "state_bytes": int(state_bytes), "stages_gb": stages,
-          "device": _gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
+          "device": gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
 
 
 # ----------------------------------------------------------------------------- torch worker
@@ -173,7 +171,7 @@ def torch_worker(spec: dict) -> dict:
                                                      target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
   model.train()
   tokens = torch.randint(0, c["vocab_size"], (b, t), device=device)
-  return _gpu.time_torch_lora_steps(model, model, tokens, lr=LR, warmup=spec["warmup"], steps=spec["steps"])
+  return gpu.time_torch_lora_steps(model, model, tokens, lr=LR, warmup=spec["warmup"], steps=spec["steps"])
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -346,21 +344,21 @@ def main():
   if args.worker:
     spec = json.loads(args.worker)
     result = torch_worker(spec) if spec["framework"] == "torch" else fineflax_worker(spec)
-    _gpu.print_result(result)
+    gpu.print_result(result)
     return
-  command = " ".join(["python benchmarks/qlora.py"] + sys.argv[1:])
+  command = " ".join(["python -m benchmarks.qlora"] + sys.argv[1:])
   rows = []
   for case in cases(args):
     if args.only and case["part"] != args.only:
       continue
     t0 = time.perf_counter()
-    env = _gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else _gpu.jax_env()
+    env = gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else gpu.jax_env()
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # every case compiles (and autotunes) from scratch
     if case.get("preallocate"):
       env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
     if args.smoke and case["framework"] == "torch":
       env["CUDA_VISIBLE_DEVICES"] = ""
-    result = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(case)], env=env)
+    result = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(case)], env=env)
     row = dict(case, **result)
     if "seconds" in row:
       row["tokens_s"] = case["batch"] * case["seq"] * case["steps"] / row["seconds"]
@@ -369,7 +367,7 @@ def main():
     summary["aot"] = case.get("aot")
     print(f"[{time.perf_counter() - t0:6.1f}s] {case['part']} {case['model']} {label(case)}: {summary}",
           file=sys.stderr, flush=True)
-    md = report(rows, _gpu.device_name(), command, args.smoke)
+    md = report(rows, gpu.device_name(), command, args.smoke)
     if args.section != "qlora":
       md = md.replace("## QLoRA: memory and speed", f"## QLoRA: memory and speed ({args.section})", 1)
     if not args.smoke:  # after every case: a run cut short keeps what it measured

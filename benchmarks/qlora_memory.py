@@ -1,7 +1,7 @@
 """XLA's compiled memory plan of the QLoRA training step on 7B shapes, on any backend (CPU included).
 
-  python benchmarks/qlora_memory.py                       # both 7B shapes, NF4, seq 1024, batch 1, remat full
-  python benchmarks/qlora_memory.py --models Llama-2-7B --logits-chunk 64
+  python -m benchmarks.qlora_memory                       # both 7B shapes, NF4, seq 1024, batch 1, remat full
+  python -m benchmarks.qlora_memory --models Llama-2-7B --logits-chunk 64
 
 The step is `benchmarks/qlora.py`'s (same shapes, LoRA, optimizer, remat full, logits chunk 256), lowered
 on abstract inputs (`jax.eval_shape`: no weights are made) and compiled; `memory_analysis()` gives the
@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._random_weights import random_params  # noqa: E402
-from benchmarks.qlora import LORA_ALPHA, LORA_R, LR, MEMORY_TARGET_GB, MODELS, TARGETS  # noqa: E402
+from benchmarks._random_weights import random_params
+from benchmarks.qlora import LORA_ALPHA, LORA_R, LR, MEMORY_TARGET_GB, MODELS, TARGETS
 
 
 def plan(name: str, seq: int, batch: int, remat: str, logits_chunk: int, quant: str = "nf4",

@@ -7,7 +7,7 @@ Documents: title + " " + " ".join(sentences); corpus embeddings from the cached 
 Server load test (benchmarks/retrieval_load.py: `python -m retrieval.server --kind bm25` in a subprocess on
 127.0.0.1, bounded loops) and FAISS single-query latency with one thread vs the default thread count.
 
-  python benchmarks/retrieval.py [--part all|quality|server|faiss] [--rank-bm25-queries 100]
+  python -m benchmarks.retrieval [--part all|quality|server|faiss] [--rank-bm25-queries 100]
 """
 from __future__ import annotations
 
@@ -15,16 +15,14 @@ import argparse
 import ast
 import os
 import pathlib
-import sys
 import time
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks import retrieval_load  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from retrieval import create_search_engine, fusion  # noqa: E402
+from benchmarks import retrieval_load
+from benchmarks._results import markdown_table, write_section
+from retrieval import create_search_engine, fusion
 
 SHARED = pathlib.Path(os.environ.get("FINEFLAX_SHARED", pathlib.Path(__file__).resolve().parents[1] / "../shared"))
 DATA = SHARED / "data" / "scifact"
@@ -102,7 +100,7 @@ def server_section(docs, queries, n: int, runs: int = 3) -> str:
       "Before (http.server, 8 threads; issue 14's audit, not re-measured here): ~22 req/s for one keep-alive "
       "client (a 40 ms Nagle/delayed-ACK stall per request), and 8 idle connections hung the server.",
       "",
-      f"Device: {load}. Command: `python benchmarks/retrieval.py --part server`",
+      f"Device: {load}. Command: `python -m benchmarks.retrieval --part server`",
   ])
 
 
@@ -130,7 +128,7 @@ def faiss_section(embeddings) -> str:
       "",
       table,
       "",
-      f"Device: {load}. Command: `python benchmarks/retrieval.py --part faiss`",
+      f"Device: {load}. Command: `python -m benchmarks.retrieval --part faiss`",
   ])
 
 
@@ -217,7 +215,7 @@ def quality(args, docs, queries, qrels, embeddings):
       "BM25 k1 in {0.9, 1.2, 1.5} x b in {0.75, 0.9, 1.0} moved nDCG@10 by under 0.003. Dense/hybrid q/s are "
       "bound by JAX query encoding on 2 shared cores.",
       "",
-      f"Device: {load}. Command: `python benchmarks/retrieval.py --part quality` (BM25 is timed on the "
+      f"Device: {load}. Command: `python -m benchmarks.retrieval --part quality` (BM25 is timed on the "
       "per-query path, without bm25s' progress bars and JAX top-k: 757 queries/s before this change).",
   ])
   if not args.no_write:

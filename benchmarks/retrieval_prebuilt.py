@@ -9,7 +9,7 @@ The embedder is all-MiniLM-L6-v2 (dim 384; its queries against random vectors: t
 contrast, the time to embed the corpus at start instead (what the server did before --index) is
 extrapolated from the embedder's measured passages/s.
 
-  python benchmarks/retrieval_prebuilt.py [--n 1000000] [--dim 384] [--requests 300] [--work DIR] [--write]
+  python -m benchmarks.retrieval_prebuilt [--n 1000000] [--dim 384] [--requests 300] [--work DIR] [--write]
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_text
 
 
 def write_synthetic(work: pathlib.Path, n: int, dim: int, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path]:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
           f">= 500 req/s target is the BM25-sized case (benchmarks/retrieval.py, server part).\n")
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "results.md").write_text(text)
+  atomic_write_text(out / "results.md", text)
   print(text)
   if args.write:
     write_section("retrieval_prebuilt", text)

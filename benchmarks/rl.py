@@ -1,7 +1,7 @@
 """One GRPO step (rollout + update) of fineflax vs TRL `GRPOTrainer` vs tunix `GRPOLearner`, same GPU, same run.
 
-  python benchmarks/rl.py --out DIR       # GPU: SmolLM2-135M and Llama-3.2-1B shapes (< 6 min on an H100)
-  python benchmarks/rl.py --smoke         # CPU check: tiny shape, 2 prompts x 2 samples, 8 tokens; prints only
+  python -m benchmarks.rl --out DIR       # GPU: SmolLM2-135M and Llama-3.2-1B shapes (< 6 min on an H100)
+  python -m benchmarks.rl --smoke         # CPU check: tiny shape, 2 prompts x 2 samples, 8 tokens; prints only
   bash benchmarks/run_gpu.sh rl           # GPU machine without internet: carry .whl and .whl3 (TRL, datasets,
                                           # tunix, qwix and their missing dependencies), installs them, runs this
 
@@ -26,11 +26,11 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from benchmarks.sft import SHAPES, SMOKE_SHAPES  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from benchmarks.sft import SHAPES, SMOKE_SHAPES
+from fineflax.io import atomic_write_text
 
 FRAMEWORKS = ("fineflax", "trl", "tunix")
 TARGETS = {"trl": 3.0, "tunix": 1.0}  # fineflax step speed over theirs (issue 17)
@@ -68,7 +68,7 @@ def worker(spec: dict) -> dict:
 
 
 def gib(x):
-  return "n/a" if x is None else round(x / _gpu.GIB, 2)
+  return "n/a" if x is None else round(x / gpu.GIB, 2)
 
 
 def _fmt(x, nd=2):
@@ -132,9 +132,7 @@ def write_outputs(out_dir: pathlib.Path, rows, device, command, smoke, t_all) ->
   for name, text in (("rl.json", json.dumps({"device": device, "command": command, "smoke": smoke,
                                               "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1)),
                      ("rl.md", md)):
-    tmp = out_dir / (name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out_dir / name)
+    atomic_write_text(out_dir / name, text)
   return md
 
 
@@ -154,20 +152,20 @@ def main(argv=None) -> int:
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.worker:
-    _gpu.print_result(worker(json.loads(args.worker)))
+    gpu.print_result(worker(json.loads(args.worker)))
     sys.stderr.flush()
     os._exit(0)  # a framework's leftover threads (tunix's rollout executor) must not hold the exit
-  command = "python benchmarks/rl.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-  command, device, out_dir = command.strip(), _gpu.device_name(), pathlib.Path(args.out)
+  command = "python -m benchmarks.rl " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+  command, device, out_dir = command.strip(), gpu.device_name(), pathlib.Path(args.out)
   rows, t_all = [], time.perf_counter()
   for c in cases(args):
     left = args.budget - (time.perf_counter() - t_all)
     if left < 20:
       rows.append(dict(c, error=f"not run: the {args.budget:.0f} s budget was spent"))
       continue
-    env = _gpu.jax_env() if c["framework"] != "trl" else dict(os.environ)
+    env = gpu.jax_env() if c["framework"] != "trl" else dict(os.environ)
     t = time.perf_counter()
-    res = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(c)], env=env,
+    res = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(c)], env=env,
                           timeout=min(args.timeout, left))
     row = dict(c, **res)
     rows.append(row)

@@ -25,51 +25,51 @@ for stage in "$@"; do
             mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
     setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
-    runner) # issue 32: the benchmark runner (continuous refill) vs chunked generate calls, SmolLM2-135M, ~90 s
-            timeout -s TERM 200 python3 benchmarks/bench_runner.py --model "$GGUF" --problems 512 --n 4 \
-              --max-new-tokens 256 --batch-size 256 --refill 4 --out "$OUT/bench_runner" --write
+    runner) # issue 32: the benchmark runner vs chunked generate calls, SmolLM2-135M, ~90 s
+            timeout -s TERM 200 python3 -m benchmarks.bench_runner --model "$GGUF" --problems 512 --n 4 \
+              --max-new-tokens 256 --batch-size 256 --out "$OUT/bench_runner" --write
             cp benchmarks/RESULTS.md "$OUT/" ;;
-    bench)  python3 benchmarks/sft.py --out "$OUT/sft.json"   # tokens/s, MFU, peak memory vs transformers+peft
-            python3 benchmarks/qlora.py ;;                      # 7B-shape QLoRA peaks, QLoRA vs bf16 speed + MFU
-    profile) python3 benchmarks/profile_step.py --out "$OUT/profile"               # 1B bf16 LoRA step by op
-             python3 benchmarks/profile_step.py --quant nf4 --out "$OUT/profile" ;;  # same on NF4 weights
+    bench)  python3 -m benchmarks.sft --out "$OUT/sft.json"   # tokens/s, MFU, peak memory vs transformers+peft
+            python3 -m benchmarks.qlora ;;                      # 7B-shape QLoRA peaks, QLoRA vs bf16 speed + MFU
+    profile) python3 -m benchmarks.profile_step --out "$OUT/profile"               # 1B bf16 LoRA step by op
+             python3 -m benchmarks.profile_step --quant nf4 --out "$OUT/profile" ;;  # same on NF4 weights
     unroll) # issue 17: layer scan vs unrolled layer loop (model.layer_loop), 1B shape, 4 x 1024, one H100, < 8 min
-            python3 benchmarks/sft.py --models Llama-3.2-1B --frameworks fineflax --layer-loop both \
+            python3 -m benchmarks.sft --models Llama-3.2-1B --frameworks fineflax --layer-loop both \
               --section sft_unroll --out "$OUT/sft_unroll.json"                      # remat none / full x 2 loops
-            python3 benchmarks/qlora.py --only speed --layer-loop both --skip-torch --section qlora_unroll
+            python3 -m benchmarks.qlora --only speed --layer-loop both --skip-torch --section qlora_unroll
             cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/profile_step.py --layer-loop unrolled --out "$OUT/profile"   # vs section profile
-            python3 benchmarks/layer_loop_hlo.py --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu
+            python3 -m benchmarks.profile_step --layer-loop unrolled --out "$OUT/profile"   # vs section profile
+            python3 -m benchmarks.layer_loop_hlo --quant none --remat none --out "$OUT" --section layer_loop_hlo_gpu
             cp benchmarks/RESULTS.md "$OUT/" ;;
     nf4)    # issue 17 item 3: NF4 dequantisation variants, then 7B QLoRA peaks and 1B QLoRA speed with the old
             # (plain) and new (custom-VJP) NF4 matmul, and a smaller loss-head chunk; one H100, ~10 min
-            python3 benchmarks/nf4_dequant.py; cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/qlora.py --only memory --quants nf4 --nf4-matmul plain --section qlora_mem_plain
+            python3 -m benchmarks.nf4_dequant; cp benchmarks/RESULTS.md "$OUT/"
+            python3 -m benchmarks.qlora --only memory --quants nf4 --nf4-matmul plain --section qlora_mem_plain
             cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/qlora.py --only memory --quants nf4 --section qlora_mem_custom; cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/qlora.py --only memory --quants nf4 --logits-chunk 128 --section qlora_mem_custom128
+            python3 -m benchmarks.qlora --only memory --quants nf4 --section qlora_mem_custom; cp benchmarks/RESULTS.md "$OUT/"
+            python3 -m benchmarks.qlora --only memory --quants nf4 --logits-chunk 128 --section qlora_mem_custom128
             cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/qlora.py --only speed --skip-torch --nf4-matmul plain --section qlora_speed_plain
+            python3 -m benchmarks.qlora --only speed --skip-torch --nf4-matmul plain --section qlora_speed_plain
             cp benchmarks/RESULTS.md "$OUT/"
-            python3 benchmarks/qlora.py --only speed --skip-torch --quants nf4 --section qlora_speed_custom
+            python3 -m benchmarks.qlora --only speed --skip-torch --quants nf4 --section qlora_speed_custom
             cp benchmarks/RESULTS.md "$OUT/" ;;
     qlora)  # issue 17's QLoRA rows: 7B peaks (step and first-call; remat full and offload) with JAX's default
             # allocator, then 1B speed vs bf16 and transformers + peft; ~8 + 4 min, two device calls
-            timeout -s TERM 570 python3 benchmarks/qlora.py --only memory --remat full,offload --preallocate
+            timeout -s TERM 570 python3 -m benchmarks.qlora --only memory --remat full,offload --preallocate
             cp benchmarks/RESULTS.md "$OUT/" ;;
     gemv)   # NF4 products with few rows (decoding): the fused Pallas kernel vs XLA vs bf16, then the 1B decode step
-            timeout -s TERM 500 python3 benchmarks/nf4_gemv.py; cp benchmarks/RESULTS.md "$OUT/" ;;
+            timeout -s TERM 500 python3 -m benchmarks.nf4_gemv; cp benchmarks/RESULTS.md "$OUT/" ;;
     dense)  # QLoRA decoding from a dense copy of the base (SamplerSession(dense_base=True)) vs NF4 vs bf16
-            python3 benchmarks/nf4_gemv.py --decode-only --section nf4_dense_decode; cp benchmarks/RESULTS.md "$OUT/" ;;
-    qspeed) python3 benchmarks/qlora.py --only speed --preallocate --section qlora_speed; cp benchmarks/RESULTS.md "$OUT/" ;;
-    pdecode) python3 benchmarks/profile_decode.py --out "$OUT" ;;  # SmolLM2 decode step: kernels, busy vs wall
-    sampler) python3 benchmarks/sampler.py --gguf "$GGUF" ;;
-    decode) python3 benchmarks/decode.py --gguf "$GGUF" --budget ${DECODE_BUDGET:-450} ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 8 min
-    sweep)  retry_xla python3 experiments/grpo_arith/sweep.py --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
-    grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 experiments/grpo_arith/run.py --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
-    search_r1) retry_xla python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
-    luffy)  retry_xla python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
-    agents) python3 experiments/compare.py --config configs/agent_rl.py --out /root/work/agents \
+            python3 -m benchmarks.nf4_gemv --decode-only --section nf4_dense_decode; cp benchmarks/RESULTS.md "$OUT/" ;;
+    qspeed) python3 -m benchmarks.qlora --only speed --preallocate --section qlora_speed; cp benchmarks/RESULTS.md "$OUT/" ;;
+    pdecode) python3 -m benchmarks.profile_decode --out "$OUT" ;;  # SmolLM2 decode step: kernels, busy vs wall
+    sampler) python3 -m benchmarks.sampler --gguf "$GGUF" ;;
+    decode) python3 -m benchmarks.decode --gguf "$GGUF" --budget ${DECODE_BUDGET:-450} ${DECODE_ARGS:-} ;;  # scan vs unrolled decoder vs transformers, < 8 min
+    sweep)  retry_xla python3 -m experiments.grpo_arith.sweep --model "$GGUF" --out /root/work/sweep ${SWEEP_ARGS:-} ;;
+    grpo)   timeout -s TERM ${GRPO_TIMEOUT:-1200} python3 -m experiments.grpo_arith.run --model "$GGUF" --out /root/work/grpo_arith ${GRPO_ARGS:-} ;;
+    search_r1) retry_xla python3 -m experiments.search_r1.run --model "$GGUF" --out /root/work/search_r1 ${SR1_ARGS:-} ;;
+    luffy)  retry_xla python3 -m experiments.luffy.run --model "$GGUF" --out /root/work/luffy ${LUFFY_ARGS:-} ;;
+    agents) python3 -m experiments.compare --config configs/agent_rl.py --out /root/work/agents \
               --method calculator_agent= --seeds 0 1 2 --per-gpu 1 --run-timeout ${RUN_TIMEOUT:-300} \
               --title "Calculator-tool agent trained by RL from its traces, SmolLM2-135M QLoRA" \
               --extra-metrics reward_mean \
@@ -77,23 +77,23 @@ for stage in "$@"; do
     apo)    # APO of the calculator agent's prompt, local SmolLM2 as agent, critic and editor; Agent Lightning's
             # sizes (29 validation tasks, beam 2 x branch 2, 2 rounds); no round starts that would end past
             # 330 s of search; hard stop at 560 s (the H100 run took 188 s)
-            timeout -s TERM ${APO_TIMEOUT:-560} python3 experiments/agents/run.py --skip-rl --apo-presets gpu5 \
+            timeout -s TERM ${APO_TIMEOUT:-560} python3 -m experiments.agents.run --skip-rl --apo-presets gpu5 \
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
-            python3 benchmarks/serve.py --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
+            python3 -m benchmarks.serve --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
             for w in .whl .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site $w/*.whl; done
             for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \
               python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/fallback/$m/*.whl; done
-            timeout -s TERM ${RL_TIMEOUT:-420} python3 benchmarks/rl.py --out "$OUT/rl" ${RL_ARGS:-} ;;
-    cudnn)  python3 benchmarks/check_cudnn_segments.py --model "$GGUF" --out "$OUT" ;;
-    exgrpo) python3 experiments/compare.py --config configs/grpo_arith.py --out /root/work/exgrpo \
+            timeout -s TERM ${RL_TIMEOUT:-420} python3 -m benchmarks.rl --out "$OUT/rl" ${RL_ARGS:-} ;;
+    cudnn)  python3 -m benchmarks.check_cudnn_segments --model "$GGUF" --out "$OUT" ;;
+    exgrpo) python3 -m experiments.compare --config configs/grpo_arith.py --out /root/work/exgrpo \
               --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
               --run-timeout ${RUN_TIMEOUT:-420} --title "GRPO vs ExGRPO, SmolLM2-135M QLoRA, 1-2 step arithmetic" \
               --extra-metrics solve_rate reward_mean replay_share buffer_questions buffer_retired \
               --set model.source=$GGUF num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} \
               model.remat=full model.logits_chunk=32 ;;
-    masking) python3 experiments/compare.py --config configs/search_r1.py --out /root/work/masking \
+    masking) python3 -m experiments.compare --config configs/search_r1.py --out /root/work/masking \
               --method masked= --method "unmasked=;search.mask_info=false" --seeds 0 1 2 3 \
               --per-gpu ${PER_GPU:-2} --run-timeout ${RUN_TIMEOUT:-420} --metric eval_em \
               --title "Search-R1 info-token masking ablation, SmolLM2-135M QLoRA" \
@@ -105,17 +105,17 @@ for stage in "$@"; do
             # 5 runs, so ~40 min of one H100 (4 calls; ~10 min of 4 x H100). Each call stops every run at the
             # budget with a checkpoint on this machine's disk; the next call on the SAME machine resumes them
             # (a fresh machine starts them over); complete runs return at once; RESULTS.md is rewritten each call
-            python3 experiments/luffy/run.py --model "$GGUF" --out /root/work/luffy5 --seeds ${SEEDS:-0 1 2 3} \
+            python3 -m experiments.luffy.run --model "$GGUF" --out /root/work/luffy5 --seeds ${SEEDS:-0 1 2 3} \
               --per-gpu ${PER_GPU:-2} --time-budget ${TIME_BUDGET:-520} --steps ${STEPS:-150} \
               --eval-every ${EVAL_EVERY:-30} --set model.remat=full model.logits_chunk=32 ${LUFFY_SET:-} ;;
     sr1rag) # direct / RAG / oracle-evidence baselines (one child process, ~1-2 min), then Search-R1 RL alone
             # (grpo_only) x 4 seeds, 1 per GPU, 60 steps: ~8-9 min; if stopped, call again (it resumes)
-            python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/sr1rag --methods search_r1 \
+            python3 -m experiments.search_r1.run --model "$GGUF" --out /root/work/sr1rag --methods search_r1 \
               --seeds 0 1 2 3 --per-gpu ${PER_GPU:-1} --time-budget ${TIME_BUDGET:-420} --steps ${STEPS:-60} \
               --eval-every ${EVAL_EVERY:-15} --set model.remat=full model.logits_chunk=32 ;;
     combined) # the combined mode (Search-R1 + LUFFY oracle traces) x 4 seeds next to sr1rag's runs (same
             # folder: those return at once, baselines are cached): ~8-9 min; if stopped, call again
-            python3 experiments/search_r1/run.py --model "$GGUF" --out /root/work/sr1rag \
+            python3 -m experiments.search_r1.run --model "$GGUF" --out /root/work/sr1rag \
               --methods search_r1 combined --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \
               --time-budget ${TIME_BUDGET:-500} --steps ${STEPS:-60} --eval-every ${EVAL_EVERY:-15} \
               --set model.remat=full model.logits_chunk=32
@@ -129,17 +129,17 @@ for stage in "$@"; do
             mkdir -p /root/work/sr1rag && cp -n experiments/search_r1/baselines.json /root/work/sr1rag/
             [ -n "${F16_UNROLL_GPU-0}" ] && { CUDA_VISIBLE_DEVICES=${F16_UNROLL_GPU-0} timeout -s TERM 560 \
               bash benchmarks/run_gpu.sh unroll > "$OUT/unroll.log" 2>&1 & }
-            CUDA_VISIBLE_DEVICES=${F16_LUFFY_GPUS:-1,2} python3 experiments/luffy/run.py --model "$GGUF" \
+            CUDA_VISIBLE_DEVICES=${F16_LUFFY_GPUS:-1,2} python3 -m experiments.luffy.run --model "$GGUF" \
               --out /root/work/luffy5 --seeds 3 --methods rl sft_rl luffy luffy_noshape --per-gpu 2 \
               --time-budget ${TIME_BUDGET:-470} --steps 150 --eval-every 50 \
               --set model.remat=full model.logits_chunk=32 rl.prompts_per_step=16 > "$OUT/luffy3.log" 2>&1 &
-            CUDA_VISIBLE_DEVICES=${F16_SR1_GPUS:-3} python3 experiments/search_r1/run.py --model "$GGUF" \
+            CUDA_VISIBLE_DEVICES=${F16_SR1_GPUS:-3} python3 -m experiments.search_r1.run --model "$GGUF" \
               --out /root/work/sr1rag --methods search_r1 --seeds 0 1 2 3 --per-gpu ${F16_SR1_PER_GPU:-4} \
               --time-budget ${TIME_BUDGET:-470} --steps 40 --eval-every 10 \
               --set model.remat=full model.logits_chunk=32 > "$OUT/sr1.log" 2>&1 &
             wait
             for d in luffy5 sr1rag; do tar czf "$OUT/$d-runs.tgz" -C /root/work --exclude=checkpoints --exclude=adapter $d; done ;;
-    scaling) python3 benchmarks/scaling.py --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
+    scaling) python3 -m benchmarks.scaling --out "$OUT/scaling" --results ;;  # 1/2/4 GPUs + 70B-shape fsdp=4
     mp2)    # 2 processes x 1 GPU (jax.distributed on localhost) vs 1 process x 2 GPUs: same losses
             MP="python3 launch.py --config configs/grpo_arith.py:smoke --config.model.source=$GGUF --config.num_steps=4 --config.rl.prompts_per_step=16 --config.rl.group_size=8 --config.rl.max_new_tokens=96 --config.task.num_eval=32"
             rm -rf /root/work/mp2 && mkdir -p /root/work/mp2
@@ -163,7 +163,7 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
                 --workdir $D/student_$v > $D/student_$v.log 2>&1; tail -n 2 $D/student_$v.log
             done
             cp $D/*.log "$OUT/" ; for d in $D/*/; do cp $d/summary.json "$OUT/$(basename $d)_summary.json"; done ;;
-    fits)   python3 benchmarks/scaling.py --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
+    fits)   python3 -m benchmarks.scaling --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;

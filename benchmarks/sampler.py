@@ -1,9 +1,9 @@
 """Decode throughput of `fineflax.sampling.generate` vs transformers `generate`, same GPU, same run.
 
-  python benchmarks/sampler.py                      # GPU: SmolLM2-135M and Llama-3.2-1B shapes (< 6 min, H100)
-  python benchmarks/sampler.py --gguf PATH.gguf     # SmolLM2 with its real weights (else random, same shape)
-  python benchmarks/sampler.py --smoke              # CPU check: tiny shapes, prints only (RESULTS.md untouched)
-  python benchmarks/sampler.py --hf-static          # adds transformers with a static cache (no torch.compile)
+  python -m benchmarks.sampler                      # GPU: SmolLM2-135M and Llama-3.2-1B shapes (< 6 min, H100)
+  python -m benchmarks.sampler --gguf PATH.gguf     # SmolLM2 with its real weights (else random, same shape)
+  python -m benchmarks.sampler --smoke              # CPU check: tiny shapes, prints only (RESULTS.md untouched)
+  python -m benchmarks.sampler --hf-static          # adds transformers with a static cache (no torch.compile)
 
 Each prompt is 32 random tokens; 256 new tokens, EOS ignored (fineflax eos_ids=(), transformers
 min_new_tokens = max_new_tokens); greedy; bf16 weights, bf16 KV cache. tokens/s = batch * new tokens /
@@ -22,10 +22,9 @@ import shlex
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
 
 SHAPES = {
     "SmolLM2-135M": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -53,7 +52,7 @@ def jax_worker(spec: dict) -> dict:
   import jax.numpy as jnp
   from fineflax.models import ModelConfig, init_params
   from fineflax.sampling import generate
-  out = {"device": _gpu.jax_device_name(), "rows": []}
+  out = {"device": gpu.jax_device_name(), "rows": []}
   for name, shape in spec["shapes"].items():
     if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
       shape = dict(shape, rope_scaling=tuple(tuple(kv) for kv in shape["rope_scaling"]))
@@ -82,7 +81,7 @@ def jax_worker(spec: dict) -> dict:
     if name == "Llama-3.2-1B" or spec.get("smoke"):
       out["weight_bytes"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     del params
-  out["hbm_bytes_s"] = _gpu.jax_copy_bandwidth(spec["copy_bytes"])
+  out["hbm_bytes_s"] = gpu.jax_copy_bandwidth(spec["copy_bytes"])
   return out
 
 
@@ -91,9 +90,9 @@ def jax_worker(spec: dict) -> dict:
 def torch_worker(spec: dict) -> dict:
   import torch
   dev = "cuda" if torch.cuda.is_available() else "cpu"
-  out = {"device": _gpu.torch_device_name(), "rows": []}
+  out = {"device": gpu.torch_device_name(), "rows": []}
   for name, shape in spec["shapes"].items():
-    model = _gpu.torch_random_llama(shape, dev)
+    model = gpu.torch_random_llama(shape, dev)
     n = spec["new_tokens"]
     for cache in ["dynamic"] + (["static"] if spec.get("hf_static") else []):
       for batch in spec["batches"]:
@@ -133,7 +132,7 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   if args.worker:
     spec = json.loads(args.worker)
-    _gpu.print_result(jax_worker(spec) if spec["side"] == "jax" else torch_worker(spec))
+    gpu.print_result(jax_worker(spec) if spec["side"] == "jax" else torch_worker(spec))
     return
   spec = {"shapes": SMOKE_SHAPES if args.smoke else SHAPES, "prompt_len": 8 if args.smoke else 32,
           "new_tokens": args.new_tokens or (8 if args.smoke else 256),
@@ -141,9 +140,9 @@ def main(argv=None) -> None:
                      ([1, 2] if args.smoke else [1, 16, 64, 256]),
           "gguf": args.gguf, "smoke": args.smoke, "hf_static": args.hf_static,
           "copy_bytes": (1 << 24) if args.smoke else (1 << 32)}
-  worker = lambda side, env=None: _gpu.run_worker(
-      [sys.executable, __file__, "--worker", json.dumps(dict(spec, side=side))], env=env, timeout=900)
-  ours = worker("jax", _gpu.jax_env())
+  worker = lambda side, env=None: gpu.run_worker(
+      [*gpu.worker_argv(__spec__.name), "--worker", json.dumps(dict(spec, side=side))], env=env, timeout=900)
+  ours = worker("jax", gpu.jax_env())
   theirs = {"rows": []} if args.no_hf else worker("torch")
   for r in (ours, theirs):
     if "error" in r:
@@ -157,7 +156,7 @@ def main(argv=None) -> None:
     ref = [hf.get((r["model"], r["batch"], c)) for c in caches]
     rows.append([r["model"], r["batch"], round(r["tok_s"]), r["step_ms"]] + [round(x) if x else "-" for x in ref]
                 + [r["tok_s"] / ref[0] if ref[0] else "-"])
-  lines = [f"Device: {ours.get('device', _gpu.device_name())} (transformers: {theirs.get('device', '-')}). "
+  lines = [f"Device: {ours.get('device', gpu.device_name())} (transformers: {theirs.get('device', '-')}). "
            f"Command: `python {shlex.join(['benchmarks/sampler.py'] + (argv or sys.argv[1:]))}`.",
            f"Prompt {spec['prompt_len']} random tokens, {spec['new_tokens']} new tokens, greedy, EOS ignored, "
            f"bf16; weights {'from ' + pathlib.Path(args.gguf).name if args.gguf else 'random'} "

@@ -1,6 +1,6 @@
 """Code sandbox cost and containment, per isolation mode available to the current user.
 
-  python benchmarks/sandbox.py [--runs 20] [--no-write]
+  python -m benchmarks.sandbox [--runs 20] [--no-write]
 
 Per mode: wall time of one `run_python("pass")` and of one `code` reward with 3 unit tests (p50 / p90 over
 --runs), and a true fork bomb (max_processes=16, timeout 2 s): the host's peak process count over the
@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import platform
-import sys
 import threading
 import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from fineflax.rewards import get_reward, sandbox  # noqa: E402
+from benchmarks._results import markdown_table, write_section
+from fineflax.rewards import get_reward, sandbox
 
 FORK_BOMB = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
 COMPLETION = "```python\ndef add(a, b):\n    return a + b\n```"
@@ -101,7 +98,7 @@ def main() -> None:
   user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
   md = (f"## Code sandbox\n\nDevice: CPU, {os.cpu_count()} cores ({platform.machine()}), shared with other jobs; "
         f"python {platform.python_version()}, kernel {platform.release()}, as {user}. "
-        f"Command: `python benchmarks/sandbox.py --runs {args.runs}`.\n\n"
+        f"Command: `python -m benchmarks.sandbox --runs {args.runs}`.\n\n"
         "Wall time per run (ms): `run_python(\"pass\")` and one `code` reward with 3 unit tests.\n\n"
         + markdown_table(["mode", "run p50", "run p90", "code reward p50", "code reward p90"], rows)
         + "\n\nTrue fork bomb (`max_processes=16`, timeout 2 s): host processes sampled from /proc every 5 ms; "

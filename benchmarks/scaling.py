@@ -1,9 +1,9 @@
 """Multi-GPU scaling of the SFT and GRPO steps on a ("data", "fsdp") mesh, and the largest QLoRA GRPO step
 that fits 4 GPUs with fsdp = 4.
 
-  python benchmarks/scaling.py --out DIR            # GPUs: 1, 2 and 4 devices (as many as are visible)
-  python benchmarks/scaling.py --out DIR --tiny     # CPU check: tiny shapes on 1/2/4 forced CPU devices
-  python benchmarks/scaling.py --out DIR --results  # also writes the "multi-GPU" section of RESULTS.md
+  python -m benchmarks.scaling --out DIR            # GPUs: 1, 2 and 4 devices (as many as are visible)
+  python -m benchmarks.scaling --out DIR --tiny     # CPU check: tiny shapes on 1/2/4 forced CPU devices
+  python -m benchmarks.scaling --out DIR --results  # also writes the "multi-GPU" section of RESULTS.md
 
 Every case runs in a fresh subprocess that sees n devices (CUDA_VISIBLE_DEVICES=0..n-1; on CPU
 --xla_force_host_platform_device_count=n) and builds the mesh data=n (fsdp=1) for the scaling rows.
@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_text
 
 SHAPES = {  # published shapes (config.json of each model)
     "SmolLM2-135M": dict(vocab=49152, hidden=576, inter=1536, layers=30, heads=9, kv_heads=3, head_dim=64,
@@ -97,7 +96,7 @@ def _peak_gib() -> float | None:
   import jax
   peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
   peaks = [p for p in peaks if p]
-  return max(peaks) / _gpu.GIB if peaks else None
+  return max(peaks) / gpu.GIB if peaks else None
 
 
 def sft_worker(spec: dict) -> dict:
@@ -124,9 +123,9 @@ def sft_worker(spec: dict) -> dict:
            "attention_mask": np.ones((1, b, t), np.int32), "segment_ids": np.ones((1, b, t), np.int32),
            "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy()}
   batch = shard_batch(batch, mesh, batch_axis=1)
-  dt, loss = _gpu.time_jax_steps(train, state, params, batch, warmup=spec["warmup"], steps=spec["steps"])
+  dt, loss = gpu.time_jax_steps(train, state, params, batch, warmup=spec["warmup"], steps=spec["steps"])
   return {"devices": n, "rows": b, "seconds": dt, "throughput": b * t / dt, "loss": loss,
-          "peak_gib": _peak_gib(), "device": _gpu.jax_device_name()}
+          "peak_gib": _peak_gib(), "device": gpu.jax_device_name()}
 
 
 def grpo_worker(spec: dict) -> dict:
@@ -186,7 +185,7 @@ def grpo_worker(spec: dict) -> dict:
   dt = (time.perf_counter() - t0) / spec["steps"]
   return {"devices": n, "rows": len(rows_prompts), "seconds": dt, "throughput": len(rows_prompts) / dt,
           "rollout_s": times["rollout"] / spec["steps"], "update_s": times["update"] / spec["steps"],
-          "loss": loss, "peak_gib": _peak_gib(), "device": _gpu.jax_device_name()}
+          "loss": loss, "peak_gib": _peak_gib(), "device": gpu.jax_device_name()}
 
 
 WORKERS = {"sft": sft_worker, "grpo": grpo_worker}
@@ -196,13 +195,13 @@ WORKERS = {"sft": sft_worker, "grpo": grpo_worker}
 
 def _env(n: int, tiny: bool) -> dict:
   if tiny:
-    return _gpu.jax_env(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-  return _gpu.jax_env(CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))))
+    return gpu.jax_env(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+  return gpu.jax_env(CUDA_VISIBLE_DEVICES=",".join(map(str, range(n))))
 
 
 def run_case(spec: dict, n: int, tiny: bool, timeout: float) -> dict:
-  argv = [sys.executable, __file__, "--worker", json.dumps(spec)]
-  return _gpu.run_worker(argv, env=_env(n, tiny), timeout=timeout)
+  argv = [*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)]
+  return gpu.run_worker(argv, env=_env(n, tiny), timeout=timeout)
 
 
 def cases(args) -> list[dict]:
@@ -255,7 +254,7 @@ def main() -> None:
   args = p.parse_args()
   if args.worker:
     spec = json.loads(args.worker)
-    _gpu.print_result(WORKERS[spec["kind"]](spec))
+    gpu.print_result(WORKERS[spec["kind"]](spec))
     return
   if not args.out:
     p.error("--out DIR is required")
@@ -263,18 +262,16 @@ def main() -> None:
   out.mkdir(parents=True, exist_ok=True)
   devices = [int(d) for d in args.devices.split(",")]
   results: list[dict] = []
-  name = "2-core CPU (forced host devices)" if args.tiny else _gpu.device_name()
+  name = "2-core CPU (forced host devices)" if args.tiny else gpu.device_name()
 
   def record(r):
     results.append(r)
     print(json.dumps(r), flush=True)
     with open(out / "scaling.jsonl", "a") as f:
       f.write(json.dumps(r) + "\n")
-    cmd = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
+    cmd = "python -m benchmarks.scaling " + " ".join(sys.argv[1:])
     text = f"Device: {name}. Command: `{cmd}`.\n\n{_table(results)}\n"
-    tmp = out / ".scaling.md.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, out / "scaling.md")
+    atomic_write_text(out / "scaling.md", text)
     return text
 
   text = ""

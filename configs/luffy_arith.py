@@ -2,7 +2,7 @@
 operation word problems where SmolLM2-135M-Instruct rarely succeeds (experiments/luffy).
 
   python launch.py --config configs/luffy_arith.py:luffy --workdir runs/luffy            # one method
-  python experiments/luffy/run.py --model SOURCE --out DIR                                 # all five, 4 seeds
+  python -m experiments.luffy.run --model SOURCE --out DIR                                 # all five, 4 seeds
   Presets (comma-separated, in order):
     (none)         on-policy RL, the strongest settings found (experiments/grpo_arith): DAPO's loss
                    (token-mean, clip-higher 0.28) without dynamic sampling, T=0.7, truncated rows masked

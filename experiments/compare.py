@@ -1,7 +1,7 @@
 """M methods x S seeds of one config, placed on all visible GPUs: one table (mean ± 95% CI per evaluation
 step), one plot, every run's history.
 
-  python experiments/compare.py --config configs/grpo_arith.py --out experiments/exgrpo \\
+  python -m experiments.compare --config configs/grpo_arith.py --out experiments/exgrpo \\
       --method grpo=grpo --method exgrpo=grpo,exgrpo --seeds 0 1 2 3 --set num_steps=60 --per-gpu 2
 
 A method is NAME=PRESETS[;key=value;...]: the config's presets and its own overrides (after the common
@@ -28,11 +28,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from fineflax.io import atomic_write_text  # noqa: E402
-from experiments.common import command_line, device_name  # noqa: E402
-from fineflax.runs import (NOT_STARTED, launch_argv, load_history, mean_ci95, plot_curves,  # noqa: E402
+from fineflax.io import atomic_write_text
+from experiments.common import command_line, device_name
+from fineflax.runs import (NOT_STARTED, launch_argv, load_history, mean_ci95, plot_curves,
                            run_parallel, summary_table)
 
 

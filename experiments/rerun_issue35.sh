@@ -20,7 +20,7 @@
 # $OUT/NAME as soon as it ends. Then, on the CPU machine, for NAME in exgrpo search_r1_masking search_r1 luffy:
 #   cp OUT/NAME/{results.json,*.png} experiments/NAME/   (search_r1: also baselines.json)
 #   paste OUT/NAME/RESULTS.md (compare.py's per-step tables) over the old ones in experiments/NAME/RESULTS.md
-#   python experiments/report.py                         # regenerates README's table and every headline
+#   python -m experiments.report                         # regenerates README's table and every headline
 # CPU check of the commands: SMOKE=1 MODEL=TINY_HF_FOLDER bash experiments/rerun_issue35.sh STAGE (seconds
 # to minutes; one seed, smoke presets, runs in this process).
 set -uo pipefail
@@ -52,14 +52,14 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     exgrpo)
-      python3 experiments/compare.py --config configs/grpo_arith.py --out "$WORK/exgrpo" \
+      python3 -m experiments.compare --config configs/grpo_arith.py --out "$WORK/exgrpo" \
         --method "grpo=$SM" --method "exgrpo=exgrpo${SM:+,$SM}" --seeds $SEEDS --per-gpu 2 ${RUNNER% --smoke} \
         --time-budget ${TIME_BUDGET:-470} --title "GRPO vs ExGRPO, SmolLM2-135M QLoRA, 1-2 step arithmetic" \
         --extra-metrics solve_rate reward_mean replay_share buffer_questions buffer_retired \
         --set model.source=$MODEL num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} $GPU_SET
       save exgrpo ;;
     masking)
-      python3 experiments/compare.py --config configs/search_r1.py --out "$WORK/search_r1_masking" \
+      python3 -m experiments.compare --config configs/search_r1.py --out "$WORK/search_r1_masking" \
         --method "masked=$SM" --method "unmasked=$SM;search.mask_info=false" --seeds $SEEDS \
         --per-gpu 2 ${RUNNER% --smoke} --time-budget ${TIME_BUDGET:-470} --metric eval_em \
         --title "Search-R1 info-token masking ablation, SmolLM2-135M QLoRA" \
@@ -67,12 +67,12 @@ for stage in "$@"; do
         --set model.source=$MODEL num_steps=${STEPS:-30} eval_every=${EVAL_EVERY:-10} $GPU_SET
       save search_r1_masking ;;
     sr1)
-      python3 experiments/search_r1/run.py --model "$MODEL" --out "$WORK/search_r1" \
+      python3 -m experiments.search_r1.run --model "$MODEL" --out "$WORK/search_r1" \
         --methods search_r1 combined --seeds $SEEDS --per-gpu 2 $RUNNER \
         --time-budget ${TIME_BUDGET:-420} --steps ${STEPS:-30} --eval-every ${EVAL_EVERY:-10} --set $GPU_SET
       save search_r1 ;;
     luffy)
-      python3 experiments/luffy/run.py --model "$MODEL" --out "$WORK/luffy" --seeds $SEEDS \
+      python3 -m experiments.luffy.run --model "$MODEL" --out "$WORK/luffy" --seeds $SEEDS \
         --per-gpu ${PER_GPU:-5} $RUNNER \
         --time-budget ${TIME_BUDGET:-480} --steps ${STEPS:-150} --eval-every ${EVAL_EVERY:-50} \
         --set $GPU_SET $LUFFY_SET

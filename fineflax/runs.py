@@ -10,7 +10,6 @@ A run that crashes is reported by its exit code and log; the others go on.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fineflax.evals.stats import t_interval
 from fineflax.io import read_json
 
 NOT_STARTED = -1  # exit code reported for a run that the time budget left no time to start
@@ -113,13 +113,10 @@ def seed_evaluations(runs_dir, name: str, seeds, metric: str) -> list[list[dict]
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
-  """(mean, half-width of the 95% confidence interval of the mean: t_{0.975, n-1} · s / sqrt(n));
-  the half-width is nan for one value."""
-  from scipy import stats
-  x = np.asarray(values, float)
-  if len(x) < 2:
-    return float(x.mean()), float("nan")
-  return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+  """(mean, half-width of the 95% confidence interval of the mean: t_{0.975, n-1} · s / sqrt(n),
+  `fineflax.evals.stats.t_interval`); the half-width is nan for one value."""
+  mean, _, high = t_interval(values)
+  return mean, high - mean
 
 
 def paired_test(a: dict, b: dict) -> dict:

@@ -12,13 +12,11 @@ Exit 2 with one line for a bad corpus or embedder.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
 import sys
-import tempfile
 import time
 
+from fineflax.io import atomic_path, atomic_write_json
 from retrieval.jsonl_corpus import JsonlCorpus
 from retrieval.lazy import lazy_import
 from retrieval.prebuilt import META, prefixes
@@ -64,21 +62,12 @@ def build(corpus_path, out_dir, *, embedder: str = "all-MiniLM-L6-v2", name: str
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   path = out / f"{name or default_name(embedder)}_Flat.index"
-  fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.")
-  os.close(fd)
-  try:
-    faiss.write_index(index, tmp)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  with atomic_path(path) as tmp:
+    faiss.write_index(index, str(tmp))
   meta = {"embedder": embedder, "query_prefix": query_prefix, "passage_prefix": passage_prefix,
           "dim": model.dim, "count": index.ntotal, "index": path.name, "corpus": str(corpus.path),
           "corpus_bytes": corpus.path.stat().st_size, "max_length": max_length}
-  fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{META}.")
-  with os.fdopen(fd, "w") as f:
-    json.dump(meta, f, indent=1)
-  os.replace(tmp, out / META)
+  atomic_write_json(out / META, meta)
   return path
 
 

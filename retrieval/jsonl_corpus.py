@@ -16,9 +16,10 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 
 import numpy as np
+
+from fineflax.io import atomic_path, atomic_write_json, json_object
 
 CHUNK = 64 << 20
 
@@ -69,11 +70,9 @@ def load_offsets(path: pathlib.Path) -> np.ndarray:
     except (ValueError, OSError):
       pass
   offsets = scan_offsets(path)
-  for target, write in ((npy, lambda f: np.save(f, offsets)), (meta, lambda f: f.write(json.dumps(stamp).encode()))):
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-    os.replace(tmp, target)
+  with atomic_path(npy) as tmp, open(tmp, "wb") as f:
+    np.save(f, offsets)
+  atomic_write_json(meta, stamp, indent=None)
   return np.load(npy, mmap_mode="r")
 
 
@@ -97,14 +96,7 @@ class JsonlCorpus:
     return os.pread(self._fd, end - start, start)
 
   def __getitem__(self, i: int) -> dict:
-    text = self.line(int(i))
-    try:
-      record = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{self.path}: record {i} (byte {int(self.offsets[i])}): invalid JSON ({e.msg})") from None
-    if not isinstance(record, dict):
-      raise ValueError(f"{self.path}: record {i}: expected a JSON object, got {type(record).__name__}")
-    return record
+    return json_object(self.line(int(i)).rstrip(b"\r\n"), f"{self.path}: record {i} (byte {int(self.offsets[i])})")
 
   def close(self) -> None:
     if self._fd is not None:

@@ -22,7 +22,7 @@ def test_response_lengths_are_a_capped_log_normal():
 @pytest.mark.slow
 def test_tiny_run_writes_every_case(tmp_path):
   out = tmp_path / "out"
-  r = subprocess.run([sys.executable, "benchmarks/engine.py", "--tiny", "--attention", "gather", "--out", str(out),
+  r = subprocess.run([sys.executable, "-m", "benchmarks.engine", "--tiny", "--attention", "gather", "--out", str(out),
                       "--baseline-path", ROOT, "--baseline-runs", "1"],
                      cwd=ROOT, capture_output=True, text=True, timeout=1200)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

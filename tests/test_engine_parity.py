@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from _sampling_fixtures import CharTokenizer
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from fineflax import lora as L
 from fineflax.models import load
 from fineflax.sampling import SamplerSession

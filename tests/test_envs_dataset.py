@@ -155,7 +155,7 @@ def test_demonstrations_come_from_the_row(tmp_path, monkeypatch):
   from fineflax.envs import dataset as env_lib
   from fineflax.rl.collect import rollout_groups
   from fineflax.rl.guidance import Guidance
-  monkeypatch.setattr(env_lib, "messages_prompt_ids",
+  monkeypatch.setattr(env_lib, "chat_prompt_ids",
                       lambda tok, messages, prefix="": tok(tok.apply_chat_template(messages) + prefix)["input_ids"])
   path = write_parquet(tmp_path / "t.parquet", [luffy_row(1), luffy_row(2, trace=False)])
   env = env_lib.DatasetEnv(_env_config(path, assistant_prefix="<think>\n"), _Tok())

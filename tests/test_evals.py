@@ -11,7 +11,7 @@ import pytest
 from fineflax.evals import judge as J
 from fineflax.evals.__main__ import main
 from fineflax.evals.harness import EvalDataError, load_eval_set, run_ab
-from fineflax.evals.stats import mean_ci, outcome_ci
+from fineflax.evals.stats import mean_ci, outcome_ci, t_interval
 from fineflax.evals.variants import parse_spec
 
 
@@ -37,6 +37,22 @@ def test_bootstrap_matches_the_normal_approximation():
 
 def _answer_of(text, n):
   return re.search(rf"\[Response {n}\]\n(.*?)\n\[End of Response {n}\]", text, re.S).group(1)
+
+
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_t_interval_matches_scipy_from_values_and_from_sums(level):
+  from scipy import stats
+  rng = np.random.default_rng(1)
+  for n in (2, 3, 7, 40):
+    x = rng.normal(0.3, 0.5, n)
+    want = stats.t.interval(level, n - 1, loc=x.mean(), scale=stats.sem(x))
+    mean, lo, hi = t_interval(x, level=level)
+    assert mean == pytest.approx(x.mean()) and (lo, hi) == pytest.approx(want, rel=1e-9)
+    assert t_interval(n=n, total=x.sum(), total_sq=(x * x).sum(), level=level) == pytest.approx((mean, lo, hi),
+                                                                                                rel=1e-7)
+  assert np.isnan(t_interval([0.5])[1:]).all() and t_interval([0.5])[0] == 0.5
+  with pytest.raises(ValueError, match="at least one value"):
+    t_interval([])
 
 
 def test_order_swap_cancels_position_bias():

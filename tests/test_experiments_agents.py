@@ -21,11 +21,8 @@ def test_agents_experiment_smoke(tiny_smol, tmp_path):
 
 
 def _load_run():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("agents_run", "experiments/agents/run.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  import importlib
+  return importlib.import_module("experiments.agents.run")
 
 
 def test_apo_report_and_plot(tmp_path):

@@ -16,7 +16,7 @@ def test_compare_runs_methods_and_tabulates(tiny_smol, tmp_path):
   over = [f"model.source={tiny_smol}", "num_steps=1", "eval_every=1", "rl.max_new_tokens=8",
           "task.num_eval=4", "eval_batch_size=4", "task.num_train=16",
           "lora.targets=('q','v')"]  # 4 adapter tensors per layer instead of 14: faster compiles
-  r = subprocess.run([sys.executable, "experiments/compare.py", "--config", "configs/grpo_arith.py",
+  r = subprocess.run([sys.executable, "-m", "experiments.compare", "--config", "configs/grpo_arith.py",
                       "--method", "grpo=smoke,grpo", "--method", "exgrpo=smoke,exgrpo;rl.exgrpo.threshold=0.0",
                       "--seeds", "3", "--set", *over, "--out", str(out), "--parallel", "1",
                       "--extra-metrics", "reward_mean"],

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
-from conftest import make_hf_model  # noqa: E402
+from fineflax.testing.hf_models import make_hf_model  # noqa: E402
 from fineflax.lora import (LoraConfig, export_merged, export_peft, import_peft, init_lora,  # noqa: E402
                            lora_scale)
 from fineflax.models import ModelConfig, forward, init_params, load  # noqa: E402

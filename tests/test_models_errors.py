@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from fineflax.models import load, load_numpy
 from fineflax.models.safetensors_io import read_safetensors, write_safetensors
 

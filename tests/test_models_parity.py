@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from fineflax.models import forward, load, state_dict_from_params
 
 FAMILIES = ["llama", "llama3", "smollm2", "mistral", "qwen2", "qwen3"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from fineflax.models import ModelConfig, forward, load
 
 ROPE = {"rope_theta": 10000.0}

@@ -1,4 +1,4 @@
-"""Cross-encoder training (experiments/reranker/cross_encoder.py) on a tiny random BERT: the loss falls, the
+"""Cross-encoder training (retrieval/cross_encoder_train.py) on a tiny random BERT: the loss falls, the
 gradient matches finite differences, and the saved folder scores like sentence-transformers' CrossEncoder."""
 import os
 
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.reranker import cross_encoder as ce
+from retrieval import cross_encoder_train as ce
 from retrieval import bert
 from retrieval.hf_model import resolve_model_folder
 from retrieval.rerank import CrossEncoderReranker

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from benchmarks.hostile_servers import SlowEngine
+from fineflax.testing.retrieval import SlowEngine
 from retrieval.documents import read_jsonl
 from retrieval.engine import create_search_engine
 from retrieval.server import RetrievalHTTPError, RetrievalServer, retrieve_http

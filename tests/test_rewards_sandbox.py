@@ -1,6 +1,6 @@
 """Sandbox containment and the code reward (all child processes; nothing runs in-process).
 
-Hostile programs (tests/sandbox_hostile.py) run in every mode this machine supports, as root and as an
+Hostile programs (fineflax/testing/sandbox_hostile.py) run in every mode this machine supports, as root and as an
 unprivileged user (uid 65534 via util-linux unshare + setpriv, with the interpreter bind-mounted so it is
 reachable from a 0700 home). Fork bombs: the bounded one first; the true one only once that was contained,
 while the host's process count is sampled from /proc.
@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,9 +20,8 @@ import pytest
 from fineflax.rewards import cgroups, get_reward, sandbox, score_completions
 from fineflax.rewards.code_reward import split_tests
 from fineflax.rewards.sandbox import SandboxUnavailableError, run_python
+from fineflax.testing import sandbox_hostile
 
-sys.path.insert(0, os.path.dirname(__file__))
-import sandbox_hostile  # noqa: E402
 
 # hostile programs as uid 65534 share that uid's process limit: never run two of them at once (xdist)
 pytestmark = pytest.mark.xdist_group("sandbox")
@@ -78,13 +76,13 @@ def _standalone_sandbox(root):
 
 
 class _NobodyRunner:
-  """Runs tests/sandbox_hostile.py as uid 65534: a mount namespace binds the interpreter's installation and
+  """Runs fineflax/testing/sandbox_hostile.py as uid 65534: a mount namespace binds the interpreter's installation and
   a copy of the sandbox modules at world-readable paths, then setpriv drops to nobody."""
 
   def __init__(self):
     self.base = tempfile.mkdtemp(prefix="fineflax_nobody_")
     _standalone_sandbox(os.path.join(self.base, "pkg"))
-    shutil.copy(os.path.join(REPO, "tests", "sandbox_hostile.py"), self.base)
+    shutil.copy(os.path.join(REPO, "fineflax", "testing", "sandbox_hostile.py"), self.base)
     for root, dirs, files in os.walk(self.base):
       os.chmod(root, 0o755)
       for f in files:

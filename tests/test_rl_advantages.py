@@ -60,3 +60,41 @@ def test_equal_non_dyadic_rewards_get_exactly_zero_advantage(value, size, scale)
   got = np.asarray(group_advantages(rewards, size, scale=scale))
   np.testing.assert_array_equal(got[:size], 0.0)
   assert np.abs(got[size:]).max() > 0
+
+
+def _per_group_reference(rewards, ids, scale, eps=1e-6):
+  """A loop over the groups in float64 (the agents' former implementation)."""
+  r, ids = np.asarray(rewards, np.float64), np.asarray(ids)
+  out = np.zeros_like(r)
+  for g in np.unique(ids):
+    x = r[ids == g]
+    if len(x) < 2 or x.max() == x.min():
+      continue
+    c = x - x.mean()
+    out[ids == g] = {"group": c / (x.std(ddof=1) + eps), "batch": c / (r.std(ddof=1) + eps), "none": c}[scale]
+  return out
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_group_ids_match_group_size_and_a_per_group_loop(scale):
+  rng = np.random.default_rng(0)
+  for trial in range(50):
+    size, n = int(rng.integers(2, 9)), int(rng.integers(1, 6))
+    rewards = (rng.choice([0.0, 0.5, 1.0], size * n) if trial % 2 else rng.normal(size=size * n)).astype(np.float32)
+    ids = np.arange(size * n) // size
+    by_size = group_advantages(rewards, size, scale)
+    np.testing.assert_allclose(group_advantages(rewards, [f"t{i}" for i in ids], scale), by_size, rtol=0, atol=0)
+    np.testing.assert_allclose(by_size, _per_group_reference(rewards, ids, scale), rtol=1e-5, atol=1e-6)
+    perm = rng.permutation(size * n)  # ids in any order: each reward keeps its advantage
+    np.testing.assert_allclose(group_advantages(rewards[perm], ids[perm], scale), by_size[perm], rtol=1e-6, atol=1e-7)
+
+
+def test_ragged_groups_and_groups_of_one():
+  rewards = np.array([1.0, 0.0, 3.0, 2.0, 2.0, 5.0, 0.0, 1.0, 1.0], np.float32)
+  ids = ["a", "a", "a", "b", "b", "c", "d", "d", "d"]  # sizes 3, 2 (equal), 1, 3
+  got = group_advantages(rewards, ids)
+  np.testing.assert_allclose(got, _per_group_reference(rewards, ids, "group"), rtol=1e-6)
+  np.testing.assert_array_equal(got[3:6], 0.0)
+  assert np.abs(got[:3]).min() > 0 and got.dtype == np.float32
+  with pytest.raises(ValueError, match="3 group ids for 9 rewards"):
+    group_advantages(rewards, ids[:3])

@@ -40,7 +40,7 @@ def _row(framework, step, rollout, model="m"):
 def test_report_ratios_are_their_step_over_fineflax_and_mark_targets():
   rows = [_row("fineflax", 2.0, 1.0), _row("trl", 5.0, 4.0), _row("tunix", 1.0, 0.5),
           dict(_row("tunix", 0, 0, model="n"), error="not run: ImportError: tunix")]
-  md = rl.report(rows, "gpu", "python benchmarks/rl.py", smoke=False)
+  md = rl.report(rows, "gpu", "python -m benchmarks.rl", smoke=False)
   assert "fineflax 2.00 s vs trl 5.00 s per step = **2.50x** (target >= 3x: missed)" in md
   assert "rollout 4.00x, update 1.00x" in md
   assert "fineflax 2.00 s vs tunix 1.00 s per step = **0.50x** (target >= 1x: missed)" in md

@@ -198,3 +198,22 @@ def test_exgrpo_replay_weight_and_loss():
   wt = np_agg_weights(mask, "token-mean")
   np.testing.assert_allclose(fn(jnp.asarray(logp)), (wt * per_token).sum(), rtol=1e-5)
   np.testing.assert_allclose(_grad(fn, logp), wt * dper, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", L.AGG_MODES)
+def test_rows_padded_by_pad_rows_change_no_aggregate(mode):
+  """`fineflax.rl.batch.pad_rows` (agent RL's row buckets, the mesh split): same loss as the real rows."""
+  from fineflax.rl.batch import pad_rows
+  rng = np.random.default_rng(0)
+  b, t = 5, 7
+  batch = {"tokens": rng.integers(1, 50, (b, t)), "mask": (rng.random((b, t)) < 0.7).astype(np.float32),
+           "advantages": rng.normal(size=b).astype(np.float32), "is_off_policy": np.ones(b, bool),
+           "loss": rng.normal(size=(b, t)).astype(np.float32)}
+  padded = pad_rows(batch, 4)
+  assert padded["tokens"].shape == (8, t) and padded["num_rows"] == b
+  np.testing.assert_array_equal(padded["tokens"][b:], np.repeat(batch["tokens"][:1], 3, 0))
+  assert not padded["mask"][b:].any() and not padded["advantages"][b:].any() and not padded["is_off_policy"][b:].any()
+  want = L.aggregate(jnp.asarray(batch["loss"]), batch["mask"], mode)
+  got = L.aggregate(jnp.asarray(padded["loss"]), padded["mask"], mode, num_rows=padded["num_rows"])
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  assert pad_rows(batch, 5) is batch

@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from fineflax.runs import load_history, mean_ci95, run_parallel, summary_table
 
@@ -50,6 +51,7 @@ def test_mean_ci95_is_the_t_interval():
   mean, half = mean_ci95(x)
   t_975_3 = 3.182446305284263  # Student t quantile, 3 degrees of freedom
   assert mean == pytest.approx(0.3) and half == pytest.approx(t_975_3 * np.std(x, ddof=1) / 2)
+  assert half == pytest.approx(scipy_stats.t.interval(0.95, 3, loc=0.3, scale=scipy_stats.sem(x))[1] - 0.3)
   assert math.isnan(mean_ci95([0.5])[1])
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from _sampling_fixtures import hf_greedy
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from fineflax.models import load
 from fineflax.sampling import generate
 

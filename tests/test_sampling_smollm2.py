@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _sampling_fixtures import hf_greedy
-from fineflax.sampling import format_chat, generate
+from fineflax.sampling import chat_prompt_ids, format_chat, generate
 
 # One xdist worker runs this file's tests: only it loads the 135M GGUF (the session smollm2 fixture, ~8 s).
 pytestmark = pytest.mark.xdist_group("smollm2")
@@ -20,7 +20,7 @@ MESSAGES = [[{"role": "system", "content": "You are a helpful assistant."},
 
 
 def _prompts(tok):
-  return [tok(format_chat(tok, m), add_special_tokens=False)["input_ids"] for m in MESSAGES]
+  return [chat_prompt_ids(tok, m) for m in MESSAGES]
 
 
 def test_format_chat_uses_the_template_and_falls_back_to_chatml(smollm2):
@@ -37,6 +37,16 @@ def test_format_chat_uses_the_template_and_falls_back_to_chatml(smollm2):
                                             "<|im_start|>assistant\n")
   with pytest.raises(ValueError, match=r"messages\[0\]"):
     format_chat(tok, [{"content": "no role"}])
+
+
+def test_chat_prompt_ids_are_the_templates_generation_prompt_then_the_prefill(smollm2):
+  _, _, tok = smollm2
+  for m in MESSAGES:  # transformers' own tokenized render of the template
+    assert chat_prompt_ids(tok, m) == list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                                   return_dict=False))
+  prefilled = chat_prompt_ids(tok, MESSAGES[0], "<think>\n")
+  assert prefilled == tok(format_chat(tok, MESSAGES[0]) + "<think>\n", add_special_tokens=False)["input_ids"]
+  assert prefilled[:len(chat_prompt_ids(tok, MESSAGES[0]))] == chat_prompt_ids(tok, MESSAGES[0])
 
 
 def test_smollm2_greedy_matches_transformers_on_the_same_weights(smollm2):

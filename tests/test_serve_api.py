@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import openai
 import pytest
 
-from _serve_fixtures import free_port, server_argv, thread_server, tiny_chat_model, write_adapters
+from fineflax.testing.serve import free_port, server_argv, thread_server, tiny_chat_model, write_adapters
 
 KEY = "test-key"
 MSG = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from _serve_fixtures import tiny_chat_model, write_adapters
+from fineflax.testing.serve import tiny_chat_model, write_adapters
 
 ROOT = pathlib.Path(__file__).parents[1]
 

@@ -10,7 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from _serve_fixtures import (free_port, server_argv, start_subprocess_server, thread_server, tiny_chat_model,
+from fineflax.testing.serve import (free_port, server_argv, start_subprocess_server, thread_server, tiny_chat_model,
                              write_adapters)
 
 

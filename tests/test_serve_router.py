@@ -1,6 +1,7 @@
 """Bandit router: convergence on simulated Bernoulli rewards, persistence through the reward log."""
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from fineflax.serve.feedback import FeedbackLog, ci95
 from fineflax.serve.router import Router, simulate
@@ -55,8 +56,8 @@ def test_router_state_survives_a_restart_through_the_log(tmp_path):
   for v, xs in rewards.items():
     m, s = np.mean(xs), np.std(xs, ddof=1)
     assert stats[v]["feedback"] == len(xs) and stats[v]["mean_reward"] == pytest.approx(m)
-    half = 1.96 * s / np.sqrt(len(xs))
-    assert stats[v]["ci95"] == pytest.approx([m - half, m + half])
+    assert stats[v]["ci95"] == pytest.approx(list(scipy_stats.t.interval(0.95, len(xs) - 1, loc=m,
+                                                                         scale=s / np.sqrt(len(xs)))))
 
 
 def test_ci95_degenerate_counts():

@@ -5,6 +5,8 @@ import pathlib
 
 import numpy as np
 
+from fineflax.io import atomic_write_text
+
 METRICS = (("exact_match_lenient", "exact match"), ("math_last_number", "last number correct"))
 
 
@@ -191,10 +193,10 @@ Exact commands run (in order):
 {cmds}
 ```
 """
-  pathlib.Path(path).write_text(md)
+  atomic_write_text(pathlib.Path(path), md)
 
 
-if __name__ == "__main__":  # re-render from a results.json: python experiments/adaptation_loop/report.py DIR
+if __name__ == "__main__":  # re-render from a results.json: python -m experiments.adaptation_loop.report DIR
   import json
   import sys
   folder = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent)

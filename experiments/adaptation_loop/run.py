@@ -1,7 +1,7 @@
 """The serving / feedback adaptation loop end to end, on CPU with SmolLM2-135M-Instruct (NF4 base).
 
-  python experiments/adaptation_loop/run.py --reference-eval   # the committed run: ~20 min on 2 busy CPU cores
-  python experiments/adaptation_loop/run.py --smoke --model TINY_HF_DIR --out DIR --min-reward 0
+  python -m experiments.adaptation_loop.run --reference-eval   # the committed run: ~20 min on 2 busy CPU cores
+  python -m experiments.adaptation_loop.run --smoke --model TINY_HF_DIR --out DIR --min-reward 0
       # tests/test_adaptation_loop_smoke.py: a tiny random model; ~2 min of CPU, mostly compiles
 
 1. Two variants from one NF4 base, both real QLoRA adapters made by the SFT job (`launch.py --config
@@ -28,11 +28,11 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.adaptation_loop import loop  # noqa: E402
-from experiments.adaptation_loop.report import plot, write_markdown  # noqa: E402
-from experiments.common import command_line, device_name  # noqa: E402
+from experiments.adaptation_loop import loop
+from experiments.adaptation_loop.report import plot, write_markdown
+from experiments.common import command_line, device_name
+from fineflax.io import atomic_write_json
 
 FULL = dict(variant_steps=8, feedback_steps=8, requests=120, eval_questions=64, users=8, max_tokens=16,
             last=50, batch_size=4)
@@ -164,7 +164,7 @@ def main(argv=None):
 
   user_set = {q["question"] for q in user_qs}
   result = {
-      "command": command_line() if argv is None else "python experiments/adaptation_loop/run.py " + " ".join(argv),
+      "command": command_line() if argv is None else "python -m experiments.adaptation_loop.run " + " ".join(argv),
       "device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "settings": s,
       "router": args.router, "min_reward": args.min_reward, "model": args.model, "commands": commands,
       "times": times, "routing": routing, "server_stats": stats,
@@ -175,7 +175,7 @@ def main(argv=None):
       "eval_report": str(eval_dir.relative_to(out) / "report.md"),
       "eval_reference_report": str(ref_dir.relative_to(out) / "report.md") if ab_ref else None,
   }
-  (out / "results.json").write_text(json.dumps(result, indent=1))
+  atomic_write_json(out / "results.json", result, indent=1)
   plot(result, out / "adaptation_loop.png")
   write_markdown(result, out / "RESULTS.md")
   print((out / "RESULTS.md").read_text())

@@ -1,9 +1,9 @@
 """Agents: RL of the calculator-tool agent from its traces (held-out accuracy before/after, >= 3 seeds) and APO
 of its system prompt with the local model as agent, critic and editor.
 
-  python experiments/agents/run.py --out experiments/agents/out                       # GPU (~1 h on one H100)
-  python experiments/agents/run.py --smoke --model /path/tiny --out /tmp/agents         # CPU smoke test
-  python experiments/agents/run.py --skip-rl --apo-presets gpu5 --model X.gguf --out /root/work/apo  # APO, ~5 min
+  python -m experiments.agents.run --out experiments/agents/out                       # GPU (~1 h on one H100)
+  python -m experiments.agents.run --smoke --model /path/tiny --out /tmp/agents         # CPU smoke test
+  python -m experiments.agents.run --skip-rl --apo-presets gpu5 --model X.gguf --out /root/work/apo  # APO, ~5 min
   options: --seeds 0 1 2, --skip-rl / --skip-apo, --rl-set / --apo-set key=value overrides, --apo-presets
 
 Runs `fineflax.jobs.agent_rl` (configs/agent_rl.py) once per seed and `fineflax.jobs.apo` (configs/apo.py),
@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
-from fineflax.io import atomic_write_text  # noqa: E402
+from experiments.common import command_line, device_name, load_config, plot_curves
+from fineflax.io import atomic_write_text
 
 
 def rl_runs(args, presets):

@@ -1,6 +1,6 @@
 """Regret curves of the server's bandit router (`fineflax.serve.router`) on simulated traffic.
 
-  python experiments/bandit_router/regret.py [--out experiments/bandit_router] [--steps 2000] [--seeds 20]
+  python -m experiments.bandit_router.regret [--out experiments/bandit_router] [--steps 2000] [--seeds 20]
 
 Two variants with Bernoulli rewards (rates 0.3 and 0.6, as the router test); each request is routed,
 its reward drawn and fed back at once. Cumulative expected regret after t requests =
@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from fineflax.serve.router import Router, simulate  # noqa: E402
+from fineflax.serve.router import Router, simulate
+from fineflax.io import atomic_write_json
 
 RATES = {"weak": 0.3, "strong": 0.6}
 
@@ -57,7 +56,7 @@ def main(argv=None):
   ax.legend()
   fig.tight_layout()
   fig.savefig(out / "regret.png", dpi=120)
-  (out / "regret.json").write_text(json.dumps(summary, indent=2))
+  atomic_write_json(out / "regret.json", summary, indent=2)
   print(json.dumps(summary, indent=2))
 
 

@@ -1,7 +1,7 @@
 """GRPO on generated arithmetic word problems: held-out accuracy before and after, reward curve.
 
-  python experiments/grpo_arith/run.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
-  python experiments/grpo_arith/run.py --smoke --out /tmp/grpo_arith                             # CPU
+  python -m experiments.grpo_arith.run --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
+  python -m experiments.grpo_arith.run --smoke --out /tmp/grpo_arith                             # CPU
 
 Runs `fineflax.jobs.rl` with configs/grpo_arith.py[:--presets] (any `--set key=value` overrides), then writes
 history.json, reward_curve.png and RESULTS.md (command, device, wall time, table) into --out.
@@ -12,12 +12,11 @@ import argparse
 import json
 import os
 import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import command_line, device_name, load_config, plot_curves  # noqa: E402
+from experiments.common import command_line, device_name, load_config, plot_curves
+from fineflax.io import atomic_write_text
 
 
 def main():
@@ -63,7 +62,7 @@ def main():
 
 ![reward curve](reward_curve.png)
 """
-  pathlib.Path(args.out, "RESULTS.md").write_text(md)
+  atomic_write_text(pathlib.Path(args.out, "RESULTS.md"), md)
   print(md)
 
 

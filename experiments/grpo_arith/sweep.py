@@ -1,6 +1,6 @@
 """Several GRPO-family settings side by side on one GPU: held-out (validation) accuracy curves and a table.
 
-  python experiments/grpo_arith/sweep.py --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+  python -m experiments.grpo_arith.sweep --model /path/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
       --variants grpo dapo drgrpo --set num_steps=80 --parallel 6
 
 Each variant is `experiments/grpo_arith/run.py` with the common `--set` overrides and then its own
@@ -20,9 +20,9 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from experiments.common import command_line, device_name, load_history, plot_curves, run_parallel  # noqa: E402
+from experiments.common import ROOT, command_line, device_name, load_history, plot_curves, run_parallel
+from fineflax.io import atomic_write_text
 
 SMALL = {"task.max_start": "20", "task.max_addend": "10"}
 R1 = {"task.assistant_prefix": "<think>\n", "task.system_prompt":
@@ -52,16 +52,15 @@ def main():
   ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
   args = ap.parse_args()
   common = {"task.eval_split": "validation", **dict(s.partition("=")[::2] for s in args.set)}
-  runner = str(pathlib.Path(__file__).with_name("run.py"))
   commands = {}
   for name in args.variants:
     presets, own = VARIANTS[name]
     over = {**common, **own}
-    commands[name] = [sys.executable, runner, "--model", args.model, "--out", os.path.join(args.out, name),
+    commands[name] = [sys.executable, "-m", "experiments.grpo_arith.run", "--model", args.model, "--out", os.path.join(args.out, name),
                       "--presets", presets, *(["--smoke"] if args.smoke else []),
                       "--set", *[f"{k}={v}" for k, v in over.items()]]
   t0 = time.time()
-  codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel)
+  codes = run_parallel(commands, os.path.join(args.out, "logs"), args.parallel, cwd=str(ROOT))
   results, rows = {}, []
   for name in args.variants:
     try:  # a run that failed or was stopped still reports the evaluations it logged
@@ -97,7 +96,7 @@ def main():
 
 ![validation accuracy](accuracy_curves.png)
 """
-  pathlib.Path(args.out, "sweep.md").write_text(md)
+  atomic_write_text(pathlib.Path(args.out, "sweep.md"), md)
   print(md)
 
 

@@ -1,9 +1,9 @@
 """LUFFY's Table at toy scale (issue 16, item 1): on-policy RL, SFT, SFT+RL, LUFFY and LUFFY without
 policy shaping on 2-3 operation word problems, S seeds each, on every visible GPU (experiments/compare.py).
 
-  python experiments/luffy/run.py --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+  python -m experiments.luffy.run --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
       --seeds 0 1 2 3 --per-gpu 2 --time-budget 560 --set model.remat=full model.logits_chunk=32
-  python experiments/luffy/run.py --smoke --model TINY_HF_FOLDER --out /tmp/luffy     # CPU, seconds
+  python -m experiments.luffy.run --smoke --model TINY_HF_FOLDER --out /tmp/luffy     # CPU, seconds
 
 Methods (configs/luffy_arith.py presets): rl (DAPO loss, T=0.7, truncated rows masked), sft (SFT on the
 solver's worked solutions, the traces LUFFY uses), sft_rl (50 SFT steps, then the same RL for --steps),
@@ -21,13 +21,12 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from configs.luffy_arith import SFT_RL_SFT_STEPS  # noqa: E402
-from experiments import compare  # noqa: E402
-from fineflax.io import atomic_write_text  # noqa: E402
-from experiments.common import add_runner_args, command_line, plot_curves, runner_argv  # noqa: E402
-from fineflax.runs import mean_ci95, results_series, seed_evaluations  # noqa: E402
+from configs.luffy_arith import SFT_RL_SFT_STEPS
+from experiments import compare
+from fineflax.io import atomic_write_text
+from experiments.common import add_runner_args, command_line, plot_curves, runner_argv
+from fineflax.runs import mean_ci95, results_series, seed_evaluations
 
 CONFIG = "configs/luffy_arith.py"
 METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_noshape": "luffy_noshape"}

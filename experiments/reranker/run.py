@@ -5,11 +5,11 @@ hybrid -> rerank on held-out training claims.
 Split: the 809 SciFact training claims with cited documents (benchmarks/retrieval.py's queries), shuffled
 with --seed; the first --eval-fraction are held out (never seen in training). Training groups: a claim, one
 cited abstract and --negatives abstracts drawn from BM25's top --pool non-cited ones (listwise softmax loss,
-experiments/reranker/cross_encoder.py). Training stops after --train-minutes or --max-steps.
+retrieval/cross_encoder_train.py). Training stops after --train-minutes or --max-steps.
 Evaluation: each retriever's top --depth is rescored by the saved model, loaded back through
 retrieval.rerank.CrossEncoderReranker (JAX), and reordered; ranks below --depth keep the retriever's order.
 
-  python experiments/reranker/run.py [--train-minutes 9] [--out experiments/reranker/model]
+  python -m experiments.reranker.run [--train-minutes 9] [--out experiments/reranker/model]
 """
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("FINEFLAX_SHARED", str(ROOT / "../shared") if (ROOT / "../shared").is_dir() else "/work/shared")
 
-import optax  # noqa: E402
+import optax
 
-from benchmarks.retrieval import load_scifact, ndcg_at_k  # noqa: E402
-from experiments.reranker import cross_encoder as ce  # noqa: E402
-from retrieval import bert, create_search_engine  # noqa: E402
-from retrieval.hf_model import load_tokenizer, resolve_model_folder  # noqa: E402
+from benchmarks.retrieval import load_scifact, ndcg_at_k
+from retrieval import cross_encoder_train as ce
+from retrieval import bert, create_search_engine
+from retrieval.hf_model import load_tokenizer, resolve_model_folder
+from fineflax.io import atomic_write_json, atomic_write_text
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -146,8 +146,8 @@ def main():
   results = dict(ndcg_at_10=table, eval_queries=len(ev), depth=args.depth, train_seconds=train_s,
                  eval_seconds=eval_s, loss_first10=float(np.mean(history[:10])),
                  loss_last10=float(np.mean(history[-10:])), loss_history=history, **meta,
-                 command="python experiments/reranker/run.py " + " ".join(sys.argv[1:]))
-  (HERE / "results.json").write_text(json.dumps(results, indent=2))
+                 command="python -m experiments.reranker.run " + " ".join(sys.argv[1:]))
+  atomic_write_json(HERE / "results.json", results, indent=2)
   write_results(results)
 
 
@@ -187,7 +187,7 @@ Reading: the fine-tuned cross-encoder does not yet help. The longer run moved it
 below BM25 (hybrid RRF stays best), so the limit here is training, not the pipeline: under one epoch of 739
 groups, abstracts cut at 96 tokens, and a start from a bi-encoder whose [CLS] was never trained for pairs
 (the published cross-encoders see hundreds of thousands of MS MARCO pairs). More steps at length 256 (a GPU
-run: `python experiments/reranker/run.py --train-minutes 60 --max-length 256 --max-steps 3000`) is the next
+run: `python -m experiments.reranker.run --train-minutes 60 --max-length 256 --max-steps 3000`) is the next
 thing to try; the test suite checks the training step and the saved format on a tiny random BERT.
 
 Published anchor (BEIR, SciFact test, BM25 + an MS MARCO MiniLM cross-encoder reranking the top 100): 0.688.
@@ -197,7 +197,7 @@ Device: CPU, 2 cores shared with other jobs (1-min load average {load:.1f} at th
 {r['eval_seconds']:.0f} s. Command: `{r['command']}` (writes model/, results.json and this file; model/ is not
 committed).
 """
-  (HERE / "RESULTS.md").write_text(text)
+  atomic_write_text(HERE / "RESULTS.md", text)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,13 @@ def oracle_queries(question) -> list[str]:
 
 def answer_once(model, questions, template: str, docs=None, max_new_tokens: int = 32) -> list[str]:
   """Greedy single-turn replies of the base model (LoRA off): the <answer> content, else the whole text."""
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import chat_prompt_ids, generate
   out, bs = [], model.batch_size
   for i in range(0, len(questions), bs):
     prompts = []
     for j, q in enumerate(questions[i:i + bs]):
       text = template.format(question=q.question, docs=docs[i + j] if docs else "")
-      prompts.append(model.tok(format_chat(model.tok, [{"role": "user", "content": text}]),
-                               add_special_tokens=False)["input_ids"])
+      prompts.append(chat_prompt_ids(model.tok, [{"role": "user", "content": text}]))
     res = generate(model.base, model.model_config, prompts, max_new_tokens=max_new_tokens, temperature=0.0,
                    tokenizer=model.tok, stop_strings=("</answer>",), dtype=model.dtype)
     out += [extract_answer(t) if extract_answer(t) is not None else t.strip() for t in res.texts]

@@ -1,11 +1,11 @@
 """Search-R1 vs direct answering vs retrieve-once RAG, and the combined mode (issue 16, items 3 and 5),
 on a generated knowledge base: S seeds of each RL method on every visible GPU (experiments/compare.py).
 
-  python experiments/search_r1/run.py --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
+  python -m experiments.search_r1.run --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR \\
       --methods search_r1 --seeds 0 1 2 3 --per-gpu 1 --time-budget 480 \\
       --set model.remat=full model.logits_chunk=32                       # Search-R1 vs RAG
   ... --methods search_r1 combined --per-gpu 2                          # + the combined mode, same DIR
-  python experiments/search_r1/run.py --smoke --model TINY_HF_FOLDER --out /tmp/sr1    # CPU, seconds
+  python -m experiments.search_r1.run --smoke --model TINY_HF_FOLDER --out /tmp/sr1    # CPU, seconds
 
 RL methods (configs/search_r1.py): search_r1 = Search-R1 alone (preset grpo_only: GRPO on the model's
 own multi-turn rollouts, no demonstrations); combined = Search-R1 rollouts guided by LUFFY off-policy
@@ -30,13 +30,12 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from experiments import compare  # noqa: E402
-from experiments.common import (add_runner_args, command_line, load_config, plot_curves,  # noqa: E402
+from experiments import compare
+from experiments.common import (add_runner_args, command_line, load_config, plot_curves,
                                 runner_argv)
-from fineflax.io import atomic_write_text  # noqa: E402
-from fineflax.runs import mean_ci95, results_series, seed_evaluations  # noqa: E402
+from fineflax.io import atomic_write_text
+from fineflax.runs import mean_ci95, results_series, seed_evaluations
 
 CONFIG = "configs/search_r1.py"
 METHODS = {"search_r1": "grpo_only", "combined": ""}
@@ -60,9 +59,9 @@ def baselines(args, seeds, common) -> dict:
     baselines_child(str(path), todo, args.smoke, common)
     cached = json.loads(path.read_text())
   elif todo:
-    child = [sys.executable, str(pathlib.Path(__file__).resolve()), "--baselines-child", str(path),
+    child = [sys.executable, "-m", __spec__.name, "--baselines-child", str(path),
              "--seeds", *map(str, todo), *(["--smoke"] if args.smoke else []), "--set", *common]
-    subprocess.run(child, check=True)
+    subprocess.run(child, check=True, cwd=ROOT)
     cached = json.loads(path.read_text())
   return {s: cached[str(s)] for s in seeds}
 

@@ -6,5 +6,5 @@ from fineflax.agents.llm import LLM, Completion, LocalLLM, OpenAILLM, ScriptedLL
 from fineflax.agents.runner import RolloutRecord, run_one, run_rollouts
 from fineflax.agents.store import Store
 from fineflax.agents.tracing import Span, Tracer, emit_reward, tool, tracing
-from fineflax.agents.transitions import (Transition, credit, group_advantages, merge_transitions,
-                                         rollout_transitions, transition_batch)
+from fineflax.agents.transitions import Transition, credit, merge_transitions, rollout_transitions, transition_batch
+from fineflax.rl.advantages import group_advantages  # groups by task id: `group_advantages(rewards, ids, scale)`

@@ -104,8 +104,8 @@ class LocalLLM(LLM):
     self.batcher = Batcher(policy, rng, max_batch=max_batch, wait_s=wait_s)
 
   def prompt_ids(self, messages) -> list[int]:
-    from fineflax.sampling import format_chat
-    return list(self.tokenizer(format_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"])
+    from fineflax.sampling import chat_prompt_ids
+    return chat_prompt_ids(self.tokenizer, messages)
 
   def _chat(self, messages, **kw):
     return self._complete(self.prompt_ids(messages), **kw)
@@ -193,8 +193,8 @@ class ScriptedLLM(LLM):
   def _chat(self, messages, stop=(), **_):
     prompt_ids = []
     if self.tokenizer is not None:
-      from fineflax.sampling import format_chat
-      prompt_ids = list(self.tokenizer(format_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"])
+      from fineflax.sampling import chat_prompt_ids
+      prompt_ids = chat_prompt_ids(self.tokenizer, messages)
     return self._reply(messages, prompt_ids, stop)
 
   def _complete(self, prompt, stop=(), **_):

@@ -7,8 +7,8 @@ Credit assignment over the calls i = 0..n-1 of a rollout with final reward R:
                 index of the last call before the event; the final reward is an event after the last call,
                 so without intermediate rewards r_i = gamma^(n-1-i) * R.
 Group advantages: the transitions of all rollouts of one task form a group (as verl groups Agent Lightning's
-triplets by the task's uid): A = (r - mean_group) / (std_group + eps) (ddof 1, `scale` as
-`fineflax.rl.advantages.group_advantages`); a group whose rewards are all equal, or of one transition, gets 0.
+triplets by the task's uid): `fineflax.rl.advantages.group_advantages(rewards, group_ids, scale)`, where a
+group whose rewards are all equal, or of one transition, gets 0.
 """
 from __future__ import annotations
 
@@ -87,29 +87,6 @@ def merge_transitions(ts: Sequence[Transition]) -> Transition:
     context = list(t.prompt_ids) + list(t.response_ids)
   return Transition(first.rollout_id, first.group_id, 0, list(first.prompt_ids), comp, lps, first.reward,
                     first.final_reward, mask)
-
-
-def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], scale: str = "group",
-                     eps: float = 1e-6) -> np.ndarray:
-  """Per-transition advantages, groups of any size (module docstring)."""
-  r = np.asarray(rewards, np.float64)
-  ids = np.asarray(group_ids)
-  out = np.zeros_like(r)
-  batch_std = r.std(ddof=1) if len(r) > 1 else 0.0
-  for g in np.unique(ids):
-    sel = ids == g
-    x = r[sel]
-    if len(x) < 2 or x.max() == x.min():
-      continue
-    c = x - x.mean()
-    if scale == "group":
-      c = c / (x.std(ddof=1) + eps)
-    elif scale == "batch":
-      c = c / (batch_std + eps)
-    elif scale != "none":
-      raise ValueError(f"unknown advantage scale {scale!r}")
-    out[sel] = c
-  return out.astype(np.float32)
 
 
 def transition_batch(ts: Sequence[Transition], advantages, *, pad_id: int) -> dict:

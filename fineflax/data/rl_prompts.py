@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import logging
 import pathlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fineflax.data.schemas import RowError, json_error
+from fineflax.data.schemas import RowError
 from fineflax.data.sources import SHOWN, BadRows, DataError, quiet_datasets, sample_file
+from fineflax.io import JsonLineError, json_lines
 
 FILE_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 ANSWER_RULES = ("", "gsm8k", "boxed")
@@ -304,19 +304,11 @@ def _load_one(path: pathlib.Path | str, *, streaming: bool, split: str = "train"
 
 
 def json_objects(path: pathlib.Path):
-  """(line number, object) of each non-blank line of a JSON-lines file; DataError names the first line that
-  is not a JSON object."""
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        value = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{path}:line {n}: invalid JSON ({json_error(e)})") from None
-      if not isinstance(value, dict):
-        raise DataError(f"{path}:line {n}: expected a JSON object, got {type(value).__name__}")
-      yield n, value
+  """`fineflax.io.json_lines` of `path`, the first line that is not a JSON object raising DataError."""
+  try:
+    yield from json_lines(path)
+  except JsonLineError as e:
+    raise DataError(str(e)) from None
 
 
 class _Part:

@@ -27,6 +27,8 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
+from fineflax.io import json_error
+
 ROLES = ("system", "user", "assistant", "tool")
 REQUIRED_COLUMNS = {
     "messages": ("messages",),
@@ -72,13 +74,6 @@ def _text(value, field: str) -> str:
   if isinstance(value, list) and all(isinstance(p, Mapping) for p in value):
     return "".join(p.get("text") or "" for p in value if p.get("type", "text") == "text")
   raise RowError(f"{field}: expected a string, got {type(value).__name__} {str(value)[:60]!r}")
-
-
-def json_error(e: json.JSONDecodeError) -> str:
-  """"Expecting value at column 5", "Invalid control character at column 50" (json's own message for some
-  errors already ends with "at"), with the line when the text spans several."""
-  where = f"line {e.lineno} column {e.colno}" if e.lineno > 1 else f"column {e.colno}"
-  return f"{e.msg} {where}" if e.msg.endswith(" at") else f"{e.msg} at {where}"
 
 
 def _drop_none(x):

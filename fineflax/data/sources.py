@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import os
 import pathlib
 import tempfile
@@ -28,8 +27,8 @@ import logging
 
 import numpy as np
 
-from fineflax.data.schemas import (SCHEMAS, RowError, detect_schema, json_error, missing_columns,
-                                   to_messages)
+from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, missing_columns, to_messages
+from fineflax.io import JsonLineError, json_lines
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 SAMPLES_DIR = pathlib.Path(__file__).parent / "samples"
@@ -138,31 +137,24 @@ def _resolve_schema(schema: str, columns, where: str) -> str:
 def _scan_jsonl(path: pathlib.Path, schema: str, bad: BadRows):
   """(schema, line numbers of the valid rows, whether any line was rejected), checking every line."""
   lines, rejected = [], False
-  with open(path, encoding="utf-8") as f:
-    for n, text in enumerate(f, start=1):
-      if not text.strip():
-        continue
-      try:
-        row = json.loads(text)
-      except json.JSONDecodeError as e:
-        bad(f"{path}:line {n}", f"invalid JSON ({json_error(e)})")
-        rejected = True
-        continue
-      if not isinstance(row, dict):
-        bad(f"{path}:line {n}", f"expected a JSON object, got {type(row).__name__}")
-        rejected = True
-        continue
-      if schema == "auto":
-        schema = _resolve_schema("auto", row.keys(), f"{path}:line {n}")
-      try:
-        to_messages(row, schema)
-      except RowError as err:
-        missing = missing_columns(schema, row.keys())
-        reason = f"missing column(s) {missing} of schema {schema!r}" if missing else str(err)
-        bad(f"{path}:line {n}", reason)
-        rejected = True
-        continue
-      lines.append(n)
+
+  def reject(e: JsonLineError) -> None:
+    nonlocal rejected
+    bad(e.where, e.reason)
+    rejected = True
+
+  for n, row in json_lines(path, on_error=reject):
+    if schema == "auto":
+      schema = _resolve_schema("auto", row.keys(), f"{path}:line {n}")
+    try:
+      to_messages(row, schema)
+    except RowError as err:
+      missing = missing_columns(schema, row.keys())
+      reason = f"missing column(s) {missing} of schema {schema!r}" if missing else str(err)
+      bad(f"{path}:line {n}", reason)
+      rejected = True
+      continue
+    lines.append(n)
   return schema, lines, rejected
 
 

@@ -25,18 +25,13 @@ import numpy as np
 from fineflax.envs.word_problems import Problem, generate_problems
 from fineflax.rewards import score_completions
 from fineflax.rl import rows as R
-from fineflax.sampling import format_chat
-
-
-def messages_prompt_ids(tokenizer, messages, assistant_prefix: str = "") -> list[int]:
-  """Chat-formatted `messages`, the assistant header, then `assistant_prefix` (prefilled)."""
-  return tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"]
+from fineflax.sampling import chat_prompt_ids
 
 
 def prompt_ids(tokenizer, system_prompt: str, question: str, assistant_prefix: str = "") -> list[int]:
   """Chat-formatted system + user turns, the assistant header, then `assistant_prefix` (prefilled)."""
   messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
-  return messages_prompt_ids(tokenizer, messages, assistant_prefix)
+  return chat_prompt_ids(tokenizer, messages, assistant_prefix)
 
 
 def trace_ids(tokenizer, solution: str, eos_id: int, assistant_prefix: str = "") -> list[int]:

@@ -25,11 +25,12 @@ import numpy as np
 
 from fineflax.config_checks import ConfigError, one_of, positive_int, require
 from fineflax.data.rl_prompts import check_files, field_map, load_prompts
-from fineflax.envs.arithmetic import messages_prompt_ids, trace_ids
+from fineflax.envs.arithmetic import trace_ids
 from fineflax.evals.stats import avg_at_n, pass_at_k
 from fineflax.rewards import score_completions
 from fineflax.rl import rows as R
 from fineflax.rl.order import EpochOrder, StreamOrder
+from fineflax.sampling import chat_prompt_ids
 
 
 def fields_of(d) -> dict:
@@ -104,7 +105,7 @@ class DatasetEnv:
     return item.messages
 
   def prompt(self, item) -> list[int]:
-    return messages_prompt_ids(self.tok, self.messages(item), self.d.get("assistant_prefix", ""))
+    return chat_prompt_ids(self.tok, self.messages(item), self.d.get("assistant_prefix", ""))
 
   def example(self, item) -> dict:
     return item.example()

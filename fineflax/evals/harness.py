@@ -17,6 +17,7 @@ from typing import Sequence
 
 from fineflax.evals import judge as judge_lib
 from fineflax.evals.stats import mean_ci, outcome_ci
+from fineflax.io import JsonLineError, json_lines
 
 
 class EvalDataError(ValueError):
@@ -63,14 +64,10 @@ def load_eval_set(path, limit: int | None = None) -> list[dict]:
       raise EvalDataError(f"{path}: invalid JSON ({e})") from None
     rows = [parse_row(r, f"{path}:row {i}") for i, r in enumerate(data)]
   else:
-    for n, line in enumerate(text.splitlines(), 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise EvalDataError(f"{path}:line {n}: invalid JSON ({e.msg})") from None
-      rows.append(parse_row(row, f"{path}:line {n}"))
+    try:
+      rows = [parse_row(row, f"{path}:line {n}") for n, row in json_lines(path)]
+    except JsonLineError as e:
+      raise EvalDataError(str(e)) from None
   if not rows:
     raise EvalDataError(f"{path}: no rows")
   return rows[:limit] if limit else rows

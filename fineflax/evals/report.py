@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pathlib
 
-from fineflax.io import atomic_write_text
+from fineflax.io import atomic_write_bytes, atomic_write_text
 
 
 def _ci(d: dict, pct: bool = False) -> str:
@@ -47,12 +46,7 @@ def plot(summary: dict, path) -> pathlib.Path:
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=110)
   plt.close(fig)
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_bytes(buf.getvalue())
-  os.replace(tmp, path)
-  return path
+  return atomic_write_bytes(path, buf.getvalue())
 
 
 def markdown(summary: dict, spec_a: str, spec_b: str, data: str, judge_desc: str | None, command: str) -> str:

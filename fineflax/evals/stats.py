@@ -6,9 +6,13 @@ statistic (percentile interval, Efron & Tibshirani 1993, ch. 13):
   win = mean(o == 1), tie = mean(o == 0), loss = mean(o == -1), net = win - loss,
   score = win + tie / 2 (the "win rate" with ties counted half, as in Chatbot Arena / AlpacaEval).
 `mean_ci` does the same for the mean of any per-example values (e.g. paired metric differences).
-For sampled answers: `avg_at_n` (mean correctness of n samples a question) and `pass_at_k` (unbiased).
+`t_interval` is the parametric one (Student t) for few values, e.g. a metric over a handful of seeds, or
+a mean known only by its count and sums (the serving feedback log). For sampled answers: `avg_at_n` (mean correctness of n samples a question) and `pass_at_k` (unbiased).
 """
 from __future__ import annotations
+
+import math
+from typing import Sequence
 
 import numpy as np
 
@@ -47,6 +51,27 @@ def mean_ci(values, num_resamples: int = 10_000, seed: int = 0, level: float = 0
   boot = v[bootstrap_indices(len(v), num_resamples, seed)].mean(-1)
   q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
   return {"value": float(v.mean()), "lo": float(np.percentile(boot, q[0])), "hi": float(np.percentile(boot, q[1]))}
+
+
+def t_interval(values: Sequence[float] | None = None, *, n: int | None = None, total: float | None = None,
+               total_sq: float | None = None, level: float = 0.95) -> tuple[float, float, float]:
+  """(mean, low, high) of the Student t interval of the mean: mean -+ t_{(1+level)/2, n-1} · s / sqrt(n), s the
+  sample standard deviation (ddof = 1). Takes the values, or their count n, sum and sum of squares
+  (s^2 = (total_sq - n · mean^2) / (n - 1), floored at 0). low and high are nan for n = 1; n = 0 raises."""
+  from scipy import stats
+  if values is not None:
+    x = np.asarray(values, np.float64)
+    n, mean = len(x), float(x.mean()) if len(x) else math.nan
+    var = float(x.var(ddof=1)) if n > 1 else math.nan
+  else:
+    mean = total / n if n else math.nan
+    var = max(total_sq - n * mean * mean, 0.0) / (n - 1) if n > 1 else math.nan
+  if not n:
+    raise ValueError("the t interval of a mean needs at least one value")
+  if n < 2:
+    return mean, math.nan, math.nan
+  half = float(stats.t.ppf((1 + level) / 2, n - 1)) * math.sqrt(var / n)
+  return mean, mean - half, mean + half
 
 
 def pass_at_k(correct, k: int) -> np.ndarray:

@@ -73,14 +73,13 @@ def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 
   """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
   import jax
 
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import chat_prompt_ids, generate
   params, config, tokenizer, lora, scale, jdtype = load_local(source, adapter, quant=quant, dtype=dtype)
 
   def run(prompts):
     texts = []
     for i in range(0, len(prompts), batch_size):
-      ids = [tokenizer(format_chat(tokenizer, m), add_special_tokens=False)["input_ids"]
-             for m in prompts[i:i + batch_size]]
+      ids = [chat_prompt_ids(tokenizer, m) for m in prompts[i:i + batch_size]]
       out = generate(params, config, ids, max_new_tokens=max_tokens, temperature=temperature, tokenizer=tokenizer,
                      lora=lora, lora_scale=scale, dtype=jdtype, rng=jax.random.PRNGKey(seed + i))
       texts += list(out.texts)

@@ -26,13 +26,14 @@ from fineflax.envs.word_problems import generate_problems
 from fineflax.extras import require_search_engine
 from fineflax.jobs.common import export_adapter, finish_run, make_workdir, preflight
 from fineflax.jobs.rl import setup_learner
+from fineflax.rl.batch import pad_rows
 from fineflax.rl.objectives import validate_rl
 from fineflax.rl.policy import Policy
 from fineflax.rl.update import rl_update
 from fineflax.train.loop import Hooks, read_history, train_loop
 
 AGENTS = ("calculator", "search_r1")
-ROW_BUCKET = 16  # transitions are padded with empty rows to a multiple of this (token-mean / sum losses)
+ROW_BUCKET = 16  # transitions are padded with masked rows to a multiple of this (`pad_rows`; fewer compiles)
 
 
 def make_agent(config, tokenizer=None, greedy: bool = False):
@@ -67,15 +68,6 @@ def make_tasks(config):
   train = generate_problems(t.num_train, "train", tuple(t.num_steps), config.seed, **sizes)
   held_out = generate_problems(t.num_eval, "test", tuple(t.num_steps), t.eval_seed, **sizes)
   return calculator_tasks(train), calculator_tasks(held_out)
-
-
-def pad_rows(batch: dict, multiple: int) -> dict:
-  """Appends empty rows (mask 0, advantage 0) up to a multiple of `multiple` rows."""
-  b = batch["tokens"].shape[0]
-  extra = -b % multiple
-  if not extra:
-    return batch
-  return {k: np.concatenate([v, np.zeros((extra, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
 
 
 class AgentRLJob:

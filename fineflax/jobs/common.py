@@ -16,7 +16,7 @@ from fineflax.lora.peft_io import peft_files
 from fineflax.models import load
 from fineflax.models.dtype import resolve_dtype
 from fineflax.models.layer_loop import resolve_layer_loop
-from fineflax.sampling import format_chat, generate
+from fineflax.sampling import chat_prompt_ids, generate
 from fineflax.train.checkpoint import latest_checkpoint_step
 from fineflax.train.loop import LoopResult, already_complete_line, write_summary
 from fineflax.train.run_config import check_resumable, check_workdir
@@ -127,7 +127,7 @@ def answer(params, model_config, tokenizer, prompt: str, *, lora=None, lora_scal
   """The chat model's reply to one user message (greedy unless `temperature` > 0)."""
   messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
   messages.append({"role": "user", "content": prompt})
-  ids = tokenizer(format_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
+  ids = chat_prompt_ids(tokenizer, messages)
   out = generate(params, model_config, [ids], max_new_tokens=max_new_tokens, temperature=temperature,
                  top_k=top_k, top_p=top_p, rng=rng, tokenizer=tokenizer, lora=lora, lora_scale=lora_scale,
                  dtype=dtype)

@@ -1,10 +1,12 @@
 """Group-relative advantages (GRPO, Dr. GRPO), DAPO dynamic-sampling filter and overlong shaping.
 
-Rewards are laid out group after group: rewards[g * group_size + j] is completion j of prompt g.
+Rewards are laid out group after group: rewards[g * group_size + j] is completion j of prompt g
+(`group_advantages` also takes one group id per reward, for groups of any size).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 SCALES = ("group", "batch", "none")
 
@@ -18,30 +20,46 @@ def _grouped(rewards, group_size: int) -> jnp.ndarray:
   return r.reshape(-1, group_size)
 
 
-def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-6) -> jnp.ndarray:
-  """A_i = (R_i - mean(R_group)) / (std + eps), one per completion [N].
+def group_advantages(rewards, groups, scale: str = "group", eps: float = 1e-6) -> np.ndarray:
+  """A_i = (R_i - mean(R_group)) / (std + eps), one per completion, float32 [N].
 
+  groups: an int K, the group size of rewards laid out group after group (K >= 2, dividing N), or one
+  group id per reward (groups of any size in any order, as the agent transitions of one task; a group of
+  one reward gets A = 0).
   scale "group": std over the completion's group;  "batch": std over all N rewards (TRL
   scale_rewards="batch"; the mean stays per group);  "none": A_i = R_i - mean(R_group) (Dr. GRPO,
   LUFFY's released code).
   std is the sample standard deviation (ddof=1), as `torch.std` in both TRL and verl
-  (`compute_grpo_outcome_advantage`); eps = 1e-6 as verl (TRL uses 1e-4). A group of all-equal rewards
-  gets exactly A = 0 (its f32 mean need not equal the rewards bit for bit, so the centred values are
-  zeroed where max == min). Needs group_size >= 2 (a std of one sample is undefined).
+  (`compute_grpo_outcome_advantage`); eps = 1e-6 as verl (TRL uses 1e-4). Computed in float64; a group
+  of all-equal rewards gets exactly A = 0.
   """
   if scale not in SCALES:
     raise ValueError(f"unknown advantage scale {scale!r}; expected one of {SCALES}")
-  if group_size < 2:
-    raise ValueError(f"group-relative advantages need group_size >= 2, got {group_size}")
-  g = _grouped(rewards, group_size)
-  centred = g - jnp.mean(g, axis=1, keepdims=True)
-  equal = jnp.max(g, axis=1, keepdims=True) == jnp.min(g, axis=1, keepdims=True)
-  centred = jnp.where(equal, 0.0, centred)
+  r = np.asarray(rewards, np.float64)
+  if r.ndim != 1:
+    raise ValueError(f"rewards must be 1-D [N], got shape {r.shape}")
+  if isinstance(groups, (int, np.integer)):
+    if groups < 2:
+      raise ValueError(f"group-relative advantages need group_size >= 2, got {groups}")
+    if r.shape[0] % groups:
+      raise ValueError(f"{r.shape[0]} rewards do not split into groups of {groups}")
+    index = np.arange(r.shape[0]) // groups
+  else:
+    if len(groups) != r.shape[0]:
+      raise ValueError(f"{len(groups)} group ids for {r.shape[0]} rewards")
+    index = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+  count = np.bincount(index)
+  centred = r - (np.bincount(index, r) / count)[index]
+  spread = np.bincount(index, centred * centred)
+  high, low = np.full(len(count), -np.inf), np.full(len(count), np.inf)
+  np.maximum.at(high, index, r)
+  np.minimum.at(low, index, r)
+  centred = np.where((high == low)[index], 0.0, centred)  # also every group of one
   if scale == "group":
-    centred = centred / (jnp.std(g, axis=1, ddof=1, keepdims=True) + eps)
+    centred = centred / (np.sqrt(spread / np.maximum(count - 1, 1)) + eps)[index]
   elif scale == "batch":
-    centred = centred / (jnp.std(g, ddof=1) + eps)
-  return centred.reshape(-1)
+    centred = centred / ((r.std(ddof=1) if r.shape[0] > 1 else 0.0) + eps)
+  return centred.astype(np.float32)
 
 
 def zero_variance_groups(rewards, group_size: int) -> jnp.ndarray:

@@ -29,14 +29,13 @@ def model_traces(source: str, problems: Sequence[Problem], *, samples: int = 4, 
   from fineflax.models import load
   from fineflax.models.dtype import resolve_dtype
   from fineflax.rewards import score_completions
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import chat_prompt_ids, generate
   params, config, tok = load(source, dtype=resolve_dtype("auto"))
   kept, rng = [], jax.random.PRNGKey(seed)
   for i in tqdm(range(0, len(problems), batch_size), desc="traces"):
     chunk = problems[i:i + batch_size]
-    prompts = [tok(format_chat(tok, [{"role": "system", "content": system_prompt},
-                                     {"role": "user", "content": p.question}]),
-                   add_special_tokens=False)["input_ids"] for p in chunk for _ in range(samples)]
+    prompts = [chat_prompt_ids(tok, [{"role": "system", "content": system_prompt},
+                                     {"role": "user", "content": p.question}]) for p in chunk for _ in range(samples)]
     rng, key = jax.random.split(rng)
     out = generate(params, config, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                    tokenizer=tok, rng=key)

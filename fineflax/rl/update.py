@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import group_advantages
-from fineflax.rl.batch import build_rl_batch, pad_ragged, round_up
+from fineflax.rl.batch import build_rl_batch, pad_ragged, pad_rows, round_up
 from fineflax.train.mesh import batch_sharding, put
 
 
@@ -35,22 +35,6 @@ def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, ma
   if "behaviour_logp" in fields:
     batch["behaviour_logp"] = pad_ragged(kept["behaviour_logp"], batch["completion"].shape[1])
   return batch
-
-
-def pad_rows(batch: dict, multiple: int) -> dict:
-  """The batch with copies of row 0 appended up to a multiple of `multiple` rows; the copies have mask 0,
-  advantage 0 and are on-policy, and `num_rows` (the real B) keeps the seq-mean losses unchanged."""
-  b = batch["tokens"].shape[0]
-  extra = -b % multiple
-  if not extra:
-    return batch
-  out = {k: np.concatenate([np.asarray(v), np.repeat(np.asarray(v)[:1], extra, axis=0)])
-         for k, v in batch.items()}
-  for k in ("mask", "advantages", "is_off_policy"):
-    if k in out:
-      out[k][b:] = 0
-  out["num_rows"] = np.float32(b)
-  return out
 
 
 def shard_update_batch(batch: dict, mesh) -> dict:

@@ -1,7 +1,8 @@
 """Chat prompts for generation: the tokenizer's chat template, or ChatML when it has none.
 
 The template choice and tool-call inlining are `fineflax.data.chat`'s (one rendering for training and
-sampling); this adds the generation prompt (the assistant header) for decoding.
+sampling); this adds the generation prompt (the assistant header) for decoding. `chat_prompt_ids` is the one
+way to turn messages into the prompt ids of a decode.
 """
 from __future__ import annotations
 
@@ -18,3 +19,10 @@ def format_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: b
   template = chat_template(tokenizer)
   return tokenizer.apply_chat_template(template_messages(messages, template), chat_template=template,
                                        tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[Mapping], assistant_prefix: str = "") -> list[int]:
+  """The token ids a model reads to answer `messages`: `format_chat` (template, then the assistant header),
+  then `assistant_prefix` (a prefilled start of the answer), tokenized without added special tokens (the
+  template writes them)."""
+  return list(tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"])

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
+
+from fineflax.io import atomic_write_text
 
 SYLLABLES = ("ka", "lo", "mir", "zen", "tha", "vor", "ul", "bre", "sin", "dor", "qua", "fel", "ix", "ro",
              "nai", "pel", "tur", "gan", "shi", "el", "mab", "ost", "ri", "cav", "jun", "wex", "ta", "bo")
@@ -58,11 +59,7 @@ class KnowledgeBase:
 
   def write_corpus(self, path: str) -> None:
     """JSON lines {id, title, text} (readable by `retrieval.read_jsonl` and `retrieval.server`)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      for d in self.documents:
-        f.write(json.dumps(d) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(d) + "\n" for d in self.documents))
 
 
 def _names(rng, count, syllables, suffixes, taken, title=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fineflax.sampling import bucket, format_chat
+from fineflax.sampling import bucket, chat_prompt_ids
 from fineflax.search_r1.actions import (SEARCH_R1_PROMPT, Tags, build_prompt, format_passages,
                                         information_text, parse_action)
 from fineflax.search_r1.policy import Policy
@@ -58,9 +58,8 @@ class RolloutResult:
 
 def prompt_ids(tokenizer, question: str, config: RolloutConfig = RolloutConfig()) -> list[int]:
   """Chat-formatted prompt tokens: the user message `config.template` with the question filled in."""
-  text = format_chat(tokenizer, [{"role": "user", "content": build_prompt(question, config.tags,
-                                                                          config.template)}])
-  return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+  return chat_prompt_ids(tokenizer, [{"role": "user", "content": build_prompt(question, config.tags,
+                                                                             config.template)}])
 
 
 def session_length(config: RolloutConfig) -> int:

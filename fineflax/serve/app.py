@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
 
-from fineflax.sampling.chat import format_chat
+from fineflax.sampling.chat import chat_prompt_ids
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
 from fineflax.serve.feedback import UnknownResponse
@@ -89,10 +89,9 @@ class Server:
                        f"can hold here (max_prompt_chars; the context is {self.engine.context} tokens)", "messages")
     tok = self.engine.tokenizer
     try:
-      text = format_chat(tok, messages)
+      return chat_prompt_ids(tok, messages)
     except Exception as e:
       raise P.ApiError(400, f"messages could not be rendered with the chat template ({e})", "messages")
-    return tok(text, add_special_tokens=False)["input_ids"]
 
   # -- routes ------------------------------------------------------------------------------------
   async def models(self, request: Request):

@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from fineflax.evals.stats import t_interval
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses(id TEXT PRIMARY KEY, created REAL, variant TEXT, request_json TEXT,
   messages_json TEXT, answer TEXT, settings_json TEXT, choice INTEGER, prompt_tokens INTEGER,
@@ -51,16 +53,12 @@ class UnknownResponse(KeyError):
 
 
 def ci95(n: int, total: float, total_sq: float) -> tuple[float | None, float | None, float | None]:
-  """(mean, low, high): mean +- 1.96 * s / sqrt(n), s the sample standard deviation (n - 1); None for
-  n = 0 (all three) or n = 1 (the bounds)."""
+  """(mean, low, high): the Student t interval of the mean reward from its count and sums
+  (`fineflax.evals.stats.t_interval`); None for n = 0 (all three) or n = 1 (the bounds)."""
   if n == 0:
     return None, None, None
-  mean = total / n
-  if n == 1:
-    return mean, None, None
-  var = max(total_sq - n * mean * mean, 0.0) / (n - 1)
-  half = 1.96 * math.sqrt(var / n)
-  return mean, mean - half, mean + half
+  mean, low, high = t_interval(n=n, total=total, total_sq=total_sq)
+  return (mean, None, None) if n == 1 else (mean, low, high)
 
 
 class FeedbackLog:

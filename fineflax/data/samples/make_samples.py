@@ -30,9 +30,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import pathlib
 import random
+
+from fineflax.io import atomic_path
 
 SEED = 20240611
 
@@ -356,12 +357,11 @@ def main(out_dir: pathlib.Path = pathlib.Path(__file__).parent) -> None:
   import pyarrow as pa
   import pyarrow.parquet as pq
   for name, content in {**build_samples(), **build_rl_samples()}.items():
-    tmp = out_dir / (name + ".tmp")
-    if isinstance(content, str):
-      tmp.write_text(content, encoding="utf-8")
-    else:
-      pq.write_table(pa.Table.from_pylist(content), tmp)
-    os.replace(tmp, out_dir / name)
+    with atomic_path(out_dir / name) as tmp:
+      if isinstance(content, str):
+        tmp.write_text(content, encoding="utf-8")
+      else:
+        pq.write_table(pa.Table.from_pylist(content), tmp)
     print(f"{name}: {(out_dir / name).stat().st_size:,} bytes")
 
 

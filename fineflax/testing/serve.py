@@ -104,6 +104,6 @@ def start_subprocess_server(argv, timeout: float = 120.0):
   """`python -m fineflax.serve argv` in a subprocess (this checkout first on PYTHONPATH); returns
   (Popen, base_url) once /health answers."""
   from fineflax.serve.spawn import spawn_server
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parents[1]),
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parents[2]),
                                                      os.environ.get("PYTHONPATH", "")]))
   return spawn_server(argv, env=env, timeout=timeout)

@@ -1,10 +1,11 @@
-"""Helpers for GPU benchmarks: device name, peak memory, step timing, one fresh subprocess per case.
+"""Helpers for GPU benchmarks and experiments: device name, peak memory, step timing, one fresh subprocess
+per case, the command line that ran.
 
 Import-light on purpose: neither jax nor torch is imported here, so a parent process that only
 orchestrates workers never touches the GPU (its memory and JAX's preallocation stay out of the numbers).
 
   name = device_name()                             # "NVIDIA H100 80GB HBM3" | "cpu (x86_64)"
-  result = run_worker([sys.executable, __file__, "--worker", json.dumps(spec)], env=jax_env())
+  result = run_worker(worker_argv(__spec__.name, "--worker", json.dumps(spec)), env=jax_env())
   # in the worker:  dt = time_steps(step, n, sync);  peak = jax_peak_bytes() or torch_peak_bytes()
   #                 print_result(dict)             # the one line run_worker parses
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import platform
 import shutil
 import subprocess
@@ -21,6 +23,21 @@ from typing import Callable
 
 RESULT_PREFIX = "BENCH_RESULT_JSON: "
 GIB = 1024 ** 3
+REPO = pathlib.Path(__file__).resolve().parents[1]  # scripts and their workers run as modules from here
+
+
+def worker_argv(module: str, *args: str) -> list[str]:
+  """[python, -m, module, *args]: a benchmark's worker, run as a module (pass the script's `__spec__.name`)
+  from `REPO`, as `run_worker` does."""
+  return [sys.executable, "-m", module, *args]
+
+
+def command_line() -> str:
+  """The command that started this process as it is typed from the repository root: "python -m
+  benchmarks.sft --out x" for a module, else "python <path relative to the root> ..."."""
+  spec = getattr(sys.modules["__main__"], "__spec__", None)
+  program = f"-m {spec.name}" if spec is not None else os.path.relpath(sys.argv[0], REPO)
+  return " ".join(["python", program, *sys.argv[1:]])
 
 
 def device_name() -> str:
@@ -51,7 +68,7 @@ def run_worker(argv: list[str], env: dict[str, str] | None = None, timeout: floa
   out-of-memory case does not lose the rest of a benchmark.
   """
   try:
-    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+    proc = subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {timeout:.0f}s"}
   for line in reversed(proc.stdout.splitlines()):

@@ -4,7 +4,8 @@ sentence-transformers' CrossEncoder format (a BertForSequenceClassification fold
 Model: s(q, d) = tanh(BERT([CLS] q [SEP] d [SEP])_CLS Wp + bp) Wc + bc   (one logit; bert.classify)
 Loss (listwise, one positive and n hard negatives per group, as in a softmax over a BM25 pool):
   L = -1/G sum_g log softmax(s_g0, s_g1, ..., s_gn)_0
-Training code only: retrieval/ never imports this module (retrieval/rerank.py loads the saved folder).
+Training code (needs optax), kept beside the reranker it trains: the rest of retrieval/ never imports it
+(retrieval/rerank.py loads the saved folder), and it imports nothing of fineflax.
 """
 from __future__ import annotations
 
