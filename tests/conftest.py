@@ -36,11 +36,19 @@ def tiny_smol(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked slow run first (stable sort; the rest keep their order). With --dist loadgroup, xdist
-  hands single tests to whichever worker is nearly idle, in collection order: started first, the long
-  tests overlap the short ones instead of one of them running alone on one worker at the end while the
-  other worker idles (longest-first list scheduling)."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+  """Tiers and order.
+
+  Tiers: a test not marked `fast` is marked `slow`, so `pytest -m "not slow"` runs the fast tier (the
+  tests marked fast: a few per module, <= 4 minutes on 2 cores; tests/test_tiers.py checks that every
+  module is reached) and plain `pytest` runs everything.
+  Order: tests marked `long` (over ~20 s on 2 cores) run first (stable sort; the rest keep their order).
+  With --dist loadgroup, xdist hands single tests to whichever worker is nearly idle, in collection order:
+  started first, the long tests overlap the short ones instead of one of them running alone on one worker
+  at the end while the other worker idles (longest-first list scheduling)."""
+  for item in items:
+    if item.get_closest_marker("fast") is None:
+      item.add_marker(pytest.mark.long)
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -82,7 +82,7 @@ def test_sft_init_from_loads_the_adapter_and_rejects_a_mismatch(tmp_path):
     start_adapter(str(path), config, L.LoraConfig(r=4, alpha=8.0, target_modules=("q", "v")))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_smoke_loop_end_to_end(tiny_smol, tmp_path):
   """run.py --smoke, smaller still: two adapters served, 8 routed requests with feedback, SFT data, SFT
   (one step per run), evals A/B on 4 held-out questions."""

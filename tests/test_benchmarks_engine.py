@@ -19,7 +19,7 @@ def test_response_lengths_are_a_capped_log_normal():
   assert 0.005 < np.mean(np.array(n) == 4096) < 0.04  # P(z > ln 8) = 1.9%
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_tiny_run_writes_every_case(tmp_path):
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-m", "benchmarks.engine", "--tiny", "--attention", "gather", "--out", str(out),

@@ -69,7 +69,7 @@ def _result(proc):
   return json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_processes_agree_with_one(tiny_smol, tmp_path):
   port = _free_port()
   procs = [_spawn([tiny_smol, tmp_path / "two", 2, pid, port], devices=1) for pid in (0, 1)]

@@ -36,7 +36,7 @@ def _session(params, config, lora, cache, stop):
   return s
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_paged_session_equals_static_session(family, tmp_path):
   name, overrides = FAMILIES[family]

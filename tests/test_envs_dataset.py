@@ -255,7 +255,7 @@ def test_sample_traces_earn_the_luffy_reward():
   assert get_reward("math_think")("", "no closing tag \\boxed{100}", **rows[0].example()) == 0.0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_luffy_config_runs_two_steps_from_the_sample_with_traces(tiny_smol, tmp_path):
   from fineflax.jobs import rl as rl_job
   from fineflax.jobs.resolve import load_config, validate

@@ -74,7 +74,7 @@ def _args(model, out, *extra):
           "--out", str(out), *extra]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
   out = tmp_path / "bench"
   assert bench.main(_args(tiny_smol, out)) == 0
@@ -116,7 +116,7 @@ def test_user_mistakes_exit_2(tmp_path, capsys):
   assert "--n > 1 needs --temperature > 0" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_refill_changes_no_greedy_completion(tiny_smol, tmp_path):
   """--refill decodes a call's prompts through max_rows slots with refill; greedy text must not depend on it."""
   base = ["--model", tiny_smol, "--benchmarks", "gsm8k", "--data-dir", str(SAMPLES_DIR), "--n", "1",

@@ -6,7 +6,7 @@ import json
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agents_experiment_smoke(tiny_smol, tmp_path):
   """In this process (a subprocess paid ~10 s more for its imports and tokenizer; both jobs run in-process
   in the script too): the RL and APO runs, results.json, the report and the plot."""

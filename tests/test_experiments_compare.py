@@ -10,7 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_compare_runs_methods_and_tabulates(tiny_smol, tmp_path):
   out = tmp_path / "cmp"
   over = [f"model.source={tiny_smol}", "num_steps=1", "eval_every=1", "rl.max_new_tokens=8",

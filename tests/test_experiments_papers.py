@@ -12,7 +12,7 @@ from experiments.search_r1 import run as search_r1
 QV = "lora.targets=('q','v')"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_luffy_five_way_smoke(tiny_smol, tmp_path):
   out = tmp_path / "luffy"
   assert luffy.main(["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0",
@@ -34,7 +34,7 @@ def test_luffy_five_way_smoke(tiny_smol, tmp_path):
       p.name for p in out.iterdir()}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_search_r1_vs_rag_and_combined_smoke(tiny_smol, tmp_path):
   out = tmp_path / "sr1"
   argv = ["--smoke", "--in-process", "--model", tiny_smol, "--out", str(out), "--seeds", "0",

@@ -54,7 +54,7 @@ def two_calls(task, llm, resources):
   return float(first.response_ids[0] % 2 == 0)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agent_rl_job_trains_from_traces(tiny_smol, tmp_path, monkeypatch):
   from fineflax.agents.calculator import CalculatorAgent
   monkeypatch.setattr(agent_rl, "make_agent",

@@ -20,7 +20,7 @@ def _config(source, **kw):
   return c
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_chat_with_adapter_matches_generate_with_that_adapter(tiny_smol, tmp_path, capsys):
   params, config, tok = load(tiny_smol)
   cfg = L.LoraConfig(r=4, alpha=8.0)

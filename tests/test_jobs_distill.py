@@ -12,7 +12,7 @@ from fineflax import lora as lora_lib
 from fineflax.models import load
 
 
-@pytest.mark.slow  # ~55 s of CPU: jit of generate (teacher, student) and of the step
+@pytest.mark.long  # ~55 s of CPU: jit of generate (teacher, student) and of the step
 def test_distill_job_kl_falls_and_exports(tiny_smol, tmp_path):
   from fineflax.jobs import distill
   # a teacher adapter: random (nonzero B) rank-8 LoRA on the same base, exported as PEFT

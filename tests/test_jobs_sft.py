@@ -71,7 +71,7 @@ def test_resume_matches_uninterrupted_run(tiny_source, tmp_path, monkeypatch):
     np.testing.assert_allclose(resumed[step], full[step], rtol=1e-5, err_msg=f"step {step}")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_damaged_latest_checkpoint_resumes_from_the_previous_one(tiny_source, tmp_path, monkeypatch, capsys):
   """Regression (issue 36): garbage in the latest step's JSON blocked resume with a raw JSONDecodeError."""
   from fineflax.jobs import sft

@@ -94,7 +94,7 @@ def test_routing_sets_are_disjoint():
   assert sum(r["sop"] is not None for r in held) == 20 and sum(r["sop"] is None for r in held) == 8
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_minilm_routing_on_held_out_paraphrases():
   """all-MiniLM-L6-v2 at the calibrated threshold on the held-out set (20 paraphrases, 8 off-topic; none
   of them used for calibration): >= 16 routed right and no off-topic request routed. Triggers alone route

@@ -85,7 +85,7 @@ def test_pallas_kernel_equals_gather():
     np.testing.assert_allclose(p, g, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_decode_loop_updates_the_pool_in_place():
   """The compiled decode chunk's temporary memory does not grow with the pool, and the donated pool is
   its output buffer: no second buffer of the pool exists. (XLA:CPU still rewrites the whole pool in place

@@ -23,7 +23,7 @@ def test_every_skipped_block_says_why():
   assert all(re.search(r"skip \(.{10,}\)", m) for m in re.findall(r"<!-- readme-test:[^\n]*-->", text))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_python_blocks_run_in_order(tmp_path):
   code = "\n\n".join(src for run, src in _blocks("python") if run)
   assert "load(" in code and "quantize_params" in code and "create_search_engine" in code

@@ -139,7 +139,7 @@ def _run(script, *args):
   return r.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_mesh_rl_update_equals_one_device_for_every_objective_and_a_checkpoint_resumes_on_2(tmp_path):
   """advantages, loss, KL, grad norm and the LoRA after 2 updates agree to 1e-5 for grpo, luffy and
   exgrpo; a batch of 6 rows padded to 8 keeps the seq-mean loss; greedy rollouts with the base split

@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sharded_sft_step_equals_single_device():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
