@@ -10,6 +10,8 @@ import pytest
 from fineflax.agents import ScriptedLLM, Store, tool
 from fineflax.agents.apo import APOSettings, apo, check_prompt, continue_chat, parse_prompt
 
+pytestmark = pytest.mark.fast
+
 
 @tool(name="lookup")
 def lookup(x):

@@ -1,5 +1,8 @@
 """benchmarks/profile_step.py: HLO parsing and kernel categories on a hand-written scheduled HLO text."""
 from benchmarks.profile_step import categorize, parse_hlo, reads_u8, scope_of
+import pytest
+
+pytestmark = pytest.mark.fast
 
 HLO = """HloModule jit_sft_step, is_scheduled=true
 

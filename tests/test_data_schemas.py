@@ -5,6 +5,8 @@ import pytest
 
 from fineflax.data.schemas import RowError, detect_schema, parse_glaive_call, to_messages
 
+pytestmark = pytest.mark.fast
+
 
 def test_detect_schema_from_columns():
   assert detect_schema(["messages", "id"]) == "messages"

@@ -6,6 +6,8 @@ import pytest
 
 from fineflax.engine.pages import OutOfPages, PageAllocator, pages_for
 
+pytestmark = pytest.mark.fast
+
 S = 4
 
 

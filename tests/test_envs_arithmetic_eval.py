@@ -9,6 +9,8 @@ from fineflax.envs import arithmetic
 from fineflax.envs.word_problems import generate_problems, make_problem
 from fineflax.jobs.resolve import load_config
 
+pytestmark = pytest.mark.fast
+
 
 def test_second_wording_keeps_problem_answer_and_split():
   a = generate_problems(20, "test", (2, 3), 7, 20, 10)

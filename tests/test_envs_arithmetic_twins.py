@@ -13,6 +13,8 @@ from fineflax.envs import arithmetic
 from fineflax.envs.word_problems import generate_problems, make_problem
 from fineflax.jobs.resolve import load_config
 
+pytestmark = pytest.mark.fast
+
 SEEDS = (0, 1, 2, 3)
 ENV_CONFIGS = {"configs/grpo_arith.py": grpo_arith.PRESETS, "configs/luffy_arith.py": luffy_arith.PRESETS,
                "configs/distill.py": {"": None, "cpu": None}}

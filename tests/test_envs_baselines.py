@@ -9,6 +9,8 @@ import pytest
 from fineflax.envs import get_env_class
 from fineflax.jobs.resolve import load_config
 
+pytestmark = pytest.mark.fast
+
 
 def _env(spec, over=()):
   config = load_config(spec, list(over))

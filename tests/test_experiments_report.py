@@ -12,6 +12,8 @@ from scipy import stats
 from experiments import report
 from fineflax.runs import paired_test
 
+pytestmark = pytest.mark.fast
+
 
 def test_committed_blocks_are_generated_from_the_results_files():
   assert report.main(["--check"]) == 0

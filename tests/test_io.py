@@ -5,6 +5,8 @@ import pytest
 
 from fineflax import io as ffio
 
+pytestmark = pytest.mark.fast
+
 
 def test_read_json_names_the_file(tmp_path):
   p = tmp_path / "config.json"

@@ -2,6 +2,9 @@
 import json
 
 from experiments.luffy.run import final_table
+import pytest
+
+pytestmark = pytest.mark.fast
 
 
 def _run(root, name, evals):

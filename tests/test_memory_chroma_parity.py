@@ -12,6 +12,8 @@ import pytest
 
 from memory.store import VectorStore
 
+pytestmark = pytest.mark.fast
+
 chromadb = pytest.importorskip("chromadb")
 
 COLORS = ["red", "green", "blue"]

@@ -14,6 +14,8 @@ import pytest
 
 from memory.chunking import Chunk, chunk_code, chunk_file, chunk_markdown, chunk_plain, nonws
 
+pytestmark = pytest.mark.fast
+
 STDLIB = [json.decoder, textwrap, argparse, dataclasses, ast]
 
 

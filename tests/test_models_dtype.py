@@ -12,6 +12,8 @@ from fineflax.jobs.resolve import load_config
 from fineflax.models.dtype import resolve_dtype, resolve_dtype_name
 from fineflax.train.run_config import ConfigChanged, check_resumable
 
+pytestmark = pytest.mark.fast
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

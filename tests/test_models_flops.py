@@ -4,6 +4,8 @@ import pytest
 from fineflax.models import ModelConfig
 from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops
 
+pytestmark = pytest.mark.fast
+
 
 def tiny():
   # H=8, I=16, L=2, Hq=2, Hkv=1, D=4, V=10

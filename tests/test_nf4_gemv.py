@@ -11,6 +11,8 @@ import pytest
 from fineflax.quant import nf4_gemv, quantize_nf4
 from fineflax.quant.matmul import quantized_matmul
 
+pytestmark = pytest.mark.fast
+
 
 def _case(m, k, n, double_quant=True, seed=0):
   rng = np.random.default_rng(seed)

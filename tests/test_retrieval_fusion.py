@@ -3,6 +3,8 @@ import pytest
 
 from retrieval.fusion import convex_combination, rrf
 
+pytestmark = pytest.mark.fast
+
 
 def test_rrf_hand_made():
   dense = ["a", "b", "c"]

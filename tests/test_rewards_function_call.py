@@ -6,6 +6,8 @@ import pytest
 from fineflax.rewards import get_reward
 from fineflax.rewards.function_call import W_JSON, W_KEYS, W_REQUIRED, W_TOOL
 
+pytestmark = pytest.mark.fast
+
 TOOLS = [{"type": "function", "function": {
     "name": "book_flight", "description": "Book a flight",
     "parameters": {"type": "object", "required": ["origin", "dest"], "additionalProperties": False,

@@ -10,6 +10,8 @@ from math_verify import parse, verify
 from fineflax.rewards import extract_math_answer, get_reward, math_equal, score_completions
 from fineflax.rewards import math_reward as M
 
+pytestmark = pytest.mark.fast
+
 
 def luffy_reference(response: str, ground_truth: str, think_format: bool) -> float:
   """LUFFY: the reward manager prepends "<think>\\n"; RewardMathFn gates on both tags and keeps

@@ -6,6 +6,8 @@ import pytest
 
 from fineflax.rewards import REWARDS, get_reward, register, score_completions
 
+pytestmark = pytest.mark.fast
+
 
 @register("_test_raises_on_b")
 def _raises_on_b(prompt, completion, **example):

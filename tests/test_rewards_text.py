@@ -8,6 +8,8 @@ import pytest
 from fineflax.rewards import extract_answer, get_reward, normalize_answer
 from fineflax.rewards.combined import detect_task
 
+pytestmark = pytest.mark.fast
+
 
 def squad_v11_normalize_answer(s):
   """Independent transcription of normalize_answer in the official SQuAD v1.1 evaluate script."""

@@ -6,6 +6,8 @@ import pytest
 
 from fineflax.rl.advantages import dapo_overlong_penalty, group_advantages, zero_variance_groups
 
+pytestmark = pytest.mark.fast
+
 G = 4
 REWARDS = np.array([1, 0, 0, 1,  1, 1, 1, 1,  0.5, 0, 2, 1,  0, 0, 0, 1], np.float32)
 

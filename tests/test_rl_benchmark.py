@@ -5,6 +5,8 @@ import pytest
 from benchmarks import _rl_common as C
 from benchmarks import rl
 
+pytestmark = pytest.mark.fast
+
 
 def test_word_tokenizer_round_trips_ids_and_rewards_agree():
   pytest.importorskip("tokenizers")

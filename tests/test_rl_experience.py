@@ -9,6 +9,8 @@ import pytest
 
 from fineflax.rl.experience import ExperienceBuffer, experience_split, replay_active
 
+pytestmark = pytest.mark.fast
+
 K = 8
 
 

@@ -12,6 +12,8 @@ from fineflax.rl.sft_phase import demonstration_rows, sft_batch
 from fineflax.rl.step import completion_logp
 from fineflax.train.sft_step import sft_nll
 
+pytestmark = pytest.mark.fast
+
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, eos_token_ids=(1,))
 

@@ -9,6 +9,8 @@ import pytest
 from fineflax.envs.word_problems import ITEMS, NAMES, generate_problems, write_traces
 from fineflax.rl.traces import load_traces
 
+pytestmark = pytest.mark.fast
+
 _OPS = {"gets (\\d+) more": "+", "gives away (\\d+)": "-", "ends up with (\\d+) times as many": "*",
         "splits the \\w+ into (\\d+) equal groups": "/"}
 

@@ -7,6 +7,8 @@ import pytest
 
 from fineflax.rl.traces import Trace, TraceFormatError, filter_traces, load_traces
 
+pytestmark = pytest.mark.fast
+
 LUFFY = {"data_source": "openr1", "prompt": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "What is 2+3?"}],
          "target": [{"role": "assistant", "content": "<think>2+3=5</think>The answer is 5."}],

@@ -9,6 +9,8 @@ from scipy import stats as scipy_stats
 
 from fineflax.runs import load_history, mean_ci95, run_parallel, summary_table
 
+pytestmark = pytest.mark.fast
+
 
 def test_run_parallel_reports_exit_codes_and_logs(tmp_path):
   cmds = {"ok": [sys.executable, "-c", "print('hello')"],

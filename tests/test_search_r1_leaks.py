@@ -10,6 +10,8 @@ import pytest
 from fineflax.jobs.resolve import load_config
 from fineflax.search_r1 import build_prompt, make_kb
 
+pytestmark = pytest.mark.fast
+
 
 def _kb(preset: str, seed: int):
   k = load_config(f"configs/search_r1.py:{preset}").kb

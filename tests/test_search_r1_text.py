@@ -9,6 +9,8 @@ from fineflax.search_r1 import (Passage, RolloutResult, Tags, build_prompt, form
                                 information_text, make_kb, parse_action, search_r1_reward,
                                 turn_is_well_formed)
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("text, expected", [
     ("<think>hm</think>\n<search> who is X </search>", ("search", "who is X")),
