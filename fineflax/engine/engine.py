@@ -174,7 +174,7 @@ class Engine:
     self.live: list[Sequence] = []
     self._next_id = 0
     self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
-                  "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "mixed_adapter_calls": 0}
+                  "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:
@@ -423,6 +423,7 @@ class Engine:
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
+    self.stats["decode_rows"] += len(rows)
     self.stats["mixed_adapter_calls"] += len({s.request.adapter for s in rows}) > 1
     self.stats["decode_steps"] += int(out["steps"])
     self._note_pages()
