@@ -65,4 +65,4 @@ def test_served_tokens_and_logprobs_equal_the_training_forward(family, tmp_path)
     logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     assert tokens == np.argmax(logp, axis=-1).tolist(), (family, ad)
     np.testing.assert_allclose(logprobs, logp[np.arange(NEW), tokens], atol=1e-5, rtol=0, err_msg=f"{family} {ad}")
-  assert served[None][0] != served["tuned"][0]  # the adapter changes the answer
+  assert np.abs(np.subtract(served[None][1], served["tuned"][1])).max() > 1e-3  # the adapter changes the model

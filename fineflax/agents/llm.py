@@ -121,12 +121,12 @@ class LocalLLM(LLM):
         params, policy.model_config, max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1,
         page_size=page_size, max_pages_per_row=row_pages, chunk_size=chunk_size, tokenizer=self.tokenizer,
         lora=policy.lora, lora_scale=policy.lora_scale, dtype=policy.dtype, impl=impl, prepared=True),
-        after_step=self._after_step, on_failure=self._failed, name="llm-engine").start()
+        after_step=self._after_step, on_failure=self._failed, name="llm-engine")
     self.calls, self.reused = 0, 0
     self.batch_sizes: list[int] = []
     self._idle: list = []  # finished sequences holding their pages, least recently used first
-    self._waiting: dict = {}  # sequence -> future of the call it answers
     self._seen = (None, 0, 0)
+    self.driver.start()
 
   def prompt_ids(self, messages) -> list[int]:
     from fineflax.sampling import format_chat
