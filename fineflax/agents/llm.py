@@ -160,8 +160,8 @@ class LocalLLM(LLM):
     seq = self._continued(ids, max_tokens, temperature)
     if seq is not None:
       self._idle.remove(seq)
+      engine.append(seq, ids[len(seq.full):])  # fed as tool output: tokens after them are the answer
       start = len(seq.tokens)
-      engine.append(seq, ids[len(seq.full):])
       engine.resume(seq, max_tokens, stop)
       self.reused += 1
     else:
