@@ -16,6 +16,8 @@ model, settings and pool) with N sequences of the same prompt admitted at once; 
 prefills them, the remaining steps (decode chunks of N rows, host bookkeeping included, no admission, no
 HTTP) are timed: ceiling tok/s = tokens they produce / their time. Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
+Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
+is set), so the ceiling's programs, the server's own, are not compiled twice.
 Writes DIR/serve.json and DIR/serve.md.
 """
 from __future__ import annotations
@@ -176,6 +178,8 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   if args.tiny:
     args.model = tiny_model(out)
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str((out / "jax_cache").resolve()))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
   t0 = time.perf_counter()
   server = run_server(args, out)
   ceiling = run_ceiling(args)
