@@ -3,7 +3,7 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 
   python benchmarks/serve.py --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
   python benchmarks/serve.py --tiny --out DIR          # CPU check: tiny random model, 1 and 4 clients
-  ... --results                                        # also writes RESULTS.md's serve section
+  ... --results                                        # also writes RESULTS.md's serve-engine section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
 Clients: `openai.AsyncOpenAI` in this process; each of N clients sends `--rounds` streaming requests one
@@ -57,7 +57,7 @@ def parse_args(argv=None):
   ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
   ap.add_argument("--context", type=int, default=256, help="positions per request (prompt + answer)")
-  ap.add_argument("--results", action="store_true", help="write the serve section of benchmarks/RESULTS.md")
+  ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
   tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32")
   full = dict(clients="1,32,128", new_tokens=64, rounds=2, dtype="bfloat16")
@@ -201,7 +201,8 @@ def main(argv=None):
   (out / "serve.md").write_text(md)
   print(md)
   if args.results:
-    write_section("serve", "## Server throughput (OpenAI-compatible, on the engine; issue 30)\n\n" + md)
+    write_section("serve-engine", "## Server on the engine (issue 30): tokens/s vs the decode ceiling, TTFT\n\n"
+                  "(The section `serve` above holds the numbers of the server before the engine.)\n\n" + md)
 
 
 if __name__ == "__main__":

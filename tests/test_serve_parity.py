@@ -10,19 +10,11 @@ import pytest
 
 from _sampling_fixtures import CharTokenizer
 from conftest import make_hf_model
+from test_engine_parity import FAMILIES  # windows of 6-8 tokens: 5 prompt + 12 answer tokens run past them
 from fineflax import lora as L
 from fineflax.models import forward, load
 from fineflax.serve.engine import Engine, Job
 
-FAMILIES = {  # sliding windows of 6-8 tokens: 5 prompt + 12 answer tokens run past them
-    "llama": ("llama", {}),
-    "qwen2": ("qwen2", {}),
-    "qwen3": ("qwen3", {}),
-    "mistral_sliding_window": ("mistral", dict(sliding_window=8)),
-    "gemma2": ("gemma2", dict(final_logit_softcapping=5.0, attn_logit_softcapping=5.0)),
-    "gemma3": ("gemma3", {}),
-    "phi3": ("phi3", {}),
-}
 PROMPT, NEW = [5, 6, 7, 8, 9], 12
 
 
