@@ -12,9 +12,9 @@ after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so e
   server tok/s = completion tokens (from usage) / wall time of the level;
   TTFT = time from sending a request to its first content chunk (p50 over the level's requests).
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
-model, settings and pool) with N sequences of the same prompt admitted at once; after the step that
-prefills them, the remaining steps (decode chunks of N rows, host bookkeeping included, no admission, no
-HTTP) are timed: ceiling tok/s = tokens they produce / their time. Targets (issue 30): server / ceiling
+model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
+decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
+ceiling tok/s = N x new tokens / that time. Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
 Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
 is set), so the ceiling's programs, the server's own, are not compiled twice.
@@ -148,14 +148,18 @@ def run_ceiling(args):
   prompt = tok(format_chat(tok, PROMPT), add_special_tokens=False)["input_ids"]
 
   def wave(c, seed):
-    seqs = [engine.submit(Request(prompt, max_new_tokens=args.new_tokens, temperature=1.0, eos_ids=(),
-                                  key=jax.random.fold_in(jax.random.key(seed), i))) for i in range(c)]
-    engine.step()  # admission, prefill, the first chunk
-    before = sum(len(s.tokens) for s in seqs)
+    seqs = [engine.submit(Request(prompt, max_new_tokens=0, hold=True, reserve=args.new_tokens, temperature=1.0,
+                                  eos_ids=(), key=jax.random.fold_in(jax.random.key(seed), i))) for i in range(c)]
+    engine.run()  # admission and prefill only (no budget yet)
+    for s in seqs:
+      engine.resume(s, args.new_tokens)
     t0 = time.perf_counter()
-    while engine.step():
-      pass
-    return sum(len(s.tokens) for s in seqs) - before, time.perf_counter() - t0
+    engine.run()  # decode chunks of all c rows
+    wall = time.perf_counter() - t0
+    tokens = sum(len(s.tokens) for s in seqs)
+    for s in seqs:
+      engine.release(s)
+    return tokens, wall
 
   rows = {}
   for c in args.levels:

@@ -29,9 +29,9 @@ adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` app
 Not yet: a pool split over a mesh (sessions on several devices use the static sampler), preemption
 (admission reserves each sequence's whole length instead), a prefix cache across requests.
 
-For a server (later): `submit` may be called between steps at any time (one thread drives the engine;
-others hand it requests through a queue), `on_update(seq)` streams tokens after each chunk, `cancel(seq)`
-frees a sequence's row and pages at the next step boundary.
+For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
+work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
+streams tokens after each chunk, `cancel(seq)` frees a sequence's row and pages at the next step boundary.
 """
 from __future__ import annotations
 
