@@ -1,5 +1,5 @@
 """Agent rollouts: wall time of N calculator-agent rollouts run by 1 thread (each LLM call its own `generate`)
-vs N threads (concurrent calls batched by `fineflax.agents.batcher`), each after two warm-up runs (compilation).
+vs N threads (concurrent calls: rows of one continuously batched engine, `fineflax.agents.LocalLLM`), each after two warm-up runs (compilation).
 
   python -m benchmarks.agents --model smollm2-135m-instruct --rollouts 32 --out DIR     # GPU
   python -m benchmarks.agents --model /path/tiny --rollouts 8 --max-tokens 8 --out DIR  # CPU
@@ -41,22 +41,22 @@ def main():
   rows = {}
   for workers in (1, args.rollouts):
     for phase in ("warm-up", "warm-up 2", "timed"):  # two warm-ups: thread timing varies the batch shapes
-      llm = LocalLLM(policy, jax.random.key(0), max_batch=args.rollouts)
+      llm = LocalLLM(policy, jax.random.key(0), max_rows=args.rollouts)
       t0 = time.time()
       recs = run_rollouts(agent, tasks, llm, {}, Store(), num_workers=workers)
       wall = time.time() - t0
       llm.close()
       calls = sum(s.kind == "llm" for r in recs for s in r.spans)
       rows[f"{workers} {phase}"] = {"workers": workers, "wall_s": wall, "llm_calls": calls,
-                                     "generate_calls": len(llm.batcher.batch_sizes),
-                                     "mean_batch": calls / max(len(llm.batcher.batch_sizes), 1)}
+                                     "decode_calls": len(llm.batch_sizes),
+                                     "mean_batch": sum(llm.batch_sizes) / max(len(llm.batch_sizes), 1)}
   os.makedirs(args.out, exist_ok=True)
   res = {"device": device_name(), "command": "python " + " ".join(sys.argv), "rows": rows}
   atomic_write_json(pathlib.Path(args.out, "agents.json"), res, indent=1)
-  print(f"device: {res['device']}\n\n| threads | wall (s) | LLM calls | generate calls | mean batch |\n|---|---|---|---|---|")
+  print(f"device: {res['device']}\n\n| threads | wall (s) | LLM calls | decode calls | mean rows |\n|---|---|---|---|---|")
   for k, r in rows.items():
     if k.endswith("timed"):
-      print(f"| {r['workers']} | {r['wall_s']:.1f} | {r['llm_calls']} | {r['generate_calls']} | {r['mean_batch']:.1f} |")
+      print(f"| {r['workers']} | {r['wall_s']:.1f} | {r['llm_calls']} | {r['decode_calls']} | {r['mean_batch']:.1f} |")
 
 
 if __name__ == "__main__":

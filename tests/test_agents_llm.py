@@ -1,5 +1,5 @@
-"""LLM clients of agents: the in-process sampler (traced token ids and log-probs equal the sampler's; concurrent
-calls batched, each call's log-probs equal a teacher-forced forward) and an OpenAI-compatible HTTP endpoint
+"""LLM clients of agents: the in-process engine (traced token ids and log-probs equal the sampler's; concurrent
+calls batched, each call's log-probs equal a teacher-forced forward; a continued context resumes its pages) and an OpenAI-compatible HTTP endpoint
 (a stub server on 127.0.0.1)."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_traced_call_equals_the_sampler(policy):
 
 
 def test_concurrent_calls_are_batched_and_logprobs_match_a_forward(policy):
-  llm = LocalLLM(policy, jax.random.key(5), wait_s=0.2)
+  llm = LocalLLM(policy, jax.random.key(5), context=256)
 
   def agent(task, llm, resources):
     llm.chat([{"role": "user", "content": task["q"]}], max_tokens=6)
@@ -55,7 +55,7 @@ def test_concurrent_calls_are_batched_and_logprobs_match_a_forward(policy):
 
   store = Store()
   recs = run_rollouts(agent, [{"q": f"Add {i} and {i + 1}."} for i in range(4)], llm, {}, store, num_workers=4)
-  assert max(llm.batcher.batch_sizes) > 1 and sum(llm.batcher.batch_sizes) == 4
+  assert max(llm.batch_sizes) > 1 and llm.calls == 4  # calls shared decode steps
   spans = [s.attributes for r in recs for s in r.spans if s.kind == "llm"]
   batch = build_rl_batch([s["prompt_ids"] for s in spans], [s["response_ids"] for s in spans],
                          [[1.0] * len(s["response_ids"]) for s in spans], pad_id=0, width_multiple=8)
@@ -65,6 +65,27 @@ def test_concurrent_calls_are_batched_and_logprobs_match_a_forward(policy):
     np.testing.assert_allclose(s["logprobs"], np.asarray(ref)[i, :len(s["response_ids"])], atol=2e-4)
   assert [s.attributes["response_ids"] for s in store.spans(kind="llm", rollout_id=recs[0].rollout_id)] == [spans[0]["response_ids"]]
   llm.close()
+
+
+def test_a_continued_context_resumes_its_pages_and_equals_a_fresh_call(policy):
+  """An agent's second turn (prompt + first answer + tool output) appends only the tool output to the
+  first call's sequence; greedy, it answers exactly what a fresh engine answers on the whole context."""
+  llm = LocalLLM(policy, jax.random.key(0), context=256)
+  prompt = llm.prompt_ids([{"role": "user", "content": "What is 2 + 3?"}])
+  first = llm.complete(prompt, max_tokens=6, temperature=0.0)
+  context = prompt + first.response_ids + [7, 8, 9]
+  second = llm.complete(context, max_tokens=6, temperature=0.0)
+  assert llm.reused == 1 and llm.calls == 1
+  prefilled = llm.driver.engine.stats["prefill_tokens"]
+  # the answer's tokens went into the cache as they were decoded: only the 3 new ones are fed (the last
+  # answer token and 2 of them; the last one is the pending token), not the 46-token context again
+  assert prefilled == len(prompt) - 1 + 3
+  fresh = LocalLLM(policy, jax.random.key(0), context=256)
+  ref = fresh.complete(context, max_tokens=6, temperature=0.0)
+  assert second.response_ids == ref.response_ids and second.text == ref.text and second.prompt_ids == context
+  np.testing.assert_allclose(second.raw_logprobs, ref.raw_logprobs, atol=1e-5)
+  llm.close()
+  fresh.close()
 
 
 class _Stub(BaseHTTPRequestHandler):

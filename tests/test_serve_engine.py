@@ -9,9 +9,6 @@ from fineflax import lora as L
 from fineflax.models import ModelConfig, init_params
 from fineflax.sampling import generate
 from fineflax.serve.engine import Engine, Job
-from fineflax.serve.model import sample_rows as _sample_rows
-
-sample_rows = jax.jit(_sample_rows, static_argnames="use_top_p")
 
 
 class DigitTokenizer:
@@ -66,23 +63,39 @@ def test_more_requests_than_slots_join_as_rows_free_and_match_generate():
       assert ev[-1] == ("done", 0, "length", 7)
 
 
-def test_row_sampling_depends_only_on_its_seed_and_position():
-  logits = jax.random.normal(jax.random.PRNGKey(0), (4, 50))
-  temp, top_p = jnp.asarray([1.0, 1.0, 0.0, 0.7]), jnp.asarray([1.0, 0.5, 1.0, 0.9])
-  pos = jnp.asarray([3, 3, 3, 8])
-  tok, lp = sample_rows(logits, jnp.asarray([11, 12, 13, 14], jnp.uint32), pos, temp, top_p, use_top_p=True)
-  # the same row alone (other rows changed) draws the same token
-  alone, _ = sample_rows(logits[::-1], jnp.asarray([14, 13, 12, 11], jnp.uint32), pos[::-1], temp[::-1],
-                         top_p[::-1], use_top_p=True)
-  assert tok.tolist() == alone[::-1].tolist()
-  assert int(tok[2]) == int(jnp.argmax(logits[2]))
-  np.testing.assert_allclose(lp, jax.nn.log_softmax(logits)[jnp.arange(4), tok], rtol=1e-6)
-  # top_p = 0.5 keeps only tokens whose more likely predecessors hold < 0.5 of the mass
-  probs = np.sort(np.asarray(jax.nn.softmax(logits[1])))[::-1]
-  allowed = np.argsort(-np.asarray(logits[1]))[:int(np.sum(np.cumsum(probs) - probs < 0.5))]
-  draws = {int(sample_rows(logits, jnp.asarray([s] * 4, jnp.uint32), pos, temp, top_p, use_top_p=True)[0][1])
-           for s in range(40)}
-  assert draws <= set(allowed.tolist()) and len(draws) >= 1
+def _run_jobs(engine, jobs):
+  """{id(job): events} once every job is done (the engine is stopped after)."""
+  events = {id(j): [] for j in jobs}
+  engine.start()
+  try:
+    for j in jobs:
+      j.emit = events[id(j)].append
+      engine.submit(j)
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(sum(e[0] == "done" for e in ev) == j.n
+                                             for j, ev in zip(jobs, events.values())):
+      time.sleep(0.01)
+  finally:
+    engine.stop()
+  return events
+
+
+def _tokens(events, index):
+  return [t for e in events if e[0] == "delta" and e[1] == index for t, _ in e[3]]
+
+
+def test_seeded_samples_depend_only_on_the_seed_not_on_the_batch():
+  """A job's n samples (top-p) are the same alone and beside other jobs (another seed, another adapter,
+  more samples than slots); its n samples differ from each other."""
+  params, config, adapters = _model()
+  make = lambda: Engine(params, config, DigitTokenizer(), adapters=adapters, slots=3, context=64, chunk=3,
+                        dtype=jnp.float32, eos_ids=[])
+  job = lambda **kw: Job(prompt=[5, 9, 14, 3], emit=None, max_tokens=6, temperature=1.0, top_p=0.9, **kw)
+  alone = _run_jobs(make(), [job(n=2, seed=7)])
+  mixed = _run_jobs(make(), [job(n=4, seed=8, adapter="a"), job(n=2, seed=7), job(n=1, seed=9)])
+  (a,), (_, m, _) = alone.values(), mixed.values()
+  assert [_tokens(a, i) for i in range(2)] == [_tokens(m, i) for i in range(2)]
+  assert _tokens(a, 0) != _tokens(a, 1) and len(_tokens(a, 0)) == 6
 
 
 def test_a_failing_row_fails_only_its_own_request():

@@ -8,8 +8,8 @@ A `Completion` carries the reply text and, when the backend gives them, the prom
 token ids and their sampling log-probs (log softmax(logits / T) of each sampled token) — what RL needs.
 When a tracer is active (`fineflax.agents.tracing`), every call is recorded as an "llm" span.
 
-  LocalLLM     the fineflax sampler (`fineflax.sampling.generate`) on a `fineflax.rl.policy.Policy`; concurrent
-               calls from runner threads are queued and sampled together (`Batcher`).
+  LocalLLM     the fineflax engine on a `fineflax.rl.policy.Policy`: concurrent calls from runner threads are
+               rows of one continuously batched engine; an agent's next turn resumes its KV pages.
   OpenAILLM    any OpenAI-compatible HTTP endpoint through the `openai` package; token ids come from the
                vLLM-style extension (`return_token_ids`: `prompt_token_ids`, `choices[i].token_ids`) when
                the server supports it, log-probs from the standard `logprobs` field.
@@ -90,18 +90,43 @@ class LLM:
 
 
 class LocalLLM(LLM):
-  """The in-process sampler: base + LoRA + sampling settings of `policy` (`fineflax.rl.policy.Policy`).
+  """The in-process engine (`fineflax.engine`) on `policy` (`fineflax.rl.policy.Policy`: base + LoRA +
+  sampling settings); a call's `temperature` / `max_tokens` override the policy's (0: greedy).
 
-  A call's `temperature` / `max_tokens` override the policy's (`temperature=0`: greedy). Calls from many
-  threads are batched by `Batcher` (calls with equal settings share one `generate`).
+  Calls from many threads run concurrently: each becomes a sequence of one engine driven by one thread
+  (`engine.driver.EngineThread`), admitted as rows free up (continuous batching, `max_rows` at once).
+  Call k samples with key fold_in(fold_in(rng, k), 0), as `generate(rng=fold_in(rng, k))` samples its
+  prompt alone. A finished sequence keeps its KV pages (up to `keep` of them, least recently used
+  released first, and whenever a new call waits for room): a later call whose prompt continues one (its
+  prompt + answer, then new tokens: an agent's next turn after a tool's output) appends only the new
+  tokens to that sequence and resumes it, instead of prefilling the whole context again (`reused` counts
+  them; such a turn draws from the sequence's own key). A call's prompt + max_tokens must fit `context`.
+  `batch_sizes`: the rows of each decode call.
   """
 
-  def __init__(self, policy, rng, *, max_batch: int = 64, wait_s: float = 0.01, name: str = "fineflax-local"):
+  def __init__(self, policy, rng, *, max_rows: int = 64, context: int = 1024, keep: int | None = None,
+               page_size: int = 16, chunk_size: int = 32, name: str = "fineflax-local"):
     super().__init__()
-    from fineflax.agents.batcher import Batcher
-    self.policy, self.name = policy, name
+    from fineflax.engine import Engine
+    from fineflax.engine.driver import EngineThread
+    from fineflax.engine.pages import pages_for
+    from fineflax.sampling.decode import decode_impl, prepare_decode_params
+    self.policy, self.rng, self.name = policy, rng, name
     self.tokenizer = policy.tokenizer
-    self.batcher = Batcher(policy, rng, max_batch=max_batch, wait_s=wait_s)
+    self.context, self.keep = int(context), int(max_rows if keep is None else keep)
+    impl = decode_impl("auto")
+    params = prepare_decode_params(policy.base, policy.model_config, impl, policy.dtype, policy.dense_base)
+    row_pages = pages_for(self.context, page_size)
+    self.driver = EngineThread(lambda: Engine(
+        params, policy.model_config, max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1,
+        page_size=page_size, max_pages_per_row=row_pages, chunk_size=chunk_size, tokenizer=self.tokenizer,
+        lora=policy.lora, lora_scale=policy.lora_scale, dtype=policy.dtype, impl=impl, prepared=True),
+        after_step=self._after_step, on_failure=self._failed, name="llm-engine")
+    self.calls, self.reused = 0, 0
+    self.batch_sizes: list[int] = []
+    self._idle: list = []  # finished sequences holding their pages, least recently used first
+    self._seen = (None, 0, 0)
+    self.driver.start()
 
   def prompt_ids(self, messages) -> list[int]:
     from fineflax.sampling import chat_prompt_ids
@@ -111,15 +136,87 @@ class LocalLLM(LLM):
     return self._complete(self.prompt_ids(messages), **kw)
 
   def _complete(self, prompt, max_tokens=None, temperature=None, stop=()):
+    import concurrent.futures
     ids = (list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) if isinstance(prompt, str)
            else [int(t) for t in prompt])
-    settings = (int(max_tokens or self.policy.max_new_tokens),
-                float(self.policy.temperature if temperature is None else temperature), tuple(stop or ()))
-    out = self.batcher.submit(ids, settings)
-    return dataclasses.replace(out, model=self.name)
+    max_tokens = int(max_tokens or self.policy.max_new_tokens)
+    if len(ids) + max_tokens > self.context:
+      raise ValueError(f"a prompt of {len(ids)} tokens + max_tokens={max_tokens} exceeds the LocalLLM's "
+                       f"context of {self.context} tokens (LocalLLM(context=...))")
+    temperature = float(self.policy.temperature if temperature is None else temperature)
+    done = concurrent.futures.Future()
+    started = self.driver.call(lambda engine: self._start(engine, ids, max_tokens, temperature,
+                                                          tuple(stop or ()), done))
+    started.result()  # raises what the engine refused
+    return dataclasses.replace(done.result(), model=self.name)
 
   def close(self):
-    self.batcher.close()
+    self.driver.stop()
+
+  # -- engine thread -----------------------------------------------------------------------------
+  def _start(self, engine, ids, max_tokens, temperature, stop, done):
+    import jax
+    from fineflax.engine import Request
+    seq = self._continued(ids, max_tokens, temperature)
+    if seq is not None:
+      self._idle.remove(seq)
+      engine.append(seq, ids[len(seq.full):])  # fed as tool output: tokens after them are the answer
+      start = len(seq.tokens)
+      engine.resume(seq, max_tokens, stop)
+      self.reused += 1
+    else:
+      key = jax.random.fold_in(jax.random.fold_in(self.rng, self.calls), 0)
+      self.calls += 1
+      seq = engine.submit(Request(ids, max_new_tokens=max_tokens, temperature=temperature, top_p=self.policy.top_p,
+                                  key=key, stop_strings=stop, hold=True, reserve=self.context - len(ids)))
+      start = 0
+    seq.request.on_update = lambda s: self._update(s, ids, start, done)
+
+  def _continued(self, ids, max_tokens, temperature):
+    """The idle sequence whose prompt + answer `ids` extends by at least one token (the longest), with
+    this call's settings and room for it; None if there is none."""
+    best = None
+    for s in self._idle:
+      n = len(s.full)
+      if (n < len(ids) and ids[:n] == s.full and s.request.temperature == temperature
+          and len(ids) - n + max_tokens <= s.room and (best is None or n > len(best.full))):
+        best = s
+    return best
+
+  def _update(self, seq, prompt, start, done):
+    if not seq.finished:
+      return
+    if seq.status == "cancelled":
+      done.set_exception(RuntimeError("the engine cancelled this call"))
+      return
+    tokens = seq.tokens[start:]
+    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+    text = text[:len(text) - seq.excess_chars]
+    done.set_result(Completion(text, list(prompt), list(tokens), list(seq.logprobs[start:]),
+                               list(seq.raw_logprobs[start:]), seq.status))
+    self._idle.append(seq)
+
+  def _after_step(self, engine):
+    """Releases idle sequences beyond `keep`, and one more while a call waits for a row or pages."""
+    while self._idle and (len(self._idle) > self.keep or engine.waiting):
+      engine.release(self._idle.pop(0))
+      if len(self._idle) <= self.keep:
+        break
+    seen_engine, calls, rows = self._seen
+    if seen_engine is not engine:
+      calls = rows = 0
+    if engine.stats["decode_calls"] > calls:
+      self.batch_sizes.append(engine.stats["decode_rows"] - rows)
+    self._seen = (engine, engine.stats["decode_calls"], engine.stats["decode_rows"])
+
+  def _failed(self, engine, e):
+    """A failed device call: every call in the old engine fails with it."""
+    self._idle = []
+    for seq in engine.live + [s for g in engine.waiting for s in g]:
+      update = seq.request.on_update
+      if update is not None:
+        seq.status = "cancelled"
+        update(seq)
 
 
 class OpenAILLM(LLM):

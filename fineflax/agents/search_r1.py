@@ -1,20 +1,55 @@
-"""The Search-R1 agent as a plain agent function: the loop of `fineflax.search_r1.rollout.run_rollouts` for one
-question, written against an OpenAI-style client at token level (`llm.complete(token ids)`).
+"""The Search-R1 agent as a plain agent function: the loop of `fineflax.search_r1.rollout.run_rollouts` (the
+one implementation) for one question, its model turns asked of an OpenAI-style client at token level
+(`llm.complete(token ids)`, `LLMPolicy`).
 
 Each turn is one LLM call whose prompt is the question prompt + everything so far (model turns and inserted
 passages, as token ids), so the spans' calls continue each other and `merge_transitions` rebuilds exactly the
-built-in rollout row (tokens, loss mask 0 on inserted text, log-probs). The search engine is a traced tool.
-Differences from the batched built-in loop: a turn's token budget is this row's remaining room, not the
-largest room in the batch (identical whenever `max_response_tokens` does not bind), and sampled (T > 0)
+built-in rollout row (tokens, loss mask 0 on inserted text, log-probs); `LocalLLM` resumes the previous
+turn's KV pages instead of reading the context again. The search engine is a traced tool. Sampled (T > 0)
 rollouts draw other random numbers than one batched `SamplerSession` (greedy rollouts are identical).
 Reward: `search_r1_reward` (EM, + `format` / `search` weights).
 """
 from __future__ import annotations
 
 from fineflax.agents.tracing import tool
-from fineflax.search_r1.actions import cut_at_stop, format_passages, information_text, parse_action
+from fineflax.search_r1.actions import cut_at_stop
+from fineflax.search_r1.policy import Turn
 from fineflax.search_r1.rewards import search_r1_reward
-from fineflax.search_r1.rollout import RolloutConfig, RolloutResult, prompt_ids
+from fineflax.search_r1.rollout import RolloutConfig, RolloutResult, prompt_ids, run_rollouts
+
+
+class LLMPolicy:
+  """A `search_r1.policy.Policy` over an LLM client: each ready row's turn is one `llm.complete` of its
+  whole context (prompt, turns, appended tokens) with the turn's budget and stop strings; log-probs are
+  the client's raw ones (untempered) when it gives them."""
+
+  def __init__(self, llm, tokenizer, temperature=None):
+    self.llm, self.tok, self.temperature = llm, tokenizer, temperature
+    self.contexts: dict[int, list[int]] = {}
+    self._ready: set[int] = set()
+
+  def start(self, prompts):
+    self.contexts = {b: list(p) for b, p in enumerate(prompts)}
+    self._ready = set(self.contexts)
+
+  def decode(self, max_new_tokens, stop_strings):
+    turns = {}
+    for b in sorted(self._ready):
+      c = self.llm.complete(self.contexts[b], max_tokens=max_new_tokens, stop=list(stop_strings),
+                            temperature=self.temperature)
+      tokens = list(c.response_ids)
+      logprobs = list(c.raw_logprobs if c.raw_logprobs is not None else c.logprobs)[:len(tokens)]
+      text, _ = cut_at_stop(self.tok.decode(tokens, skip_special_tokens=True), stop_strings)
+      self.contexts[b] += tokens
+      turns[b] = Turn(tokens, logprobs, text, c.finish_reason)
+    self._ready.clear()
+    return turns
+
+  def append(self, tokens):
+    for b, t in tokens.items():
+      if len(t):
+        self.contexts[b] += list(t)
+        self._ready.add(b)
 
 
 class SearchR1Agent:
@@ -28,47 +63,9 @@ class SearchR1Agent:
 
   def run(self, question: str, llm) -> RolloutResult:
     """One rollout (the built-in loop's record for this row)."""
-    cfg, tags, tok = self.config, self.config.tags, self.tok
-    prompt = prompt_ids(tok, question, cfg)
-    row = RolloutResult()
-    for turn in range(cfg.max_turns + 1):
-      room = cfg.max_response_tokens - len(row.tokens)
-      c = llm.complete(prompt + row.tokens, max_tokens=min(cfg.max_turn_tokens, room),
-                       stop=list(tags.stop_strings), temperature=self.temperature)
-      tokens = list(c.response_ids)[:room]
-      logprobs = list(c.raw_logprobs if c.raw_logprobs is not None else c.logprobs)[:len(tokens)]
-      text, _ = cut_at_stop(tok.decode(tokens, skip_special_tokens=True), tags.stop_strings)
-      row.num_turns += 1
-      row._add(tokens, 1.0, logprobs, text)
-      row.turn_texts.append(text)
-      if len(c.response_ids) > room:  # the completion budget ends inside this turn
-        row.finish = "length"
-        break
-      action, content = parse_action(text, tags)
-      if action == "answer":
-        row.answer, row.finish = content, "answer"
-        break
-      if turn == cfg.max_turns:
-        break
-      if action == "search":
-        row.queries.append(content)
-        try:
-          insert = information_text(format_passages(self.search([content])[0]), tags)
-        except Exception as e:  # reported to the model, as the built-in loop does
-          insert = information_text(f"search failed: {type(e).__name__}: {e}", tags)
-          row.num_search_failures += 1
-      else:
-        row.num_invalid += 1
-        insert = tags.invalid_text
-      ids = list(tok(insert, add_special_tokens=False)["input_ids"])
-      if len(ids) > cfg.max_obs_tokens:
-        ids = ids[:cfg.max_obs_tokens]
-        insert = tok.decode(ids, skip_special_tokens=True)
-      if len(row.tokens) + len(ids) >= cfg.max_response_tokens:
-        row.finish = "length"
-        break
-      row._add(ids, 0.0, [0.0] * len(ids), insert)
-    row.finish = row.finish or "turns"
+    policy = LLMPolicy(llm, self.tok, self.temperature)
+    (row,) = run_rollouts(policy, [prompt_ids(self.tok, question, self.config)], self.search, self.tok,
+                          self.config)
     return row
 
   def rollout(self, task, llm, resources) -> float:

@@ -1,3 +1,4 @@
-"""The generation engine: paged KV cache, continuous batching, shared prompts (see `engine.Engine`)."""
+"""The generation engine: paged KV cache, continuous batching, shared prompts, per-row LoRA adapters (see
+`engine.Engine`; `driver.EngineThread` drives one from a thread for servers and agents)."""
 from fineflax.engine.engine import Engine, Request, Sequence
 from fineflax.engine.pages import OutOfPages, PageAllocator, pages_for

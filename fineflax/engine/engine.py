@@ -23,14 +23,15 @@ A step (`step`), all decisions on the host between device calls:
 
 Sequences and sampling parameters are per row (arrays on the device): temperature (0 = greedy), top_k,
 top_p, key (token t of a sequence is drawn with fold_in(key, t): its samples do not depend on the rows
-beside it), eos ids, max_new_tokens. Not per row yet: the LoRA adapter (one for the engine; per-row
-adapters would stack them [L, A, in, r] and gather each row's by an index array inside the decoder).
+beside it), eos ids, max_new_tokens, and the LoRA adapter: `Engine(adapters=[(lora, scale), ...])` stacks
+them (`engine.adapters`) and `Request(adapter=i)` picks one per row (None: the base), rows of different
+adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` applies one adapter to all.
 Not yet: a pool split over a mesh (sessions on several devices use the static sampler), preemption
 (admission reserves each sequence's whole length instead), a prefix cache across requests.
 
-For a server (later): `submit` may be called between steps at any time (one thread drives the engine;
-others hand it requests through a queue), `on_update(seq)` streams tokens after each chunk, `cancel(seq)`
-frees a sequence's row and pages at the next step boundary.
+For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
+work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
+streams tokens after each chunk, `cancel(seq)` frees a sequence's row and pages at the next step boundary.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.engine import device
+from fineflax.engine.adapters import row_weights, stack_adapters
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
 from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
@@ -61,7 +63,8 @@ class Request:
   the sequence may ever hold, default max_new_tokens (pages are reserved for prompt + reserve).
   key: a PRNG key (typed or raw uint32[2], threefry), needed when temperature > 0. eos_ids None: the
   engine's. hold: keep the sequence and its pages after it finishes (for `append` / `resume`; `release`
-  frees it). on_update(seq): called after each step in which the sequence got tokens or finished."""
+  frees it). on_update(seq): called after each step in which the sequence got tokens or finished.
+  adapter: index into the engine's `adapters` (None: the base, or the engine's one `lora`)."""
   prompt: Seq[int]
   max_new_tokens: int
   temperature: float = 0.0
@@ -73,6 +76,7 @@ class Request:
   reserve: int | None = None
   hold: bool = False
   on_update: Callable | None = None
+  adapter: int | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -128,20 +132,28 @@ class Engine:
   def __init__(self, params, config, *, max_rows: int, num_pages: int, page_size: int = 16,
                chunk_size: int = 32, prefill_chunk: int = 512, prefill_tokens: int = 16384,
                max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
-               lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, impl: str | None = "auto",
-               attention: str = "auto", dense_base: bool = False, prepared: bool = False):
+               lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
+               impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
+               prepared: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `sampling.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
     "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
     tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
-    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already."""
+    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already.
+    lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
+    `Request.adapter` (`engine.adapters.stack_adapters`); not both."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
     self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base)
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
     self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
+    self.adapter_scales = None  # per-row adapters: scale of each stacked adapter
+    if adapters:
+      if lora is not None:
+        raise ValueError("Engine(lora=..., adapters=...): pass one adapter for all rows or per-row adapters")
+      self.lora, self.adapter_scales = stack_adapters(adapters, config)
     attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
     if attention not in PAGED_KERNELS:
       raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
@@ -156,13 +168,13 @@ class Engine:
     self.pages = PageAllocator(num_pages, page_size)
     self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
     self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
-                       _shapes(self.params), _shapes(self.pool), _shapes(lora))
+                       _shapes(self.params), _shapes(self.pool), _shapes(self.lora))
     self.programs: set = set()  # keys of the compiled decode programs this engine used
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
     self._next_id = 0
     self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
-                  "copied_pages": 0, "peak_pages": 0}
+                  "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:
@@ -191,6 +203,13 @@ class Engine:
         raise ValueError(f"max_new_tokens={request.max_new_tokens}: must be >= 1 (0 only with hold=True)")
       if request.temperature > 0 and request.key is None:
         raise ValueError(f"temperature={request.temperature} samples: pass Request(key=jax.random.key(...))")
+      if request.adapter != requests[0].adapter:
+        raise ValueError("submit_group(): the requests' adapters differ (a group shares its prompt's cache)")
+      if request.adapter is not None and not (self.adapter_scales is not None
+                                              and 0 <= request.adapter < len(self.adapter_scales)):
+        have = 0 if self.adapter_scales is None else len(self.adapter_scales)
+        raise ValueError(f"adapter={request.adapter!r}: the engine serves {have} per-row adapters "
+                         "(Engine(adapters=[...]), indices 0 ..)")
       if request.stop_strings and self.tokenizer is None:
         raise ValueError(f"stop_strings={tuple(request.stop_strings)} need a tokenizer (Engine(tokenizer=...))")
       eos = self.eos_ids if request.eos_ids is None else tuple(int(t) for t in request.eos_ids)
@@ -355,7 +374,7 @@ class Engine:
     self._copy(copies)
     table = self._table(batch, b, max(ends))
     self.pool = device.prefill(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
-                               jnp.asarray(positions), jnp.asarray(valid), self.lora, self.lora_scale,
+                               jnp.asarray(positions), jnp.asarray(valid), self.lora, self._scale(batch, b),
                                config=self.config, dtype=self.dtype, impl=self.impl)
     for s, end in zip(batch, ends):
       self.stats["prefill_tokens"] += end - s.cache_len
@@ -400,9 +419,12 @@ class Engine:
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
     self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
-                                      jax.tree.map(jnp.asarray, state), self.lora, self.lora_scale)
+                                      jax.tree.map(jnp.asarray, state), self.lora, self._scale(rows, b))
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
+    self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
+    self.stats["decode_rows"] += len(rows)
+    self.stats["mixed_adapter_calls"] += len({s.request.adapter for s in rows}) > 1
     self.stats["decode_steps"] += int(out["steps"])
     self._note_pages()
     updated = []
@@ -454,8 +476,9 @@ class Engine:
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
                "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
                "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
+      scale = self.lora_scale if self.adapter_scales is None else f32(b, len(self.adapter_scales))
       _PROGRAMS[key] = device.decode_chunk.lower(
-          self.params, self.pool, i32(b, width), state, self.lora, self.lora_scale, config=self.config,
+          self.params, self.pool, i32(b, width), state, self.lora, scale, config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size).compile()
       self.programs.add(key)
@@ -483,6 +506,14 @@ class Engine:
     s.cache_len = len(s.full) - 1
     self.pages.truncate(s.id, s.cache_len)
     return True
+
+  def _scale(self, seqs: list[Sequence], rows: int):
+    """The LoRA scale of a device call over `seqs` (then rows - len(seqs) padding rows): the engine's
+    scalar, or with per-row adapters each row's weights [rows, A] (`adapters.row_weights`)."""
+    if self.adapter_scales is None:
+      return self.lora_scale
+    ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
+    return jnp.asarray(row_weights(ids, self.adapter_scales))
 
   def _copy(self, copies: list[tuple[int, int]]) -> None:
     if not copies:

@@ -98,7 +98,7 @@ class AgentRLJob:
                   rl.top_p, rl.max_new_tokens)
 
   def rollouts(self, lora, tasks, rng, mode: str, group_ids=None, greedy: bool = False):
-    llm = LocalLLM(self.policy(lora), rng, max_batch=self.config.agent.max_batch)
+    llm = LocalLLM(self.policy(lora), rng, max_rows=self.config.agent.max_batch)
     a = self.config.agent
     try:
       agent = self.eval_agent if greedy else self.agent
@@ -106,7 +106,7 @@ class AgentRLJob:
                           max_attempts=a.max_attempts, mode=mode, group_ids=group_ids)
     finally:
       llm.close()
-    return recs, llm.batcher.batch_sizes
+    return recs, llm.batch_sizes
 
   def step(self, state, step: int):
     rl, a, t0 = self.rl, self.config.agent, time.time()

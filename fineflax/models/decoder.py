@@ -15,7 +15,9 @@ per-layer slices with `config.layer_loop == "unrolled"`: see `layer_loop.run_lay
 
 A `kernel` leaf may be a quantised tensor: anything with `.dequantize(dtype)` (see `fineflax.quant`).
 LoRA adapters are a pytree `{name: {"a": [L, in, r], "b": [L, r, out]}}` over the same names:
-y = x @ W + dropout(x) @ a @ b * lora_scale.
+y = x @ W + dropout(x) @ a @ b * lora_scale. Per-row adapters (serving several in one batch): a [L, A, in, r],
+b [L, A, r, out] (A adapters stacked, `fineflax.engine.adapters`) with lora_scale [B, A] (row weights):
+row b adds sum_i lora_scale[b, i] x @ a_i @ b_i (`lora_down` / `lora_up`).
 """
 from __future__ import annotations
 
@@ -135,9 +137,27 @@ def _linear(x, p, lora_p, scale, dtype, dropout_rate, key, xa=None):
       if dropout_rate > 0.0 and key is not None:
         keep = jax.random.bernoulli(key, 1.0 - dropout_rate, x.shape)
         xl = jnp.where(keep, x / (1.0 - dropout_rate), 0).astype(x.dtype)
-      xa = xl @ lora_p["a"].astype(dtype)
-    y = y + (xa @ lora_p["b"].astype(dtype)) * jnp.asarray(scale, dtype)
+      xa = lora_down(xl, lora_p["a"], dtype)
+    y = y + lora_up(xa, lora_p["b"], scale, dtype)
   return y
+
+
+def lora_down(x, a, dtype):
+  """x @ a for one adapter's a [in, r]. Per-row adapters (a layer's a [A, in, r], A adapters stacked,
+  see `fineflax.engine.adapters`): every adapter's x @ a_i, [..., A, r] (the activations are selected
+  per row in `lora_up`, not the weights: no per-row copy of the adapters is read)."""
+  if a.ndim == 3:
+    return jnp.einsum("...i,air->...ar", x, a.astype(dtype))
+  return x @ a.astype(dtype)
+
+
+def lora_up(xa, b, scale, dtype):
+  """(xa @ b) * scale for one adapter (b [r, out], scale a scalar). Per-row adapters (b [A, r, out], xa
+  [B, T, A, r], scale [B, A]: row b's weight of adapter i, scale_i for its own adapter, 0 for the others):
+  sum_i scale[b, i] (xa_i @ b_i), i.e. row b's adapter alone."""
+  if b.ndim == 3:
+    return jnp.einsum("btar,aro->bto", xa * scale[:, None, :, None].astype(dtype), b.astype(dtype))
+  return (xa @ b.astype(dtype)) * jnp.asarray(scale, dtype)
 
 
 def _lora_down(x, lora_layer, names, dtype) -> dict:
@@ -148,7 +168,7 @@ def _lora_down(x, lora_layer, names, dtype) -> dict:
     return {}
   a = jnp.concatenate([lora_layer[n]["a"].astype(dtype) for n in names], axis=-1)
   bounds = list(itertools.accumulate(lora_layer[n]["a"].shape[-1] for n in names))[:-1]
-  return dict(zip(names, jnp.split(x @ a, bounds, axis=-1)))
+  return dict(zip(names, jnp.split(lora_down(x, a, dtype), bounds, axis=-1)))
 
 
 ATTENTION_IMPLS = ("auto", "cudnn", "xla")

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import ACTIVATIONS, cache_masks, grouped_attention, materialize, matmul, rms_norm
+from fineflax.models.decoder import (ACTIVATIONS, cache_masks, grouped_attention, lora_down, lora_up, materialize,
+                                     matmul, rms_norm)
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 
@@ -130,9 +131,10 @@ def _project(x, lp, group, names, sizes, lora, scale, dtype):
       ys.append(y)
   out = []
   for n, y in zip(names, ys):
+    y = y.reshape(*lead, y.shape[-1])
     if lora is not None and n in lora:
-      y = y + ((x2 @ lora[n]["a"].astype(dtype)) @ lora[n]["b"].astype(dtype)) * jnp.asarray(scale, dtype)
-    out.append(y.reshape(*lead, y.shape[-1]))
+      y = y + lora_up(lora_down(x, lora[n]["a"], dtype), lora[n]["b"], scale, dtype)
+    out.append(y)
   return out
 
 
@@ -143,7 +145,8 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
 
   dparams from `prepare_unrolled`, cache from `init_unrolled_cache` or a paged cache (as
   `forward_hidden`'s, with `paged_kernel`); tokens, positions, attention_mask [B, T] as `forward_hidden`;
-  lora the stacked adapters {name: {"a": [L, in, r], "b": [L, r, out]}}. With the static cache the block
+  lora the stacked adapters {name: {"a": [L, in, r], "b": [L, r, out]}} (or per-row adapters, as
+  `decoder.forward_hidden`'s). With the static cache the block
   is written at slots [index, index + T) and attends to every earlier valid slot plus itself causally.
   """
   c = config

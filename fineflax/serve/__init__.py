@@ -2,8 +2,8 @@
 
   python -m fineflax.serve --model SOURCE [--adapter NAME=PATH ...] [--quant nf4|int8|none] --port P
 
-model.py     slot-cache decoder: per-row positions and per-row LoRA, jitted prefill / decode steps
-engine.py    continuous batching: decode slots driven by one background thread
+engine.py    the server's requests (n, stop strings, streamed text, log-probs) on `fineflax.engine`:
+             continuous batching over a paged KV cache with per-row LoRA, one thread driving it
 protocol.py  the chat-completions wire format (validation, response and chunk objects)
 app.py       the Starlette app: chat completions, models, feedback, reward statistics
 feedback.py  the SQLite (WAL) reward log; its schema is the contract of the log -> SFT exporter

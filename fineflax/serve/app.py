@@ -222,7 +222,7 @@ class Server:
 
   async def health(self, request: Request):
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
-                         "waiting": len(self.engine.waiting)})
+                         "waiting": self.engine.num_waiting()})
 
 
 def _guard(handler):

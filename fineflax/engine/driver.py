@@ -1,0 +1,92 @@
+"""One thread drives an `Engine`; other threads hand it work as commands run between engine steps.
+
+    driver = EngineThread(make_engine, on_failure=fail_requests).start()
+    future = driver.call(lambda engine: engine.submit(request))   # fn(engine) runs on the engine thread
+    driver.stop()
+
+The loop: run the queued commands (each one's result or exception goes to its future), then one
+`engine.step()` (admission, prefill, one decode chunk), then `after_step(engine)`; when a step did nothing
+and no command waits, sleep until `call` wakes it. Engine callbacks (`Request.on_update`) therefore run on
+this thread, where they may cancel or submit. A step that raises (a device call failed) fails the engine:
+a fresh one from `make_engine()` takes its place and `on_failure(old_engine, exception)` tells the owner,
+whose requests in the old engine are gone; the thread keeps serving.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import traceback
+from typing import Callable
+
+
+class EngineThread:
+  def __init__(self, make_engine: Callable, *, on_failure: Callable | None = None,
+               after_step: Callable | None = None, name: str = "fineflax-engine"):
+    self.make_engine, self.on_failure, self.after_step, self.name = make_engine, on_failure, after_step, name
+    self.engine = make_engine()
+    self._commands: collections.deque = collections.deque()
+    self._lock = threading.Lock()
+    self._wake = threading.Event()
+    self._thread: threading.Thread | None = None
+    self._running = False
+
+  def call(self, fn: Callable) -> concurrent.futures.Future:
+    """Runs fn(engine) on the engine thread before its next step; the future holds its result."""
+    future = concurrent.futures.Future()
+    with self._lock:
+      self._commands.append((fn, future))
+    self._wake.set()
+    return future
+
+  @property
+  def queued(self) -> int:
+    """Commands not yet run."""
+    return len(self._commands)
+
+  def start(self) -> "EngineThread":
+    if self._thread is None:
+      self._running = True
+      self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+      self._thread.start()
+    return self
+
+  def stop(self, timeout: float = 30.0) -> None:
+    self._running = False
+    self._wake.set()
+    if self._thread is not None:
+      self._thread.join(timeout=timeout)
+      self._thread = None
+
+  def _loop(self) -> None:
+    while self._running:
+      ran = self._run_commands()
+      try:
+        did = self.engine.step()
+        if self.after_step is not None:
+          self.after_step(self.engine)
+      except Exception as e:  # the engine is in an unknown state: replace it, tell the owner
+        traceback.print_exc()
+        failed, self.engine = self.engine, self.make_engine()
+        if self.on_failure is not None:
+          try:
+            self.on_failure(failed, e)
+          except Exception:
+            traceback.print_exc()
+        continue
+      if not did and not ran and not self._commands:
+        self._wake.wait(0.05)
+        self._wake.clear()
+
+  def _run_commands(self) -> bool:
+    ran = False
+    while True:
+      with self._lock:
+        if not self._commands:
+          return ran
+        fn, future = self._commands.popleft()
+      ran = True
+      try:
+        future.set_result(fn(self.engine))
+      except Exception as e:
+        future.set_exception(e)
