@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from _sampling_fixtures import CharTokenizer
-from conftest import make_hf_model
+from fineflax.testing.hf_models import make_hf_model
 from test_engine_parity import FAMILIES  # windows of 6-8 tokens: 5 prompt + 12 answer tokens run past them
 from fineflax import lora as L
 from fineflax.models import forward, load
