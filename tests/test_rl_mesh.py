@@ -21,7 +21,7 @@ SETUP = textwrap.dedent("""
     from fineflax.rl.objectives import get_objective
     from fineflax.rl.step import make_rl_fns
     from fineflax.rl.update import rl_update, shard_update_batch, update_batch
-    from fineflax.train.mesh import make_mesh, replicate, shard_params
+    from fineflax.mesh import make_mesh, replicate, shard_params
     from fineflax.train.state import init_state
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,

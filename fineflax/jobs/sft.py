@@ -15,7 +15,7 @@ from fineflax.data.iterator import pad_id_of
 from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, preflight,
                                   setup_model, stack_micro_batches)
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
+from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax import lora as L, quant
     from fineflax.train.sft_step import make_sft_fns
     from fineflax.train.state import init_state
-    from fineflax.train.mesh import make_mesh, shard_batch, shard_params, replicate
+    from fineflax.mesh import make_mesh, shard_batch, shard_params, replicate
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16)
