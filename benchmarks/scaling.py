@@ -68,11 +68,11 @@ def random_params(mc, mesh, dtype, quant: str):
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding
-  from fineflax import quant as Q
+  from fineflax.models.quantize import quantize_params
   from fineflax.models import init_params
   from fineflax.mesh import _fsdp_spec
   make = lambda: init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
-  abstract = jax.eval_shape(lambda: Q.quantize_params(make(), kind=quant) if quant != "none" else make())
+  abstract = jax.eval_shape(lambda: quantize_params(make(), kind=quant) if quant != "none" else make())
   leaves, tree = jax.tree.flatten(abstract)
   out = []
   for i, x in enumerate(leaves):

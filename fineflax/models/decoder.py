@@ -31,6 +31,7 @@ from fineflax.models.config import ModelConfig
 from fineflax.models.layer_loop import run_layers
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
+from fineflax.quant.matmul import quantized_matmul
 
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 _NEG = -1e30
@@ -92,7 +93,6 @@ def matmul(x: jnp.ndarray, w, dtype) -> jnp.ndarray:
   `fineflax.quant.quantized_matmul` (its dense copy is never kept for the backward pass)."""
   if not hasattr(w, "dequantize"):
     return x @ w.astype(dtype)
-  from fineflax.quant.matmul import quantized_matmul  # fineflax.quant imports this module
   return quantized_matmul(x, w, dtype)
 
 
