@@ -132,7 +132,7 @@ def run_engine(args, levels):
   from fineflax.serve.engine import Job
   from fineflax.serve.model import decode_slots
   from fineflax.sampling.chat import format_chat
-  from fineflax.sampling.decode import bucket as _bucket
+  from fineflax.engine.decode import bucket as _bucket
   server, _ = build(serve_parse(server_args(args, 0, ":memory:")))
   engine = server.engine.start()
   tok = engine.tokenizer

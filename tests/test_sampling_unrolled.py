@@ -14,8 +14,8 @@ from fineflax import lora as L
 from fineflax.models import ModelConfig, init_cache, init_params, quantize_params
 from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
 from fineflax.sampling import SamplerSession, decode_impl
-from fineflax.sampling.decode import decode_chunk
-from fineflax.sampling.processors import SamplingConfig
+from fineflax.engine.decode import decode_chunk
+from fineflax.engine.processors import SamplingConfig
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")

@@ -4,7 +4,7 @@ Every function donates the pool (updated in place) and is compiled once per (sta
 the host rounds shapes up to buckets: rows (`row_bucket`), pages read per row (`page_bucket`), block
 lengths (`sampling.decode.bucket`), so a few programs serve any mix of lengths.
 
-State of a decoding row ("pending token" scheme, as `fineflax.sampling.decode`): the row's sequence is in
+State of a decoding row ("pending token" scheme, as `fineflax.engine.decode`): the row's sequence is in
 the cache up to position pos - 1; `pending` is its last token, at position pos, not yet in the cache. A
 decode step feeds `pending` at `pos`, samples the next token from its logits and makes it the new pending.
 """
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 
 from fineflax.models.decoder import logits_from_hidden
 from fineflax.models.paged import init_paged_cache
-from fineflax.sampling.decode import cast_params, decode_loop, hidden_states
-from fineflax.sampling.processors import RowFilters, sample_rows
+from fineflax.engine.decode import cast_params, decode_loop, hidden_states
+from fineflax.engine.processors import RowFilters, sample_rows
 
 
 def row_bucket(n: int) -> int:

@@ -45,10 +45,10 @@ import numpy as np
 from fineflax.engine import device
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
-from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
-from fineflax.sampling.processors import RowFilters
-from fineflax.sampling.prompts import check_ids
-from fineflax.sampling.stops import stop_cut
+from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
+from fineflax.engine.processors import RowFilters
+from fineflax.engine.prompts import check_ids
+from fineflax.engine.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
 MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)

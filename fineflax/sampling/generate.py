@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fineflax.engine import Engine, Request
+from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.session import engine_pool_pages, uses_static_cache
 
 
@@ -48,7 +49,6 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
     session.start(prompts)
     session.decode(max_new_tokens, stop_strings)
     return session.result(width=max_new_tokens)
-  from fineflax.engine import Engine, Request
   sc = SamplingConfig(float(temperature), int(top_k), float(top_p))
   if rng is None and not sc.greedy:
     raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")

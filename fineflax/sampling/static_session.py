@@ -16,15 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fineflax.engine.decode import (bucket, decode_chunk, decode_impl, feed_block, prepare_decode_params,
+                                    resolve_eos_ids)
+from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts
+from fineflax.engine.stops import stop_cut
 from fineflax.mesh import batch_sharding, put
 from fineflax.models.decoder import init_cache
 from fineflax.models.unrolled import init_unrolled_cache
-from fineflax.sampling.decode import (bucket, decode_chunk, decode_impl, feed_block, prepare_decode_params,
-                                      resolve_eos_ids)
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts
-from fineflax.sampling.stops import stop_cut
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.sampling.decode import bucket, cast_params
+from fineflax.engine.decode import bucket, cast_params
 from fineflax.serve.model import decode_slots, init_slot_cache, prefill_rows, stack_adapters
 
 

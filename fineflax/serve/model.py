@@ -27,7 +27,7 @@ from fineflax.lora import LoraConfig, lora_scale
 from fineflax.models.decoder import (LINEAR_NAMES, _attention, logits_from_hidden, matmul,
                                      rms_norm)
 from fineflax.models.rope import apply_rope, inv_frequencies
-from fineflax.sampling.decode import cast_params
+from fineflax.engine.decode import cast_params
 
 
 def init_slot_cache(config, slots: int, context: int, dtype=jnp.bfloat16) -> dict:
