@@ -2,7 +2,7 @@
 
 Every function donates the pool (updated in place) and is compiled once per (static settings, shapes);
 the host rounds shapes up to buckets: rows (`row_bucket`), pages read per row (`page_bucket`), block
-lengths (`sampling.decode.bucket`), so a few programs serve any mix of lengths.
+lengths (`engine.decode.bucket`), so a few programs serve any mix of lengths.
 
 State of a decoding row ("pending token" scheme, as `fineflax.engine.decode`): the row's sequence is in
 the cache up to position pos - 1; `pending` is its last token, at position pos, not yet in the cache. A
@@ -72,7 +72,7 @@ def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, 
   state (per row [B]): pending, pos, budget (tokens still allowed), count (tokens this sequence sampled
   before: token t of a sequence is drawn with fold_in(key, t), so a sequence's samples do not depend on
   the rows beside it), active bool, temperature, top_k, top_p, key uint32 [B, 2] (threefry key data),
-  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `sampling.decode.decode_loop`: returns
+  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `engine.decode.decode_loop`: returns
   (pool, state, hit_eos [B], out).
   """
   params = cast_params(params, dtype)

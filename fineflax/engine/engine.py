@@ -131,11 +131,11 @@ class Engine:
                lora=None, lora_scale: float = 1.0, dtype=jnp.bfloat16, impl: str | None = "auto",
                attention: str = "auto", dense_base: bool = False, prepared: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
-    ("unrolled" | "scan"; "auto" as `sampling.decode.decode_impl`). attention: the decode attention over
+    ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
     "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
     tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
-    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already."""
+    prepared=True: `params` come from `engine.decode.prepare_decode_params` for this impl already."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
@@ -472,7 +472,7 @@ class Engine:
 
   def _cut_at_stop(self, s: Sequence) -> bool:
     """Cuts s after the shortest prefix of its current segment whose text holds a stop string
-    (`sampling.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
+    (`engine.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
     cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
                    lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
     if cut is None:

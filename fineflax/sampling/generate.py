@@ -32,7 +32,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
   cache="static": the static-cache sampler (also used with a mesh of several devices, whose rows and
   KV cache are split over its devices; the paged engine does not shard its pool yet).
-  impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `sampling.decode.decode_impl`).
+  impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
