@@ -43,6 +43,7 @@ ALLOWED_CYCLES = (
     frozenset({"fineflax.agents.batcher", "fineflax.agents.llm"}),
 )
 NO_JAX = ("jax", "flax", "optax", "orbax", "clu")  # the base layer imports none of these
+SCRIPTS = ("benchmarks", "experiments", "tests", "configs", "launch")  # above every layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +260,13 @@ def test_retrieval_and_memory_import_only_the_base_of_fineflax(graph):
   bad = [f"{e.path}:{e.line}: {e.src} imports {e.dst}" for e in edges
          if e.src.split(".")[0] in ("retrieval", "memory") and e.dst.startswith("fineflax")
          and find(e.dst)[1] != "base"]
+  assert bad == []
+
+
+def test_library_imports_no_script_folder(graph):
+  """benchmarks/, experiments/, tests/, configs/ and launch.py sit above every layer: nothing here imports them."""
+  modules, _ = graph
+  bad = [(m, n) for m, f in modules.items() for n in imports_of(m, f, modules, REPO)[1] if n in SCRIPTS]
   assert bad == []
 
 
