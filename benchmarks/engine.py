@@ -121,7 +121,7 @@ def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
 def worker_a(spec: dict) -> dict:
   import jax
   from fineflax.engine import Request
-  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  from fineflax.engine.decode import decode_impl, prepare_decode_params
   import jax.numpy as jnp
   config, params, wbytes, kv, bw = _setup(spec)
   params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
@@ -168,7 +168,7 @@ def worker_b(spec: dict) -> dict:
   import jax.numpy as jnp
   import numpy as np
   from fineflax.engine import Request
-  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  from fineflax.engine.decode import decode_impl, prepare_decode_params
   config, params, wbytes, kv, bw = _setup(spec)
   params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
   lengths = response_lengths(spec["rows"], spec["median"], spec["cap"], spec["sigma"])
@@ -241,7 +241,7 @@ def worker_c(spec: dict) -> dict:
   import jax.numpy as jnp
   from fineflax.engine import Request
   from fineflax.engine.pages import pages_for
-  from fineflax.sampling.decode import decode_impl, prepare_decode_params
+  from fineflax.engine.decode import decode_impl, prepare_decode_params
   config, params, _, _, _ = _setup(spec)
   params = prepare_decode_params(params, config, decode_impl(spec.get("impl", "auto")), jnp.bfloat16)
   k, plen, n = spec["samples"], spec["prompt_len"], spec["new_tokens"]

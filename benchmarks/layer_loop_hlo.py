@@ -52,7 +52,7 @@ def compiled_text(mc, quant: str, remat: str, b: int, t: int, chunk: int) -> tup
 
   from benchmarks.sft import _lora_params
   from fineflax.models import init_params
-  from fineflax.quant import quantize_params
+  from fineflax.models.quantize import quantize_params
   from fineflax.train.optim import make_optimizer
   from fineflax.train.sft_step import make_sft_fns
   from fineflax.train.state import init_state

@@ -201,7 +201,7 @@ def build_step(args):
   from benchmarks.sft import SHAPES, SMOKE_SHAPES, _lora_params, model_config
   from fineflax.models import init_params
   from fineflax.models.flops import lora_step_flops
-  from fineflax.quant import quantize_params
+  from fineflax.models.quantize import quantize_params
   from fineflax.train.optim import make_optimizer
   from fineflax.train.sft_step import make_sft_fns
   from fineflax.train.state import init_state

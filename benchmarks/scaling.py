@@ -67,11 +67,11 @@ def random_params(mc, mesh, dtype, quant: str):
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding
-  from fineflax import quant as Q
+  from fineflax.models.quantize import quantize_params
   from fineflax.models import init_params
-  from fineflax.train.mesh import _fsdp_spec
+  from fineflax.mesh import _fsdp_spec
   make = lambda: init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
-  abstract = jax.eval_shape(lambda: Q.quantize_params(make(), kind=quant) if quant != "none" else make())
+  abstract = jax.eval_shape(lambda: quantize_params(make(), kind=quant) if quant != "none" else make())
   leaves, tree = jax.tree.flatten(abstract)
   out = []
   for i, x in enumerate(leaves):
@@ -87,7 +87,7 @@ def random_params(mc, mesh, dtype, quant: str):
 def _lora(params, mc, mesh):
   import jax
   from fineflax import lora as L
-  from fineflax.train.mesh import replicate
+  from fineflax.mesh import replicate
   cfg = L.LoraConfig(r=16, alpha=32.0)
   return replicate(L.init_lora(params, mc, cfg, jax.random.PRNGKey(1)), mesh), L.lora_scale(cfg)
 
@@ -104,10 +104,10 @@ def sft_worker(spec: dict) -> dict:
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from fineflax.train.mesh import make_mesh, shard_batch, shard_params
+  from fineflax.mesh import make_mesh, shard_batch, shard_params
   from fineflax.train.sft_step import make_sft_fns
   from fineflax.train.state import init_state
-  from fineflax.train.mesh import replicate
+  from fineflax.mesh import replicate
   n, t, dtype = jax.device_count(), spec["seq"], jnp.dtype(spec["dtype"])
   mesh = make_mesh(data=n, fsdp=1)
   mc = _model_config(spec["shape"], t)
@@ -138,7 +138,7 @@ def grpo_worker(spec: dict) -> dict:
   from fineflax.rl.step import make_rl_fns
   from fineflax.rl.update import rl_update, update_batch
   from fineflax.sampling import generate
-  from fineflax.train.mesh import make_mesh, replicate
+  from fineflax.mesh import make_mesh, replicate
   from fineflax.train.state import init_state
   import ml_collections
   n, g, new, dtype = jax.device_count(), spec["group"], spec["new_tokens"], jnp.dtype(spec["dtype"])

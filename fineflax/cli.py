@@ -1,4 +1,4 @@
-"""The one-line user errors of the command-line entry points (launch.py, `python -m fineflax.data.inspect`).
+"""The one-line user errors of the command-line entry points (launch.py, `python -m fineflax.inspect_data`).
 
 A user's mistake (a bad config value or file, a missing optional package, a workdir that is a file, a
 changed config over old checkpoints, a bad data file, a missing model) prints `error: <one line>` on stderr

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fineflax.evals.stats import t_interval
+from fineflax.stats import t_interval
 from fineflax.io import read_json
 
 NOT_STARTED = -1  # exit code reported for a run that the time budget left no time to start
@@ -114,7 +114,7 @@ def seed_evaluations(runs_dir, name: str, seeds, metric: str) -> list[list[dict]
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
   """(mean, half-width of the 95% confidence interval of the mean: t_{0.975, n-1} · s / sqrt(n),
-  `fineflax.evals.stats.t_interval`); the half-width is nan for one value."""
+  `fineflax.stats.t_interval`); the half-width is nan for one value."""
   mean, _, high = t_interval(values)
   return mean, high - mean
 

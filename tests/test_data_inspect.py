@@ -1,4 +1,4 @@
-"""`python -m fineflax.data.inspect`: its counts equal what the batch iterator produces, the shown rows are
+"""`python -m fineflax.inspect_data` (`fineflax.data.inspect`): its counts equal what the batch iterator produces, the shown rows are
 the kept ids with exactly the assistant turns marked, the text marks trained tokens, and the command runs
 on configs/quickstart.py with overrides and --json."""
 import importlib.util
@@ -71,7 +71,7 @@ def test_batch_efficiency_first_fit_and_buckets():
 
 
 def test_cli_json_with_overrides_reports_the_dropped_glaive_rows():
-  r = subprocess.run([sys.executable, "-m", "fineflax.data.inspect", "--config", "configs/quickstart.py",
+  r = subprocess.run([sys.executable, "-m", "fineflax.inspect_data", "--config", "configs/quickstart.py",
                       "--config.data.sources=tools_glaive.jsonl", "--config.data.eval_sources=", "--n", "1",
                       "--max_rows", "40", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                      env={**os.environ, "PYTHONPATH": ROOT})
@@ -85,7 +85,7 @@ def test_cli_json_with_overrides_reports_the_dropped_glaive_rows():
 
 def test_cli_misspelled_source_or_config_is_one_line_with_the_closest_names(tmp_path):
   def run(*args):
-    r = subprocess.run([sys.executable, "-m", "fineflax.data.inspect", *args], cwd=tmp_path, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "fineflax.inspect_data", *args], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -7,7 +7,8 @@ import numpy as np
 
 from fineflax.models import ModelConfig, init_params
 from fineflax.models.unrolled import prepare_unrolled
-from fineflax.quant import dequantize_params, is_quantized, quantize_params
+from fineflax.quant import dequantize_params, is_quantized
+from fineflax.models.quantize import quantize_params
 from fineflax.sampling import SamplerSession
 from fineflax.train.run_config import config_diff
 

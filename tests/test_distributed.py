@@ -36,7 +36,7 @@ WORKER = textwrap.dedent("""
     # the sampler splits the rows over every device of all processes: each process computes its half
     import jax.numpy as jnp
     from fineflax.sampling import SamplerSession
-    from fineflax.train.mesh import make_mesh, shard_params
+    from fineflax.mesh import make_mesh, shard_params
     mesh = make_mesh(data=2, fsdp=1)
     base, mc = out["job"].base, out["job"].model_config  # the run's base (loading it again cost ~4 s)
     sess = SamplerSession(shard_params(base, mesh), mc, max_total_len=6, temperature=1.0, rng=jax.random.key(3),

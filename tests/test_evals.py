@@ -11,7 +11,7 @@ import pytest
 from fineflax.evals import judge as J
 from fineflax.evals.__main__ import main
 from fineflax.evals.harness import EvalDataError, load_eval_set, run_ab
-from fineflax.evals.stats import mean_ci, outcome_ci, t_interval
+from fineflax.stats import mean_ci, outcome_ci, t_interval
 from fineflax.evals.variants import parse_spec
 
 

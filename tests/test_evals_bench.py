@@ -11,7 +11,7 @@ import pytest
 from fineflax.data.sources import SAMPLES_DIR
 from fineflax.evals import bench
 from fineflax.evals.benchmarks import benchmark_of, discover
-from fineflax.evals.stats import avg_at_n, pass_at_k
+from fineflax.stats import avg_at_n, pass_at_k
 
 
 def numpy_pass_at_k(correct: np.ndarray, k: int) -> np.ndarray:

@@ -12,8 +12,7 @@ import pytest
 
 from benchmarks.layer_loop_hlo import count_ops
 from fineflax import lora as L
-from fineflax import quant
-from fineflax.models import ModelConfig, forward, init_params
+from fineflax.models import ModelConfig, forward, init_params, quantize_params
 from fineflax.models.decoder import REMAT_POLICIES, forward_cached, init_cache
 from fineflax.models.layer_loop import LAYER_LOOPS
 from fineflax.train.sft_step import make_sft_fns
@@ -33,7 +32,7 @@ def _setup(kind):
   def build(key):
     params = init_params(C, key)
     if kind == "nf4":
-      params = quant.quantize_params(params, kind="nf4")
+      params = quantize_params(params, kind="nf4")
     lora = L.init_lora(params, C, L.LoraConfig(r=4, alpha=8.0), jax.random.PRNGKey(1))
     return params, jax.tree.map(lambda x: x + 0.05, lora)  # b = 0 at init: make the adapters matter
   return jax.jit(build)(jax.random.PRNGKey(0))

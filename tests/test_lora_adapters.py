@@ -12,7 +12,8 @@ import pytest
 from fineflax.lora import (LoraConfig, check_lora, init_lora, lora_scale, lora_value_and_grad,
                            merge_lora, resolve_targets)
 from fineflax.models import ModelConfig, forward, init_params
-from fineflax.quant import NF4Tensor, quantize_params
+from fineflax.quant import NF4Tensor
+from fineflax.models.quantize import quantize_params
 
 CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16, attention_bias=True)

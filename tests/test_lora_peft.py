@@ -17,7 +17,7 @@ from fineflax.testing.hf_models import make_hf_model  # noqa: E402
 from fineflax.lora import (LoraConfig, export_merged, export_peft, import_peft, init_lora,  # noqa: E402
                            lora_scale)
 from fineflax.models import ModelConfig, forward, init_params, load  # noqa: E402
-from fineflax.quant import quantize_params  # noqa: E402
+from fineflax.models.quantize import quantize_params  # noqa: E402
 
 CASES = {  # family -> LoRA settings (the Qwen2 case: a subset of targets, HF names, rsLoRA)
     "llama": LoraConfig(r=4, alpha=8.0),

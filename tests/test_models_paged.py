@@ -93,7 +93,7 @@ def test_decode_loop_updates_the_pool_in_place():
   GPU's.)"""
   from fineflax.engine import device
   from fineflax.models import init_params
-  from fineflax.sampling.processors import RowFilters
+  from fineflax.engine.processors import RowFilters
   config = LLAMA
   sd = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
   params = jax.eval_shape(lambda: init_params(config, jax.random.key(0), jnp.float32))

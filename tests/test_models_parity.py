@@ -76,7 +76,8 @@ def test_bf16_checkpoint_loads(tmp_path):
 def test_quantised_load_equals_load_then_quantize(tmp_path):
   """load(quant="nf4") quantises the host kernels one layer at a time: same tensors as quantising the
   loaded device params; the linears outside quant_targets and every other leaf stay dense and equal."""
-  from fineflax.quant import NF4Tensor, quantize_params
+  from fineflax.quant import NF4Tensor
+  from fineflax.models.quantize import quantize_params
   make_hf_model("llama", tmp_path)
   dense, config, _ = load(tmp_path, with_tokenizer=False)
   got, config2, _ = load(tmp_path, with_tokenizer=False, quant="nf4", quant_targets=("q_proj", "down"))

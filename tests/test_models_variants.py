@@ -73,7 +73,8 @@ def test_logits_match_transformers(case, tmp_path):
 
 @pytest.mark.parametrize("family", ["gemma3", "phi3"])  # Gemma 2: test_lora_peft's NF4 merged export
 def test_nf4_forward_of_new_families(family, tmp_path):
-  from fineflax.quant import dequantize_params, is_quantized, quantize_params
+  from fineflax.quant import dequantize_params, is_quantized
+  from fineflax.models.quantize import quantize_params
   make_hf_model(family, tmp_path)
   params, config, _ = load(tmp_path, with_tokenizer=False)
   q = quantize_params(params)

@@ -8,7 +8,8 @@ import pytest
 
 from fineflax.models import ModelConfig, forward, init_params
 from fineflax.models.decoder import matmul
-from fineflax.quant import quantize_int8, quantize_nf4, quantize_params
+from fineflax.quant import quantize_int8, quantize_nf4
+from fineflax.models.quantize import quantize_params
 from fineflax.quant.matmul import quantized_matmul
 
 IN, OUT = 128, 96

@@ -13,9 +13,9 @@ bnb = pytest.importorskip("bitsandbytes")
 import bitsandbytes.functional as F  # noqa: E402
 
 from fineflax.models import ModelConfig, forward, init_params  # noqa: E402
+from fineflax.models.quantize import quantize_params  # noqa: E402
 from fineflax.quant import (NF4_CODE, Int8Tensor, NF4Tensor, bits_per_parameter, quantize_layers,  # noqa: E402
-                            dequantize_params, dynamic_code, quantize_int8, quantize_nf4,
-                            quantize_params, quantize_tensor)
+                            dequantize_params, dynamic_code, quantize_int8, quantize_nf4, quantize_tensor)
 from fineflax.quant.blockwise import nearest_code  # noqa: E402
 
 

@@ -15,18 +15,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUP = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from fineflax.models import ModelConfig, init_params
-    from fineflax import lora as L, quant
+    from fineflax import lora as L
+    from fineflax.models.quantize import quantize_params
     from fineflax.jobs.resolve import load_config
     from fineflax.rl import rows as R
     from fineflax.rl.objectives import get_objective
     from fineflax.rl.step import make_rl_fns
     from fineflax.rl.update import rl_update, shard_update_batch, update_batch
-    from fineflax.train.mesh import make_mesh, replicate, shard_params
+    from fineflax.mesh import make_mesh, replicate, shard_params
     from fineflax.train.state import init_state
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
                     num_kv_heads=2, head_dim=16, eos_token_ids=(1,))
-    base = quant.quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
+    base = quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
     lcfg = L.LoraConfig(r=4, alpha=8.0)
     lora = jax.tree.map(lambda x: x + 0.02, L.init_lora(base, c, lcfg, jax.random.PRNGKey(1)))
     opt = optax.adamw(1e-2)

@@ -5,8 +5,7 @@ import numpy as np
 
 from _sampling_fixtures import tiny_llama
 from fineflax import lora as L
-from fineflax import quant
-from fineflax.models import forward
+from fineflax.models import forward, quantize_params
 from fineflax.sampling import generate
 
 
@@ -27,7 +26,7 @@ def _greedy_by_forward(params, config, prompts, n, lora, scale, width=16):
 
 def test_greedy_with_lora_on_an_nf4_base_matches_full_forward():
   _, params, config = tiny_llama()
-  base = quant.quantize_params(params, kind="nf4")
+  base = quantize_params(params, kind="nf4")
   cfg = L.LoraConfig(r=4, alpha=8.0)
   lora = L.init_lora(base, config, cfg, jax.random.PRNGKey(0))
   lora = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(1), x.shape), lora)

@@ -11,12 +11,11 @@ import pytest
 
 from _sampling_fixtures import EVERYTHING, LLAMA, random_params
 from fineflax import lora as L
-from fineflax import quant
-from fineflax.models import ModelConfig, init_cache, init_params
+from fineflax.models import ModelConfig, init_cache, init_params, quantize_params
 from fineflax.models.unrolled import init_unrolled_cache, prepare_unrolled
 from fineflax.sampling import SamplerSession, decode_impl
-from fineflax.sampling.decode import decode_chunk
-from fineflax.sampling.processors import SamplingConfig
+from fineflax.engine.decode import decode_chunk
+from fineflax.engine.processors import SamplingConfig
 
 PROMPTS = [[5, 9, 14, 3], [7, 7, 21], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -63,7 +62,7 @@ def test_unrolled_greedy_equals_scan_every_numerics_switch_with_lora():
 def test_unrolled_on_nf4_base_with_lora_equals_scan():
   """q/k/v and gate/up NF4 (kept stacked, not copied, not fused); o and down dense (fused per layer)."""
   params = random_params(LLAMA)
-  base = quant.quantize_params(params, targets=("q", "k", "v", "gate", "up"), kind="nf4")
+  base = quantize_params(params, targets=("q", "k", "v", "gate", "up"), kind="nf4")
   dparams = prepare_unrolled(base, LLAMA, jnp.float32)
   assert set(dparams["quantized"]) == {"q", "k", "v", "gate", "up"}
   assert dparams["quantized"]["q"]["kernel"] is base["layers"]["q"]["kernel"]

@@ -88,9 +88,8 @@ def test_n_choices_are_seeded_and_each_logged(served):
 
 
 def test_two_adapters_in_one_batch_match_generate_alone(served):
-  from fineflax import quant
   from fineflax.lora import import_peft, lora_scale
-  from fineflax.models import load
+  from fineflax.models import load, quantize_params
   from fineflax.sampling import format_chat, generate
   c, engine = served["client"], served["server"].engine
   mixed_before = engine.stats["mixed_adapter_calls"]
@@ -105,7 +104,7 @@ def test_two_adapters_in_one_batch_match_generate_alone(served):
     t.join()
   assert engine.stats["mixed_adapter_calls"] > mixed_before  # rows of different adapters shared a step
   params, config, tok = load(served["model"])
-  base = quant.quantize_params(params, kind="nf4")
+  base = quantize_params(params, kind="nf4")
   prompt = tok(format_chat(tok, MSG), add_special_tokens=False)["input_ids"]
   texts = set()
   for model in ("tiny", "alpha", "beta"):

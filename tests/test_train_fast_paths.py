@@ -78,7 +78,8 @@ def test_causal_prefix_keeps_real_tokens_and_refuses_segments():
 
 
 def test_sft_nll_on_nf4_weights_matches_dequantised_dense_reference():
-  from fineflax.quant import dequantize_params, quantize_params
+  from fineflax.quant import dequantize_params
+  from fineflax.models.quantize import quantize_params
   params, lora, batch = _setup(seed=5)
   qparams = quantize_params(params)
   dense = dequantize_params(qparams, jnp.float32)  # the same weights the NF4 model computes with

@@ -110,7 +110,7 @@ class LocalLLM(LLM):
     from fineflax.engine import Engine
     from fineflax.engine.driver import EngineThread
     from fineflax.engine.pages import pages_for
-    from fineflax.sampling.decode import decode_impl, prepare_decode_params
+    from fineflax.engine.decode import decode_impl, prepare_decode_params
     self.policy, self.rng, self.name = policy, rng, name
     self.tokenizer = policy.tokenizer
     self.context, self.keep = int(context), int(max_rows if keep is None else keep)

@@ -8,7 +8,7 @@
   batch = next(batches); saved = batches.state(); ...; batches.restore(saved)
   batches.summary()   # per source: rows, malformed rows skipped at load, examples kept / truncated / dropped
 
-  python -m fineflax.data.inspect --config configs/quickstart.py   # what a config trains on (see inspect.py)
+  python -m fineflax.inspect_data --config configs/quickstart.py    # what a config trains on (see inspect.py)
 
 RL prompts (ground truth, data source, off-policy trace) from the papers' files: `fineflax.data.rl_prompts`
 (load_prompts(path, field_map("luffy" | "search_r1" | "gsm8k" | "math")), used by config.env = "dataset").
@@ -33,4 +33,4 @@ from fineflax.data.mixture import Mixture, build_mixture
 from fineflax.data.packing import assemble, default_buckets, first_fit, shift, truncate
 from fineflax.data.prepare import prepare
 from fineflax.data.schemas import SCHEMAS, RowError, detect_schema, to_messages
-from fineflax.data.sources import DataError, Source, load_source, sample_file
+from fineflax.data.sources import DataError, Source, load_source, load_sources, sample_file

@@ -1,10 +1,10 @@
 r"""See what an SFT config trains on, without loading model weights.
 
-  python -m fineflax.data.inspect --config configs/quickstart.py [--source S] [--n 3] [--json]
+  python -m fineflax.inspect_data --config configs/quickstart.py [--source S] [--n 3] [--json]
                                   [--max_rows 2000] [--config.data.max_length=128 ...]
 
 For each source of `config.data.sources` (and `config.data.eval_sources`, marked eval), loaded as the SFT
-job loads them (`fineflax.jobs.sft.load_sources`) and formatted by the configured tokenizer and chat
+job loads them (`fineflax.data.sources.load_sources`) and formatted by the configured tokenizer and chat
 template (`fineflax.models.load_tokenizer(config.model.source)`: the tokenizer only) with
 `fineflax.data.prepare.prepare`, the code path of the batch iterator:
 
@@ -17,14 +17,13 @@ template (`fineflax.models.load_tokenizer(config.model.source)`: the tokenizer o
   - the batch efficiency (real tokens / batch slots), packed into rows of max_length by first fit, as the
     iterator packs, and padded to length buckets one example a row, as it does without packing.
 
-`--json` prints the same as one JSON object (`inspect_config(config, ...)` returns it).
+`--json` prints the same as one JSON object (`inspect_config(config, ...)` returns it). The command line is
+`fineflax.inspect_data` (it parses a job's config flags, so it sits above the jobs).
 """
 from __future__ import annotations
 
 import difflib
-import json
 import os
-import sys
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from fineflax.config_checks import ConfigError
 
 from fineflax.data.chat import tokenize_chat
 from fineflax.data.packing import bucket_width, default_buckets, first_fit, truncate
+from fineflax.data.sources import load_sources
 from fineflax.data.prepare import (DROP_REASONS, Prepared, account, drop_summary, new_source_stats,
                                    prepare)
 
@@ -122,7 +122,6 @@ def inspect_source(source, tokenizer, data_cfg, n: int = 3, max_rows: int = 2000
 
 def inspect_config(config, source: str | None = None, n: int = 3, max_rows: int = 2000) -> dict:
   """The report of every source of `config.data` whose name contains `source` (all when None)."""
-  from fineflax.jobs.sft import load_sources
   from fineflax.models import load_tokenizer
   data = config.data
   tokenizer = load_tokenizer(config.model.source)
@@ -201,40 +200,3 @@ def _short(path: str) -> str:
   except ValueError:
     return path
   return rel if len(rel) < len(path) else path
-
-
-def main(argv) -> int:
-  """The report of --config's data; a user mistake raises an error that `fineflax.cli.run_cli` prints as
-  one line (exit 2), as launch.py does."""
-  from absl import flags, logging
-  from fineflax.jobs.resolve import parse_config_flags
-  FLAGS = flags.FLAGS
-  rest = parse_config_flags(FLAGS, argv)
-  if len(rest) > 1:
-    raise ConfigError(f"unexpected arguments: {rest[1:]}")
-  if FLAGS.config is None:
-    raise ConfigError("--config is required, e.g. --config configs/quickstart.py")
-  logging.set_verbosity(logging.WARNING)  # datasets/jax announce themselves at INFO
-  report = inspect_config(FLAGS.config, source=FLAGS.source, n=FLAGS.n, max_rows=FLAGS.max_rows)
-  if FLAGS.json:
-    print(json.dumps(report, indent=1))
-  else:
-    print(format_report(report, color=sys.stdout.isatty()))
-  return 0
-
-
-def _define_flags():
-  from absl import flags
-  from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.", lock_config=True)
-  flags.DEFINE_string("source", None, "Only sources whose name contains this.")
-  flags.DEFINE_integer("n", 3, "Rows shown per source.")
-  flags.DEFINE_integer("max_rows", 2000, "Rows scanned per source for the statistics (0 = all).")
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
-  flags.DEFINE_bool("verbose", False, "Show tracebacks of user errors.")
-
-
-if __name__ == "__main__":
-  from fineflax.cli import run_cli
-  _define_flags()
-  sys.exit(run_cli(main, sys.argv))

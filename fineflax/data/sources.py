@@ -299,3 +299,28 @@ def load_source(spec: Any, *, schema: str = "auto", on_bad_row: str = "error", s
     raise DataError(f"{label}: dataset is empty (no valid rows; {bad.count} skipped)")
   _report_skipped(label, bad, len(rows))
   return Source(label, ds, schema, rows, bad.reasons, bad.count, lines)
+
+
+def load_sources(spec: str, data_cfg) -> list[dict]:
+  """`fineflax.data.build_mixture` entries with loaded sources from "path[:weight],..."; a bare name that is no
+  file is a bundled sample ("sample:NAME")."""
+  entries = []
+  for item in [s.strip() for s in spec.split(",") if s.strip()]:
+    path, weight = item, "1"
+    if ":" in item and _is_number(item.rsplit(":", 1)[1]):
+      path, weight = item.rsplit(":", 1)
+    if not os.path.exists(path) and "/" not in path and not path.startswith("sample:"):
+      path = "sample:" + path
+    entries.append({"source": load_source(path, schema=data_cfg.schema, on_bad_row=data_cfg.on_bad_row),
+                    "weight": float(weight)})
+  if not entries:
+    raise ValueError(f"config.data sources {spec!r} name no source")
+  return entries
+
+
+def _is_number(s: str) -> bool:
+  try:
+    float(s)
+    return True
+  except ValueError:
+    return False

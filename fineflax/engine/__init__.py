@@ -1,4 +1,6 @@
 """The generation engine: paged KV cache, continuous batching, shared prompts, per-row LoRA adapters (see
-`engine.Engine`; `driver.EngineThread` drives one from a thread for servers and agents)."""
+`engine.Engine`; `driver.EngineThread` drives one from a thread for servers and agents), and the decoding
+pieces it shares with `fineflax.sampling`: device steps (`decode`), logits processing and token sampling
+(`processors`), prompt checks (`prompts`), stop strings (`stops`)."""
 from fineflax.engine.engine import Engine, Request, Sequence
 from fineflax.engine.pages import OutOfPages, PageAllocator, pages_for

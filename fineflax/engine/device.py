@@ -2,9 +2,9 @@
 
 Every function donates the pool (updated in place) and is compiled once per (static settings, shapes);
 the host rounds shapes up to buckets: rows (`row_bucket`), pages read per row (`page_bucket`), block
-lengths (`sampling.decode.bucket`), so a few programs serve any mix of lengths.
+lengths (`engine.decode.bucket`), so a few programs serve any mix of lengths.
 
-State of a decoding row ("pending token" scheme, as `fineflax.sampling.decode`): the row's sequence is in
+State of a decoding row ("pending token" scheme, as `fineflax.engine.decode`): the row's sequence is in
 the cache up to position pos - 1; `pending` is its last token, at position pos, not yet in the cache. A
 decode step feeds `pending` at `pos`, samples the next token from its logits and makes it the new pending.
 """
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 
 from fineflax.models.decoder import logits_from_hidden
 from fineflax.models.paged import init_paged_cache
-from fineflax.sampling.decode import cast_params, decode_loop, hidden_states
-from fineflax.sampling.processors import RowFilters, sample_rows
+from fineflax.engine.decode import cast_params, decode_loop, hidden_states
+from fineflax.engine.processors import RowFilters, sample_rows
 
 
 def row_bucket(n: int) -> int:
@@ -72,7 +72,7 @@ def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, 
   state (per row [B]): pending, pos, budget (tokens still allowed), count (tokens this sequence sampled
   before: token t of a sequence is drawn with fold_in(key, t), so a sequence's samples do not depend on
   the rows beside it), active bool, temperature, top_k, top_p, key uint32 [B, 2] (threefry key data),
-  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `sampling.decode.decode_loop`: returns
+  eos int32 [B, E] (-1 = unused). Steps, stops and outputs as `engine.decode.decode_loop`: returns
   (pool, state, hit_eos [B], out).
   """
   params = cast_params(params, dtype)

@@ -47,10 +47,10 @@ from fineflax.engine import device
 from fineflax.engine.adapters import row_weights, stack_adapters
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
-from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
-from fineflax.sampling.processors import RowFilters
-from fineflax.sampling.prompts import check_ids
-from fineflax.sampling.stops import stop_cut
+from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
+from fineflax.engine.processors import RowFilters
+from fineflax.engine.prompts import check_ids
+from fineflax.engine.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
 MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
@@ -136,11 +136,11 @@ class Engine:
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
-    ("unrolled" | "scan"; "auto" as `sampling.decode.decode_impl`). attention: the decode attention over
+    ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
     "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
     tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
-    prepared=True: `params` come from `sampling.decode.prepare_decode_params` for this impl already.
+    prepared=True: `params` come from `engine.decode.prepare_decode_params` for this impl already.
     lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
     `Request.adapter` (`engine.adapters.stack_adapters`); not both."""
     if max_rows < 1:
@@ -495,7 +495,7 @@ class Engine:
 
   def _cut_at_stop(self, s: Sequence) -> bool:
     """Cuts s after the shortest prefix of its current segment whose text holds a stop string
-    (`sampling.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
+    (`engine.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
     cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
                    lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
     if cut is None:

@@ -26,7 +26,7 @@ import numpy as np
 from fineflax.config_checks import ConfigError, one_of, positive_int, require
 from fineflax.data.rl_prompts import check_files, field_map, load_prompts
 from fineflax.envs.arithmetic import trace_ids
-from fineflax.evals.stats import avg_at_n, pass_at_k
+from fineflax.stats import avg_at_n, pass_at_k
 from fineflax.rewards import score_completions
 from fineflax.rl import rows as R
 from fineflax.rl.order import EpochOrder, StreamOrder

@@ -11,7 +11,7 @@ batches a call); each call's completions are graded by the benchmark's grader (i
 processes, overlapping the next call's generation) and appended. Per benchmark (over its R rows, c_r correct of n):
   avg@n  = mean_r c_r / n                      (greedy accuracy when n = 1 and temperature 0)
   pass@n = mean_r 1[c_r > 0]                   (= the unbiased pass@k estimate at k = n)
-with 95% bootstrap intervals over rows (`fineflax.evals.stats.mean_ci`). Writes OUT/generations.jsonl (one
+with 95% bootstrap intervals over rows (`fineflax.stats.mean_ci`). Writes OUT/generations.jsonl (one
 line per completion, appended batch by batch), OUT/results.json and OUT/results.md, and prints the table.
 Resume: rerunning the same command skips every row whose n completions are already in generations.jsonl
 (a line cut by a crash is dropped); a rerun with other settings is refused (exit 2) unless --out changes.
@@ -33,7 +33,7 @@ import numpy as np
 from fineflax.data.rl_prompts import FORMATS, load_prompts
 from fineflax.data.sources import DataError
 from fineflax.evals.benchmarks import BENCHMARKS, benchmark_of, discover
-from fineflax.evals.stats import mean_ci, pass_at_k
+from fineflax.stats import mean_ci, pass_at_k
 from fineflax.io import atomic_write_text
 
 SETTINGS = ("model", "adapter", "n", "temperature", "top_p", "max_new_tokens", "seed", "think_gate",

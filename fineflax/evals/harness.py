@@ -16,7 +16,7 @@ import pathlib
 from typing import Sequence
 
 from fineflax.evals import judge as judge_lib
-from fineflax.evals.stats import mean_ci, outcome_ci
+from fineflax.stats import mean_ci, outcome_ci
 from fineflax.io import JsonLineError, json_lines
 
 

@@ -50,8 +50,8 @@ def load_local(source: str, adapter: str | None = None, *, quant: str = "none", 
   `fineflax.models.dtype.resolve_dtype`'s (f32 on CPU, bf16 on accelerators)."""
 
   from fineflax import lora as lora_lib
-  from fineflax import quant as quant_lib
   from fineflax.models import load
+  from fineflax.models.quantize import quantize_params
   from fineflax.models.dtype import resolve_dtype
   jdtype = resolve_dtype(dtype)
   params, config, tokenizer = load(source, dtype=jdtype)
@@ -64,7 +64,7 @@ def load_local(source: str, adapter: str | None = None, *, quant: str = "none", 
     from fineflax.models import LINEAR_NAMES
     targets = tuple(LINEAR_NAMES)
   if quant != "none":
-    params = quant_lib.quantize_params(params, targets=targets, kind=quant)
+    params = quantize_params(params, targets=targets, kind=quant)
   return params, config, tokenizer, lora, scale, jdtype
 
 

@@ -62,10 +62,10 @@ def per_device_gib(est: dict, data: int, fsdp: int) -> dict:
 
 
 def mesh_report(mesh_cfg, est: dict) -> list[str]:
-  """The mesh `fineflax.train.mesh.make_mesh` would build on the visible devices, and the estimate per
+  """The mesh `fineflax.mesh.make_mesh` would build on the visible devices, and the estimate per
   device on it."""
   import jax
-  from fineflax.train.mesh import make_mesh
+  from fineflax.mesh import make_mesh
   try:
     mesh = make_mesh(mesh_cfg.data, mesh_cfg.fsdp)
   except ValueError as e:

@@ -30,7 +30,7 @@ from fineflax.rl.sft_phase import demonstration_rows, sft_batch
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
 from fineflax.train.loop import Hooks, read_history, train_loop
-from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
+from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state

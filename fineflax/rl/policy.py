@@ -25,7 +25,7 @@ class Policy:
   temperature: float = 1.0
   top_p: float = 1.0
   max_new_tokens: int = 128
-  mesh: Any = None  # rows and KV cache split over this mesh's devices (fineflax.train.mesh)
+  mesh: Any = None  # rows and KV cache split over this mesh's devices (fineflax.mesh)
   dense_base: bool = False  # sample from a dense copy of a quantised base (SamplerSession(dense_base=...))
 
   @property

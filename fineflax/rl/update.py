@@ -5,7 +5,7 @@
   ref_logp = logp under the base with LoRA off (only when beta > 0)
   then `num_iterations` jitted updates of the objective (fineflax.rl.step) on the same batch.
 
-On a device mesh (`fineflax.train.mesh`) the batch rows are split over every device (`shard_update_batch`)
+On a device mesh (`fineflax.mesh`) the batch rows are split over every device (`shard_update_batch`)
 and the LoRA/optimizer state is replicated: the jitted functions compute the same global sums as on one
 device. Advantages are computed on the host over the whole batch before it is split, so a group may
 straddle two shards without changing them.
@@ -18,8 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import group_advantages
+from fineflax.mesh import batch_sharding, put
 from fineflax.rl.batch import build_rl_batch, pad_ragged, pad_rows, round_up
-from fineflax.train.mesh import batch_sharding, put
 
 
 def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, max_new_tokens: int,
@@ -52,7 +52,7 @@ def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iteratio
   """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
 
   With `mesh` the batch is split over its devices first (`shard_update_batch`); `state` and `base` are
-  expected placed already (`fineflax.train.mesh.replicate` / `shard_params`)."""
+  expected placed already (`fineflax.mesh.replicate` / `shard_params`)."""
   if mesh is not None:
     batch = shard_update_batch(batch, mesh)
   batch = dict(batch, old_logp=logp_fn(state["lora"], base, batch)[0])

@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fineflax.engine import Engine, Request
+from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.session import engine_pool_pages, uses_static_cache
 
 
@@ -31,7 +32,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
   cache="static": the static-cache sampler (also used with a mesh of several devices, whose rows and
   KV cache are split over its devices; the paged engine does not shard its pool yet).
-  impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `sampling.decode.decode_impl`).
+  impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -48,7 +49,6 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
     session.start(prompts)
     session.decode(max_new_tokens, stop_strings)
     return session.result(width=max_new_tokens)
-  from fineflax.engine import Engine, Request
   sc = SamplingConfig(float(temperature), int(top_k), float(top_p))
   if rng is None and not sc.greedy:
     raise ValueError(f"temperature={temperature} samples: pass rng=jax.random.key(...)")

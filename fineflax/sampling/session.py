@@ -29,10 +29,12 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from fineflax.sampling.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.engine import Engine, Request
+from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.engine.pages import pages_for
+from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 
 CACHES = ("paged", "static")
 
@@ -49,7 +51,6 @@ def engine_pool_pages(lengths: Sequence[int], page_size: int) -> int:
   """Pool pages for sequences of at most these lengths decoded at once without sharing (each one page
   more for a copy on write, plus the trash page), rounded up (`bucket`) so calls of similar sizes reuse
   one compiled program."""
-  from fineflax.engine.pages import pages_for
   need = sum(pages_for(n, page_size) + 1 for n in lengths) + 1
   return bucket(need, minimum=16, multiple=256)
 
@@ -109,7 +110,6 @@ class SamplerSession:
     """Prefills the cache with `prompts` (token lists; each non-empty); identical prompts share pages."""
     if self._static is not None:
       return self._static.start(prompts)
-    from fineflax.engine import Engine, Request
     prompts = checked_prompts(prompts, self.config.vocab_size)
     self.engine = Engine(
         self.params, self.config, max_rows=len(prompts), tokenizer=self.tokenizer, eos_ids=self.eos_ids,

@@ -16,14 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fineflax.engine.decode import (bucket, decode_chunk, decode_impl, feed_block, prepare_decode_params,
+                                    resolve_eos_ids)
+from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts
+from fineflax.engine.stops import stop_cut
+from fineflax.mesh import batch_sharding, put
 from fineflax.models.decoder import init_cache
 from fineflax.models.unrolled import init_unrolled_cache
-from fineflax.sampling.decode import (bucket, decode_chunk, decode_impl, feed_block, prepare_decode_params,
-                                      resolve_eos_ids)
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.processors import SamplingConfig
-from fineflax.sampling.prompts import checked_appends, checked_decode_args, checked_prompts
-from fineflax.sampling.stops import stop_cut
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
@@ -198,7 +199,6 @@ class StaticSession:
     make = functools.partial(_empty_cache, self.impl, self.config, self.batch, self.cache_len, self.dtype)
     if self.mesh is None or self.mesh.devices.size == 1:
       return make()
-    from fineflax.train.mesh import batch_sharding
     row_axis = {} if self.impl == "unrolled" else {"k": 1, "v": 1}
     shardings = {k: jax.tree.map(lambda x, k=k: batch_sharding(self.mesh, row_axis.get(k, 0), len(x.shape))
                                  if x.shape else NamedSharding(self.mesh, P()), v)
@@ -211,7 +211,6 @@ class StaticSession:
     same global rows (same host control flow) and computes only its devices' rows."""
     if self.mesh is None or self.mesh.devices.size == 1 or np.ndim(x) <= batch_axis:
       return jnp.asarray(x)
-    from fineflax.train.mesh import batch_sharding, put
     return put(x, batch_sharding(self.mesh, batch_axis, np.ndim(x)))
 
   def _truncate_at_stop(self, b: int, stop_strings) -> bool:

@@ -35,7 +35,7 @@ from fineflax.engine import Engine as CoreEngine, Request
 from fineflax.engine.driver import EngineThread
 from fineflax.engine.pages import pages_for
 from fineflax.lora import lora_scale
-from fineflax.sampling.decode import decode_impl, prepare_decode_params
+from fineflax.engine.decode import decode_impl, prepare_decode_params
 
 COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls")  # summed over the core engines
 

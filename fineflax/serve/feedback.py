@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from fineflax.evals.stats import t_interval
+from fineflax.stats import t_interval
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses(id TEXT PRIMARY KEY, created REAL, variant TEXT, request_json TEXT,
@@ -54,7 +54,7 @@ class UnknownResponse(KeyError):
 
 def ci95(n: int, total: float, total_sq: float) -> tuple[float | None, float | None, float | None]:
   """(mean, low, high): the Student t interval of the mean reward from its count and sums
-  (`fineflax.evals.stats.t_interval`); None for n = 0 (all three) or n = 1 (the bounds)."""
+  (`fineflax.stats.t_interval`); None for n = 0 (all three) or n = 1 (the bounds)."""
   if n == 0:
     return None, None, None
   mean, low, high = t_interval(n=n, total=total, total_sq=total_sq)

@@ -8,7 +8,7 @@ With every field unset, JAX's own cluster detection decides (SLURM: SLURM_JOB_ID
 Open MPI; Kubernetes/GKE TPU pods), and without a cluster the run is one process. The call must come
 before anything touches a device (launch.py does it first). After it, `jax.devices()` lists every
 process's devices, the mesh spans them all, and each process places its own shards of the same global
-arrays (`fineflax.train.mesh.put`). Only process 0 writes metrics, history, summaries, configs and
+arrays (`fineflax.mesh.put`). Only process 0 writes metrics, history, summaries, configs and
 adapters (`is_writer`); orbax checkpoints are written by all processes together.
 """
 from __future__ import annotations

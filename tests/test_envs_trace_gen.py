@@ -2,7 +2,7 @@
 the LUFFY trainer takes its traces from a file."""
 import jax
 
-from fineflax.rl import trace_gen
+from fineflax.envs import trace_gen
 from fineflax.envs.word_problems import generate_problems
 from fineflax.rl.traces import load_traces
 

@@ -1,7 +1,7 @@
 """Off-policy traces for the generated arithmetic tasks: from the step-by-step solver or from a model.
 
-  python -m fineflax.rl.trace_gen --out traces.jsonl --n 2000                       # solver traces
-  python -m fineflax.rl.trace_gen --out traces.jsonl --n 500 --model ORG/BIGGER-MODEL --samples 4
+  python -m fineflax.envs.trace_gen --out traces.jsonl --n 2000                       # solver traces
+  python -m fineflax.envs.trace_gen --out traces.jsonl --n 500 --model ORG/BIGGER-MODEL --samples 4
 
 Model traces are sampled with the task's system prompt, scored with `reward` (default
 math_last_number) and only those reaching `min_reward` are kept (at most one per question). Output is

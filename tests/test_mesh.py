@@ -12,14 +12,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from fineflax.models import ModelConfig, init_params
-    from fineflax import lora as L, quant
+    from fineflax import lora as L
+    from fineflax.models.quantize import quantize_params
     from fineflax.train.sft_step import make_sft_fns
     from fineflax.train.state import init_state
-    from fineflax.train.mesh import make_mesh, shard_batch, shard_params, replicate
+    from fineflax.mesh import make_mesh, shard_batch, shard_params, replicate
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16)
-    base = quant.quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
+    base = quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
     cfg = L.LoraConfig(r=4, alpha=8.0)
     lora = L.init_lora(base, c, cfg, jax.random.PRNGKey(1))
     lora = jax.tree.map(lambda x: x + 0.01, lora)

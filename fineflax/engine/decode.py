@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.models.decoder import forward_hidden, logits_from_hidden
-from fineflax.models.unrolled import forward_unrolled
-from fineflax.sampling.processors import SamplingConfig, sample_tokens
+from fineflax.models.unrolled import forward_unrolled, prepare_unrolled
+from fineflax.engine.processors import SamplingConfig, sample_tokens
+from fineflax.quant import dequantize_params
 
 
 def bucket(n: int, minimum: int = 16, multiple: int = 256) -> int:
@@ -69,8 +70,6 @@ def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = F
   """The params a decoder reads: "unrolled" re-lays the weights out once (`prepare_unrolled`: an extra
   copy of the dense weights); dense_base=True decodes a quantised base from a `dtype` copy of its
   dequantised weights (same weights, a dense kernel's speed, the memory of that copy)."""
-  from fineflax.models.unrolled import prepare_unrolled
-  from fineflax.quant import dequantize_params
   if impl == "unrolled":
     return prepare_unrolled(params, config, dtype, dequantize=dense_base)
   return dequantize_params(params, dtype) if dense_base else params
