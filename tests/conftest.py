@@ -35,6 +35,7 @@ def tiny_smol(tmp_path_factory):
   return str(path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the -m selection reads the markers
 def pytest_collection_modifyitems(config, items):
   """Tiers and order.
 
@@ -47,7 +48,7 @@ def pytest_collection_modifyitems(config, items):
   at the end while the other worker idles (longest-first list scheduling)."""
   for item in items:
     if item.get_closest_marker("fast") is None:
-      item.add_marker(pytest.mark.long)
+      item.add_marker(pytest.mark.slow)
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
