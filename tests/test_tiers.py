@@ -1,0 +1,58 @@
+"""The fast tier (`pytest -m "not slow"`: the tests marked `fast`, tests/conftest.py) reaches every module of
+fineflax/, retrieval/ and memory/: each is imported, directly or through the modules it imports (`ast`,
+imports inside functions included), by a test file that holds a fast test."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from fineflax.testing.imports import import_graph, imports_of
+
+pytestmark = pytest.mark.fast
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ROOTS = ("fineflax", "retrieval", "memory")
+FAST = re.compile(r"pytest\.mark\.fast\b")
+
+
+def unreached(parent: pathlib.Path, roots, test_files) -> list[str]:
+  """Modules of `roots` that no file of `test_files` holding a fast test reaches through imports."""
+  modules, edges = import_graph(parent, roots)
+  graph: dict[str, set[str]] = {}
+  for e in edges:
+    graph.setdefault(e.src, set()).add(e.dst)
+  seen: set[str] = set()
+  for f in test_files:
+    if not FAST.search(f.read_text()):
+      continue
+    todo = [e.dst for e in imports_of(f.stem, f, modules, parent)[0]]
+    while todo:
+      m = todo.pop()
+      if m not in seen:
+        seen.add(m)
+        todo.extend(graph.get(m, ()))
+        while "." in m:  # importing a.b.c runs a/__init__ and a/b/__init__
+          m = m.rpartition(".")[0]
+          todo.append(m)
+  return sorted(m for m in modules if m not in seen and not m.endswith("__main__"))
+
+
+def test_the_fast_tier_reaches_every_module():
+  missing = unreached(REPO, ROOTS, sorted((REPO / "tests").glob("test_*.py")))
+  assert missing == [], "mark a test that imports these modules `fast` (or write one)"
+
+
+def test_the_check_finds_a_module_only_slow_tests_import(tmp_path):
+  pkg = tmp_path / "pkg"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("def f():\n  from pkg import b\n")
+  (pkg / "b.py").write_text("")
+  (pkg / "c.py").write_text("")
+  tests = tmp_path / "tests"
+  tests.mkdir()
+  (tests / "test_fast.py").write_text("import pytest\nfrom pkg import a\npytestmark = pytest.mark.fast\n")
+  (tests / "test_slow.py").write_text("from pkg import c\n")
+  assert unreached(tmp_path, ("pkg",), sorted(tests.glob("*.py"))) == ["pkg.c"]  # b through a's function
