@@ -15,6 +15,7 @@ def tok():
   return load_tokenizer("smollm2-135m-instruct")
 
 
+@pytest.mark.fast
 def test_proxy_traces_http_calls_with_token_ids(tok):
   proxy = LLMProxy()
   llm = ScriptedLLM(lambda req, i: " six" if isinstance(req[0], int) else "The answer is 5.", tokenizer=tok, eos_id=2)

@@ -34,6 +34,7 @@ def _agent_rows(agent, llms, questions):
   return rows
 
 
+@pytest.mark.fast
 def test_scripted_agent_equals_builtin_rollout(kb_search):
   from fineflax.models import load_tokenizer
   tok = load_tokenizer("smollm2-135m-instruct")

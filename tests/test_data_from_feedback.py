@@ -67,6 +67,7 @@ def test_mean_reward_filter_dedup_and_loader(log, tmp_path):
   assert src[1]["messages"][-1]["content"] == "9"
 
 
+@pytest.mark.fast
 def test_holdout_split_is_by_prompt_and_deterministic(tmp_path):
   responses = [(f"r{i}", q(f"{i}+1?"), str(i + 1), "a") for i in range(200)]
   responses += [(f"s{i}", q(f"{i}+1?"), f"{i + 1}.", "b") for i in range(200)]  # a 2nd answer per prompt
@@ -99,6 +100,7 @@ def test_preference_pairs(log, tmp_path):
   assert pairs_out.read_text() == ""  # gaps of 1.0 are not > 1.0
 
 
+@pytest.mark.fast
 def test_errors_name_the_file_and_row(tmp_path, log):
   with pytest.raises(FeedbackLogError, match="no such reward log"):
     read_log(tmp_path / "missing.db")

@@ -63,6 +63,7 @@ def test_shown_rows_mark_exactly_the_assistant_turns(report):
   assert GREEN + [g for g in first["segments"] if g["trained"]][0]["text"] in format_report(report, True)
 
 
+@pytest.mark.fast
 def test_batch_efficiency_first_fit_and_buckets():
   # packed: 10 and 40 share row 0, 30 goes to row 1 -> one batch of 2 x 64 slots;
   # padded: [10, 40] -> bucket 64, [30] -> bucket 32, 2 rows each
@@ -83,6 +84,7 @@ def test_cli_json_with_overrides_reports_the_dropped_glaive_rows():
   assert src["examples"][0]["dropped"].startswith("no assistant token within max_length=64; the prompt is ")
 
 
+@pytest.mark.fast
 def test_cli_misspelled_source_or_config_is_one_line_with_the_closest_names(tmp_path):
   def run(*args):
     r = subprocess.run([sys.executable, "-m", "fineflax.inspect_data", *args], cwd=tmp_path, capture_output=True,

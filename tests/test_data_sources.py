@@ -16,6 +16,7 @@ def write_jsonl(path, lines):
   return path
 
 
+@pytest.mark.fast
 def test_jsonl_invalid_json_names_file_and_line(tmp_path):
   lines = [MSG("a", "1"), "", MSG("b", "2"), '{"messages": [', MSG("c", "3")]
   path = write_jsonl(tmp_path / "chat.jsonl", lines)
@@ -120,6 +121,7 @@ def test_empty_datasets(tmp_path):
     load_source(path, on_bad_row="skip")
 
 
+@pytest.mark.fast
 def test_missing_columns(tmp_path):
   path = write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Add.", "answer": "3"}])
   with pytest.raises(DataError, match=rf"{path}:line 1: missing column\(s\) \['output'\] of schema 'alpaca'"):
@@ -148,6 +150,7 @@ def test_tfds_without_tensorflow_datasets_is_a_clear_error():
     load_source("tfds:mnist")
 
 
+@pytest.mark.fast
 def test_bundled_samples_match_their_generator_and_load():
   spec = importlib.util.spec_from_file_location("make_samples", SAMPLES_DIR / "make_samples.py")
   make_samples = importlib.util.module_from_spec(spec)

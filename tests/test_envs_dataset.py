@@ -37,6 +37,7 @@ def write_jsonl(path, rows):
   return str(path)
 
 
+@pytest.mark.fast
 def test_luffy_rows_map_to_prompts_with_their_traces(tmp_path):
   path = write_parquet(tmp_path / "openr1.parquet", [luffy_row(1), luffy_row(2)])
   rows = load_prompts(path, field_map("luffy"))
@@ -46,6 +47,7 @@ def test_luffy_rows_map_to_prompts_with_their_traces(tmp_path):
   assert rows[1].example() == {"ground_truth": "4", "data_source": "openr1"}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt,row,expected", [
     ("search_r1", {"id": "train_0", "question": "who wrote hamlet?", "golden_answers": ["Shakespeare", "W. S."],
                    "data_source": "nq", "prompt": [{"role": "user", "content": "Answer ... hamlet?"}],
@@ -74,6 +76,7 @@ def test_custom_map_with_reward_kwargs(tmp_path):
     field_map("luffy", answer="x")
 
 
+@pytest.mark.fast
 def test_unusable_rows_are_named_or_counted(tmp_path, caplog):
   bad_gt = luffy_row(2)
   del bad_gt["reward_model"]["ground_truth"]
@@ -108,6 +111,7 @@ def test_check_files_reads_only_the_head(tmp_path):
     check_files(str(tmp_path / "nope*.parquet"), field_map("luffy"))
 
 
+@pytest.mark.fast
 def test_epoch_order_is_a_function_of_the_position():
   order = EpochOrder(10, seed=3, reshuffle=True)
   epochs = [[order[k] for k in range(e * 10, (e + 1) * 10)] for e in range(3)]

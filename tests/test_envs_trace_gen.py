@@ -2,11 +2,14 @@
 the LUFFY trainer takes its traces from a file."""
 import jax
 
+import pytest
+
 from fineflax.envs import trace_gen
 from fineflax.envs.word_problems import generate_problems
 from fineflax.rl.traces import load_traces
 
 
+@pytest.mark.fast
 def test_solver_traces_round_trip(tmp_path):
   trace_gen.main(["--out", str(tmp_path / "t.jsonl"), "--n", "12", "--steps", "2", "3"])
   traces = load_traces(tmp_path / "t.jsonl")

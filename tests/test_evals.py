@@ -15,6 +15,7 @@ from fineflax.stats import mean_ci, outcome_ci, t_interval
 from fineflax.evals.variants import parse_spec
 
 
+@pytest.mark.fast
 def test_bootstrap_matches_the_normal_approximation():
   rng = np.random.default_rng(1)
   o = rng.choice([1, 0, -1], p=[0.5, 0.2, 0.3], size=2000)
@@ -39,6 +40,7 @@ def _answer_of(text, n):
   return re.search(rf"\[Response {n}\]\n(.*?)\n\[End of Response {n}\]", text, re.S).group(1)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("level", [0.95, 0.9])
 def test_t_interval_matches_scipy_from_values_and_from_sums(level):
   from scipy import stats
@@ -55,6 +57,7 @@ def test_t_interval_matches_scipy_from_values_and_from_sums(level):
     t_interval([])
 
 
+@pytest.mark.fast
 def test_order_swap_cancels_position_bias():
   calls = []
 
@@ -77,6 +80,7 @@ def test_order_swap_cancels_position_bias():
   assert J.parse_verdict("no verdict here") == "invalid" and J.vote_for_a("invalid", True) == 0
 
 
+@pytest.mark.fast
 def test_parse_spec_and_eval_rows(tmp_path):
   assert parse_spec("http://127.0.0.1:8000/v1#smol") == {"kind": "http", "url": "http://127.0.0.1:8000/v1",
                                                          "model": "smol"}

@@ -20,6 +20,7 @@ def numpy_pass_at_k(correct: np.ndarray, k: int) -> np.ndarray:
   return np.array([1.0 - math.comb(n - int(c), k) / math.comb(n, k) for c in correct.sum(1)])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("n,k", [(1, 1), (4, 1), (8, 3), (8, 8), (16, 5)])
 def test_pass_at_k_is_the_unbiased_estimator(n, k):
   correct = np.random.default_rng(n * 10 + k).random((50, n)) < 0.3
@@ -27,6 +28,7 @@ def test_pass_at_k_is_the_unbiased_estimator(n, k):
   assert avg_at_n(correct) == pytest.approx(correct.mean())
 
 
+@pytest.mark.fast
 def test_summary_equals_numpy_on_recorded_correctness():
   rng = np.random.default_rng(0)
   correct = {"aime24": rng.random((7, 4)) < 0.4, "nq": rng.random((5, 4)) < 0.6}
@@ -49,6 +51,7 @@ def test_summary_equals_numpy_on_recorded_correctness():
   assert s["average"]["avg_at_n"] == pytest.approx(np.mean([c.mean() for c in correct.values()]))
 
 
+@pytest.mark.fast
 def test_benchmarks_are_found_by_data_source():
   found = discover([SAMPLES_DIR])
   assert {k: v[0].name for k, v in found.items()} == {
@@ -58,6 +61,7 @@ def test_benchmarks_are_found_by_data_source():
   assert benchmark_of("AIME") == "aime24" and benchmark_of("openr1") is None
 
 
+@pytest.mark.fast
 def test_grading_follows_the_papers():
   example = {"ground_truth": "204", "data_source": "aime"}
   assert bench.grade("aime24", "...<|im_start|>assistant\n", "so \\boxed{204}", example, "auto")
@@ -106,6 +110,7 @@ def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
   assert "other settings {'seed': (0, 1)}" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_user_mistakes_exit_2(tmp_path, capsys):
   assert bench.main(_args("unused", tmp_path / "a")[:2] + ["--benchmarks", "aime2024", "--out", str(tmp_path)]) == 2
   assert "unknown benchmark(s) ['aime2024']" in capsys.readouterr().err

@@ -17,6 +17,7 @@ def _config(source="smollm2-135m-instruct", preset="smoke", **over):
   return load_config(f"configs/agent_rl.py:{preset}", [f"model.source={source}", *[f"{k}={v}" for k, v in over.items()]])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("over, message", [
     ({"rl.objective": "luffy"}, "config.rl.objective='luffy' adds off-policy rows"),
     ({"agent.credit": "bogus"}, "config.agent.credit='bogus': choose one of 'final', 'discounted'"),
@@ -34,6 +35,7 @@ def test_config_errors_name_the_field(over, message):
   assert message in str(e.value)
 
 
+@pytest.mark.fast
 def test_search_r1_preset_builds_its_tasks_and_checks_its_sections():
   c = _config(preset="search_r1,smoke", **{"kb.num_people": 12, "kb.num_cities": 6, "kb.num_countries": 3,
                                            "task.num_eval": 4})

@@ -2,6 +2,8 @@
 (the "combined" mode), an update, evaluation."""
 import os
 
+import pytest
+
 from fineflax.jobs import rl as rl_job
 from fineflax.jobs.resolve import load_config
 
@@ -21,6 +23,7 @@ def test_search_r1_job_runs_one_step_with_luffy_demonstrations(tiny_smol, tmp_pa
   assert os.path.exists(tmp_path / "history.json") and os.path.exists(tmp_path / "summary.json")
 
 
+@pytest.mark.fast
 def test_info_masking_ablation_trains_on_inserted_tokens():
   from fineflax.envs.search_r1 import result_rows
   from fineflax.search_r1 import RolloutResult

@@ -109,6 +109,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_source, tmp_path, mo
   assert json.load(open(tmp_path / "summary.json"))["step"] == 4
 
 
+@pytest.mark.fast
 def test_stop_requested_catches_sigterm():
   from fineflax.train.signals import StopRequested
   with StopRequested() as stop:

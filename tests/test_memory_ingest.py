@@ -33,6 +33,7 @@ def folder(tmp_path):
   return src
 
 
+@pytest.mark.fast
 def test_ingest_is_incremental(folder, tmp_path):
   emb = HashingEmbedding(64)
   col = VectorStore(tmp_path / "store").get_or_create_collection("kb", emb)
@@ -63,6 +64,7 @@ def test_cli(folder, tmp_path, monkeypatch, capsys):
   assert VectorStore(tmp_path / "s").get_collection("code", HashingEmbedding(32)).space == "cosine"
 
 
+@pytest.mark.fast
 def test_prompt_routes_knowledge_procedure_both_none(tmp_path):
   col = VectorStore(tmp_path).get_or_create_collection("default", HashingEmbedding(256))
   col.add(["k1", "k2"], documents=["the decoder parses json documents into python objects",
@@ -147,6 +149,7 @@ def test_cli_user_mistakes_are_one_line_exit_2_and_create_nothing(folder, tmp_pa
   assert sorted(p.name for p in tmp_path.iterdir()) == before  # no store folder, no sqlite file
 
 
+@pytest.mark.fast
 def test_opening_a_missing_store_creates_nothing(tmp_path):
   from memory.store import StoreError
   with pytest.raises(StoreError, match=r"typo: no vector store here \(the folder does not exist\)"):
@@ -160,6 +163,7 @@ def test_opening_a_missing_store_creates_nothing(tmp_path):
     VectorStore(tmp_path / "f")
 
 
+@pytest.mark.fast
 def test_chat_job_with_a_typod_store_fails_clearly_and_creates_nothing(tmp_path):
   import types
 

@@ -13,6 +13,7 @@ GOOD = {"name": "n", "description": "d", "triggers": "loss nan, diverges", "cate
         "steps": [{"action": "do a"}, {"action": "do b", "condition": "b is needed"}]}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("change,message", [
     ({"name": None}, "missing field 'name'"),
     ({"priority": "high"}, "field 'priority' = 'high' must be int"),
@@ -40,6 +41,7 @@ def test_invalid_json_names_line(tmp_path):
     load_sop(path)
 
 
+@pytest.mark.fast
 def test_example_sops_load_and_each_is_found_by_its_own_triggers():
   manager = SOPManager()
   assert 4 <= len(manager.sops) <= 6 and len(list(default_sop_folder().glob("*.json"))) == len(manager.sops)
@@ -77,6 +79,7 @@ def test_embedding_similarity_matches_without_trigger():
   assert SOPManager([a, b]).match("tokenizer vocabulary merges configure") == []  # triggers only
 
 
+@pytest.mark.fast
 def test_calibrated_threshold_rule():
   from memory.sop_calibration import calibrate
   top = np.array([0.9, 0.5, 0.45, 0.2, 0.4, 0.3])
@@ -85,6 +88,7 @@ def test_calibrated_threshold_rule():
   assert calibrate(top, right, off) == pytest.approx((0.4 + 0.5) / 2)  # halfway: max off-topic, next right
 
 
+@pytest.mark.fast
 def test_routing_sets_are_disjoint():
   from memory.sop_calibration import CALIBRATION, HELDOUT, load_set
   cal = {r["query"].lower() for r in load_set(CALIBRATION)}

@@ -41,6 +41,7 @@ def test_minilm_matches_sentence_transformers():
   assert embedder.encode([]).shape == (0, 384)
 
 
+@pytest.mark.fast
 def test_unknown_model_is_a_clear_error():
   with pytest.raises(FileNotFoundError, match="not-a-model"):
     Embedder.from_pretrained("not-a-model")

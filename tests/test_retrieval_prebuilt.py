@@ -68,6 +68,7 @@ def built(tmp_path_factory, minilm):
   return corpus, index
 
 
+@pytest.mark.fast
 def test_corpus_offsets_give_each_record_and_are_cached(tmp_path):
   path = tmp_path / "c.jsonl"
   records = [{"id": str(i), "contents": f'"T{i}"\n' + "é" * i} for i in range(5)]
@@ -85,6 +86,7 @@ def test_corpus_offsets_give_each_record_and_are_cached(tmp_path):
     JsonlCorpus(path)[1]
 
 
+@pytest.mark.fast
 def test_prefixes_follow_search_r1():
   assert prefixes("intfloat/e5-base-v2") == ("query: ", "passage: ")
   assert prefixes("/models/e5-large-v2") == ("query: ", "passage: ")

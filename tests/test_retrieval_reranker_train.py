@@ -66,6 +66,7 @@ def test_training_step_lowers_the_loss(tiny):
   assert losses[-1] < 0.5 * losses[0], losses
 
 
+@pytest.mark.fast
 def test_gradient_matches_finite_differences(tiny):
   _, cfg, params, batch = tiny
   loss = jax.jit(lambda p: ce.listwise_loss(p, batch, 4, num_heads=cfg["num_attention_heads"]))

@@ -52,6 +52,7 @@ def _ask(queries, topk=3, **extra):
   return json.dumps({"queries": queries, "topk": topk, **extra})
 
 
+@pytest.mark.fast
 def test_search_r1_schema_and_null_topk(server, engine):
   result = retrieve_http(server.url, ["amyloid fibrils", "glucose"], topk=2)
   expected = engine.search("amyloid fibrils", 2)
@@ -148,6 +149,7 @@ def test_too_large_body_gets_413_and_connection_survives(server):
   assert _post(conn, _ask(["amyloid"]))[0] == 200
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("body, field", [
     (b'{"queries": ["x"', "malformed JSON"), (b"\xff\xfe", "malformed JSON"), (b"[1, 2]", "JSON object"),
     (b'{"queries": "x"}', "'queries'"), (b'{"queries": [1]}', "'queries'"), (b'{"queries": ["x"], "topk": 0}', "'topk'"),

@@ -183,6 +183,7 @@ def test_no_host_sockets_ipc_files_and_a_work_dir_quota(user, mode, request, tmp
     shutil.rmtree(shared, ignore_errors=True)
 
 
+@pytest.mark.fast
 def test_bwrap_mode_is_refused_with_the_replacement_named():
   with pytest.raises(SandboxUnavailableError, match="userns"):
     run_python("print(1)", mode="bwrap")
@@ -328,6 +329,7 @@ def test_unavailable_mode_is_an_error_not_a_fallback(monkeypatch):
       run_python("print(1)", mode="userns")
 
 
+@pytest.mark.fast
 def test_plain_program_output_and_returncode():
   r = run_python("import sys; print(6 * 7); sys.exit(3)", timeout_s=5)
   assert (r.returncode, r.stdout.strip(), r.timed_out) == (3, "42", False)

@@ -51,6 +51,7 @@ def test_a_bad_model_or_adapter_is_one_line(broken_model, tmp_path):
                                                                          f"a={tmp_path / 'cfg'}", "--port", "0")
 
 
+@pytest.mark.fast
 def test_a_busy_port_is_found_before_the_model_loads(broken_model, tmp_path):
   model, adapter = broken_model
   with socket.socket() as busy:

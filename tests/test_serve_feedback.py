@@ -54,6 +54,7 @@ def test_sigkill_right_after_acknowledged_feedback_loses_nothing(tmp_path):
   assert json.loads(settings)["max_tokens"] == 3 and json.loads(messages) == msgs
 
 
+@pytest.mark.fast
 def test_spawn_server_reports_a_server_that_exits(tmp_path):
   """A server that cannot start is an error that carries its own message (the log, or stderr's tail)."""
   from fineflax.serve.spawn import spawn_server

@@ -58,6 +58,7 @@ def base():
   return init_params(CFG, jax.random.PRNGKey(0))
 
 
+@pytest.mark.fast
 def test_kl_functions_match_numpy():
   rng = np.random.RandomState(0)
   zt, zs = 3 * rng.randn(5, 7, 50), 3 * rng.randn(5, 7, 50)
