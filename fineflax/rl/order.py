@@ -60,6 +60,7 @@ class CycleOrder:
     self.seq = [int(q) for q in seq]
     if not self.seq:
       raise ValueError("no training questions (an empty order)")
+    self.n = len(self.seq)
 
   def __getitem__(self, k: int) -> int:
     return self.seq[int(k) % len(self.seq)]
@@ -69,9 +70,10 @@ class CycleOrder:
 
 
 def as_order(order):
-  """`order` itself if it maps any position (has `n`: EpochOrder, StreamOrder, AliveOrder), else a
-  `CycleOrder` over the sequence."""
-  return order if hasattr(order, "n") else CycleOrder(order)
+  """`order` itself if it maps any position (EpochOrder, StreamOrder, CycleOrder, AliveOrder), else a
+  `CycleOrder` over the sequence (a list or array: finite, it must not be one of these, whose iteration
+  never ends)."""
+  return order if isinstance(order, ORDERS) else CycleOrder(order)
 
 
 class AliveOrder:
@@ -96,3 +98,6 @@ class AliveOrder:
 
   def __len__(self) -> int:
     return len(self.alive(0))
+
+
+ORDERS = (EpochOrder, StreamOrder, CycleOrder, AliveOrder)  # maps of every position >= 0
