@@ -55,8 +55,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_worker_memory():
   """After each test module: if this process holds over 6 GiB, drop the engine's shared decode programs
-  and JAX's compilation caches (a 2-core CI worker runs ~500 tests in one process; one grew to 18.7 GB and
-  was OOM-killed)."""
+  and JAX's compilation caches (a 2-core CI worker runs ~500 tests in one process, each jitting its own
+  tiny models)."""
   yield
   import gc
   try:
