@@ -44,12 +44,12 @@ def test_memory_store_context_reaches_the_system_prompt(tiny_smol, tmp_path, mon
   col = VectorStore(tmp_path / "store").get_or_create_collection("default", HashingEmbedding(64))
   col.upsert(ids=["a"], documents=["Zorblat prime numbers are listed in the Varnholm archive."])
   seen = {}
-  from fineflax.jobs import common
-  real = common.format_chat
+  from fineflax.sampling import answer as answer_module
+  real = answer_module.format_chat
   def spy(tok, messages, **kw):
     seen["messages"] = messages
     return real(tok, messages, **kw)
-  monkeypatch.setattr(common, "format_chat", spy)
+  monkeypatch.setattr(answer_module, "format_chat", spy)
   monkeypatch.setattr(chat, "memory_embedding", lambda: HashingEmbedding(64))
   c = _config(tiny_smol, prompt="Where are Zorblat prime numbers listed?", memory_store=str(tmp_path / "store"),
               sop_folder="memory/sops")

@@ -4,9 +4,10 @@ from __future__ import annotations
 import jax
 
 from fineflax import lora as lora_lib
-from fineflax.jobs.common import answer, compute_dtype
 from fineflax.lora.peft_io import peft_files
 from fineflax.models import load
+from fineflax.sampling.answer import answer
+from fineflax.train.model_setup import compute_dtype
 
 
 USES_WORKDIR = False  # answers on stdout; launch.py neither makes nor names a workdir
