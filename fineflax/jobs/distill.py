@@ -17,6 +17,7 @@ import numpy as np
 
 from fineflax import lora as lora_lib
 from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
+from fineflax.jobs import resolve
 from fineflax.models import load
 from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
@@ -47,6 +48,7 @@ def setup_teacher(config, student_base, model_config, dtype):
 
 
 def run(config, workdir: str | None) -> dict:
+  resolve.validate(config)
   done = preflight(config, workdir, config.num_steps)  # before the models load
   if done is not None:
     return done

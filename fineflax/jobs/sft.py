@@ -12,6 +12,7 @@ from fineflax import lora as lora_lib
 from fineflax.config_checks import one_of, positive_int
 from fineflax.data import build_mixture, load_source, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
+from fineflax.jobs import resolve
 from fineflax.sampling.answer import answer
 from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.mesh import make_mesh, replicate, shard_batch, shard_params
@@ -79,7 +80,7 @@ def validate(config) -> None:
 
 
 def run(config, workdir: str | None) -> dict:
-  validate(config)
+  resolve.validate(config)  # the one pass (this job's `validate` is part of it)
   done = preflight(config, workdir, config.optimizer.num_steps)
   if done is not None:
     return done
