@@ -1,6 +1,7 @@
 """One RL step's scored rollout groups: choose questions, roll out, add off-policy rows, score, refill.
 
-`rl` is the run's `fineflax.rl.config.RLConfig` (or the `config.rl` ConfigDict it is read from).
+`rl` is the run's `fineflax.rl.config.RLConfig` (a `config.rl` ConfigDict is read into one: absent keys
+take its defaults).
 Environment-agnostic: an env gives `rollout(policy, items, rng, mask_truncated) -> (rows, examples)`,
 `demonstrations(policy, items) -> [(row, example)]` and `example(item)`; rewards are registry rewards
 (`config.rewards`: name -> weight) of (question, row text, example).
@@ -16,6 +17,7 @@ from fineflax.rewards import score_completions
 from fineflax.rl.order import as_order
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import dapo_overlong_penalty, zero_variance_groups
+from fineflax.rl.config import RLConfig
 
 
 @dataclasses.dataclass
@@ -76,6 +78,7 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
   question index at any position >= 0; a plain array is read cyclically) from cursor + 7919 r (with
   replay: less the retired questions, `Replay.fresh_order`); replayed questions (ids into `train_items`)
   come first."""
+  rl = RLConfig.from_config(rl)
   out = Groups()
   rounds = 1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)
   order = as_order(order)
@@ -109,6 +112,7 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
 def kept_groups(groups: Groups, rl) -> np.ndarray:
   """bool [groups]: all groups, or with DAPO dynamic sampling the first `prompts_per_step` groups with
   reward variance (all groups when none has any)."""
+  rl = RLConfig.from_config(rl)
   keep = np.ones(len(groups.idx), bool)
   zv = groups.zero_var
   if rl.dynamic_sampling and (~zv).any():

@@ -69,9 +69,9 @@ class CycleOrder:
 
 
 def as_order(order):
-  """`order` itself if it maps any position (has `n`: EpochOrder, StreamOrder, AliveOrder), else a
-  `CycleOrder` over the sequence."""
-  return order if hasattr(order, "n") else CycleOrder(order)
+  """`order` itself if it maps any position (has `n`: EpochOrder, StreamOrder, AliveOrder; or a CycleOrder,
+  which iterating would never end), else a `CycleOrder` over the sequence."""
+  return order if hasattr(order, "n") or isinstance(order, CycleOrder) else CycleOrder(order)
 
 
 class AliveOrder:
