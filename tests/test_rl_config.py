@@ -9,6 +9,8 @@ from fineflax.config_checks import ConfigError
 from fineflax.jobs.resolve import load_config
 from fineflax.rl.config import ExGRPOConfig, LuffyConfig, RLConfig
 
+pytestmark = pytest.mark.fast  # the fast tier of main's tests/conftest.py (13 s on 2 cores)
+
 SPECS = ["configs/grpo_arith.py", "configs/grpo_arith.py:dapo,exgrpo", "configs/grpo_arith.py:luffy,smoke",
          "configs/luffy_arith.py:sft_rl,smoke", "configs/search_r1.py:smoke", "configs/agent_rl.py:search_r1",
          "configs/dataset_rl.py:luffy,smoke"]

@@ -54,6 +54,7 @@ def old_path_step(config):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # over 20 s (main's tier marks): 113 s on a loaded 2-core machine
 def test_one_learner_step_equals_the_former_inline_step(tiny_smol):
   over = {"model.source": tiny_smol, "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 16,
           "rl.beta": 0.01, "lora.targets": "('q','v')"}  # beta > 0: the reference log-probs are compared too

@@ -22,6 +22,7 @@ def _error_line(*args) -> str:
   return lines[0]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("spec, over, message", [
     ("configs/luffy_arith.py:smoke", "task.eval_split=dev",
      "config.task.eval_split='dev': choose one of 'test', 'validation'"),
@@ -63,6 +64,7 @@ print("OK")
   assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr[-2000:]
 
 
+@pytest.mark.fast
 def test_every_provided_reward_is_registered_by_its_module():
   import importlib
   from fineflax.rewards.registry import PROVIDERS, REWARDS
