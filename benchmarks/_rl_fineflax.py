@@ -1,6 +1,6 @@
 """fineflax worker of benchmarks/rl.py: the RL job's own step (fineflax.jobs.rl) on random weights.
 
-Set up as `fineflax.jobs.rl.setup_learner` does (config sections from configs/common.py, `validate_rl`,
+Set up as `fineflax.rl.learner.Learner` does (config sections from configs/common.py, `validate_rl`,
 `make_optimizer`, `make_rl_fns`, `init_state`), with `init_params` in place of a checkpoint. One step:
   rollout  `fineflax.sampling.generate` (what `Policy.sample` calls, eos_ids=() so every row has exactly
            `new_tokens` tokens) of prompts x group rows (texts decoded), `rows.sampled_rows`, the rewards;
@@ -24,7 +24,7 @@ def run(spec: dict) -> dict:
   from fineflax import lora as lora_lib
   from fineflax.models import ModelConfig, init_params
   from fineflax.rl import rows as R
-  from fineflax.rl.objectives import validate_rl
+  from fineflax.rl.config import validate_rl
   from fineflax.rl.step import make_rl_fns
   from fineflax.rl.update import rl_update, update_batch
   from fineflax.sampling import generate

@@ -69,7 +69,7 @@ def _tiny_adapter(tmp_path, r=4, alpha=8.0):
 
 def test_sft_init_from_loads_the_adapter_and_rejects_a_mismatch(tmp_path):
   from fineflax import lora as L
-  from fineflax.jobs.common import start_adapter
+  from fineflax.train.model_setup import start_adapter
   config, lora, path = _tiny_adapter(tmp_path)
   got = start_adapter(str(path), config, L.LoraConfig(r=4, alpha=8.0))
   assert sorted(got) == sorted(lora)

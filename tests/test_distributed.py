@@ -38,7 +38,7 @@ WORKER = textwrap.dedent("""
     from fineflax.sampling import SamplerSession
     from fineflax.mesh import make_mesh, shard_params
     mesh = make_mesh(data=2, fsdp=1)
-    base, mc = out["job"].base, out["job"].model_config  # the run's base (loading it again cost ~4 s)
+    base, mc = out["job"].learner.base, out["job"].learner.model_config  # the run's base (loading it again cost ~4 s)
     sess = SamplerSession(shard_params(base, mesh), mc, max_total_len=6, temperature=1.0, rng=jax.random.key(3),
                           dtype=jnp.float32, eos_ids=(), mesh=mesh)
     sess.start([[5, 6, 7], [8, 9], [10], [11, 12, 13, 14]])

@@ -37,8 +37,8 @@ def test_validation_split_is_disjoint_from_test_which_is_unchanged():
   assert len(val.eval_items) == 12 and not {p.key for p in val.eval_items} & {p.key for p in test.eval_items}
   assert {p.num_steps for p in test.extra_eval_sets["ood_ops"]} <= {4, 5}
   assert [p.answer for p in test.extra_eval_sets["ood_phrasing"]] == [p.answer for p in test.eval_items]
-  with pytest.raises(ValueError, match="eval_split='train'"):
-    _env(["task.eval_split=train"])
+  with pytest.raises(ValueError, match="eval_split='train'"):  # at resolve time (Env.validate), before weights load
+    arithmetic.ArithmeticEnv.validate(load_config("configs/luffy_arith.py:smoke", ["task.eval_split=train"]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ def test_luffy_job_reads_traces_from_a_file(tiny_smol, tmp_path):
   c = load_config("configs/grpo_arith.py:smoke,luffy", [f"model.source={tiny_smol}", "rl.max_new_tokens=8",
                                                          f"rl.luffy.traces_path={tmp_path / 't.jsonl'}"])
   job = rl_job.RLJob(c)
-  rows, _ = rollout_groups(job.env, job.policy(None), problems, [None, None], jax.random.PRNGKey(0),
+  rows, _ = rollout_groups(job.env, job.learner.policy(None), problems, [None, None], jax.random.PRNGKey(0),
                            group_size=c.rl.group_size, guidance=job.guidance)
   K = c.rl.group_size
   assert rows["text"][:K].count("The answer is 7.") == 1 and sum(rows["off_policy"][:K]) == 1

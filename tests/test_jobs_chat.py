@@ -44,12 +44,12 @@ def test_memory_store_context_reaches_the_system_prompt(tiny_smol, tmp_path, mon
   col = VectorStore(tmp_path / "store").get_or_create_collection("default", HashingEmbedding(64))
   col.upsert(ids=["a"], documents=["Zorblat prime numbers are listed in the Varnholm archive."])
   seen = {}
-  from fineflax.jobs import common
-  real = common.chat_prompt_ids
-  def spy(tok, messages, *a, **kw):
+  from fineflax.sampling import answer as answer_module
+  real = answer_module.chat_prompt_ids
+  def spy(tok, messages, **kw):
     seen["messages"] = messages
-    return real(tok, messages, *a, **kw)
-  monkeypatch.setattr(common, "chat_prompt_ids", spy)
+    return real(tok, messages, **kw)
+  monkeypatch.setattr(answer_module, "chat_prompt_ids", spy)
   monkeypatch.setattr(chat, "memory_embedding", lambda: HashingEmbedding(64))
   c = _config(tiny_smol, prompt="Where are Zorblat prime numbers listed?", memory_store=str(tmp_path / "store"),
               sop_folder="memory/sops")

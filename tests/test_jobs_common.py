@@ -1,7 +1,7 @@
 """Model setup shared by the jobs: one target grammar for LoRA and NF4 quantisation."""
 import pytest
 
-from fineflax.jobs.common import setup_model
+from fineflax.train.model_setup import setup_model
 from fineflax.jobs.resolve import load_config
 from fineflax.quant import is_quantized
 

@@ -37,3 +37,17 @@ def test_distill_job_kl_falls_and_exports(tiny_smol, tmp_path):
   assert s_cfg.r == 4 and float(np.abs(np.asarray(student["q"]["b"])).max()) > 0
   assert json.loads((tmp_path / "run" / "summary.json").read_text())["num_eval"] == 4
   assert os.path.exists(tmp_path / "run" / "logs")
+
+
+@pytest.mark.fast
+def test_a_teacher_of_another_vocabulary_is_refused(tmp_path):
+  import types
+
+  import jax.numpy as jnp
+
+  from fineflax.jobs import distill
+  from fineflax.testing.hf_models import make_hf_model
+  make_hf_model("llama", tmp_path / "teacher", vocab_size=96)
+  c = load_config("configs/distill.py:cpu", [f"teacher.source={tmp_path / 'teacher'}"])
+  with pytest.raises(ValueError, match=r"config.teacher.source=.*: vocabulary 96 != the student's 160"):
+    distill.setup_teacher(c, None, types.SimpleNamespace(vocab_size=160), jnp.float32)

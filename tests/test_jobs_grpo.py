@@ -85,7 +85,7 @@ def test_non_finite_loss_stops_at_the_last_good_checkpoint(tiny_smol, tmp_path, 
   assert out["summary"]["status"] == "stopped: non-finite loss nan at step 3"
   assert out["summary"]["step"] == 2 and out["exit_code"] == 1
   assert "the last good checkpoint is step 2" in capsys.readouterr().out
-  assert int(out["job"].state["step"]) == 2  # the poisoned update was discarded
+  assert int(out["job"].learner.state["step"]) == 2  # the poisoned update was discarded
 
 
 def test_a_failed_checkpoint_write_is_survived(tiny_smol, tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def luffy_job(tiny_smol):
 def test_luffy_groups_hold_one_solver_trace(luffy_job):
   job = luffy_job
   train = generate_problems(3, "train", (1, 2), 0)
-  rows, examples = rollout_groups(job.env, job.policy(job.state["lora"]), train[:2], [None, None],
+  rows, examples = rollout_groups(job.env, job.learner.policy(job.learner.state["lora"]), train[:2], [None, None],
                                   jax.random.PRNGKey(0), group_size=job.rl.group_size, guidance=job.guidance)
   K = job.rl.group_size
   assert len(rows["completion"]) == len(examples) == 2 * K
@@ -119,7 +119,7 @@ def test_luffy_groups_hold_one_solver_trace(luffy_job):
     off = [i for i in group if rows["off_policy"][i]]
     assert len(off) == 1
     i = off[0]
-    want = job.tok(p.solution, add_special_tokens=False)["input_ids"] + [job.policy(None).eos_id]
+    want = job.learner.tok(p.solution, add_special_tokens=False)["input_ids"] + [job.learner.policy(None).eos_id]
     assert rows["completion"][i] == want[:job.rl.max_new_tokens] and rows["loss_mask"][i] == [1.0] * len(
         rows["completion"][i])
     assert all(not rows["off_policy"][j] for j in group if j != i)
@@ -129,21 +129,21 @@ def test_luffy_groups_hold_one_solver_trace(luffy_job):
 def test_assistant_prefix_is_prefilled_and_stripped_from_traces(tiny_smol):
   job = rl_job.RLJob(_config(tiny_smol, "luffy", **{"task.assistant_prefix": "<think>\n"}))
   p = generate_problems(1, "train", (1, 2), 0)[0]
-  plain = prompt_ids(job.tok, job.config.task.system_prompt, p.question)
+  plain = prompt_ids(job.learner.tok, job.config.task.system_prompt, p.question)
   prompt = job.env.prompt(p)
-  assert prompt[:len(plain)] == plain and job.tok.decode(prompt[len(plain):]) == "<think>\n"
-  rows, _ = rollout_groups(job.env, job.policy(None), [p], [None], jax.random.PRNGKey(0),
+  assert prompt[:len(plain)] == plain and job.learner.tok.decode(prompt[len(plain):]) == "<think>\n"
+  rows, _ = rollout_groups(job.env, job.learner.policy(None), [p], [None], jax.random.PRNGKey(0),
                            group_size=job.rl.group_size, guidance=job.guidance)
   trace = rows["completion"][rows["off_policy"].index(True)]
-  stripped = job.tok(p.solution[len("<think>\n"):], add_special_tokens=False)["input_ids"]
+  stripped = job.learner.tok(p.solution[len("<think>\n"):], add_special_tokens=False)["input_ids"]
   assert p.solution.startswith("<think>\n") and trace == stripped[:job.rl.max_new_tokens]
 
 
 def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol):
   job = rl_job.RLJob(_config(tiny_smol, "exgrpo", **{"rl.exgrpo.threshold": 0.0}))
-  K, lora = job.rl.group_size, job.state["lora"]
+  K, lora = job.rl.group_size, job.learner.state["lora"]
   train = generate_problems(4, "train", (1, 2), 0)
-  rows, _ = rollout_groups(job.env, job.policy(lora), train[:2], [None, None], jax.random.PRNGKey(0),
+  rows, _ = rollout_groups(job.env, job.learner.policy(lora), train[:2], [None, None], jax.random.PRNGKey(0),
                            group_size=K)
   rewards = np.zeros(2 * K, np.float32)
   rewards[[0, 1]] = 1.0  # question 0: 2 of K correct; question 1: none
@@ -152,18 +152,18 @@ def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol):
   assert len(job.replay.buffer) == 1 and job.replay.buffer.buckets() == {2: ["0"]}
   assert job.replay.questions(job.rl.prompts_per_step) == ["0"]
   stored = job.replay.buffer.questions["0"]["trajectories"]
-  entropy = lambda p, ts: job.mean_entropy(lora, p, ts)
+  entropy = lambda p, ts: job.learner.mean_entropy(lora, p, ts)
   best = stored[int(np.argmin(entropy(job.replay.buffer.questions["0"]["prompt"], stored)))]
-  rows2, _ = rollout_groups(job.env, job.policy(lora), train[:1], ["0"], jax.random.PRNGKey(1),
+  rows2, _ = rollout_groups(job.env, job.learner.policy(lora), train[:1], ["0"], jax.random.PRNGKey(1),
                             group_size=K, replay=job.replay, entropy_fn=entropy)
   replayed = [i for i in range(K) if rows2["off_policy"][i]]
   assert replayed == [K - 1]
   assert rows2["completion"][K - 1] == best.tokens.tolist()
   np.testing.assert_array_equal(np.float32(rows2["behaviour_logp"][K - 1]), best.logp)
   batch = update_batch(rows2, np.linspace(0, 1, K).astype(np.float32), np.ones(1, bool), group_size=K,
-                       pad_id=job.pad_id, max_new_tokens=job.rl.max_new_tokens, advantage_scale="group",
-                       fields=job.objective.batch_fields)
-  _, metrics = rl_update(job.state, job.base, batch, step_fn=job.step_fn, logp_fn=job.logp_fn, beta=0.0,
+                       pad_id=job.learner.pad_id, max_new_tokens=job.rl.max_new_tokens, advantage_scale="group",
+                       fields=job.learner.objective.batch_fields)
+  _, metrics = rl_update(job.learner.state, job.learner.base, batch, step_fn=job.learner.step_fn, logp_fn=job.learner.logp_fn, beta=0.0,
                          num_iterations=1)
   assert np.isfinite(metrics["loss"]) and "off_pg_loss" in metrics
 
@@ -176,7 +176,7 @@ def test_exgrpo_job_runs_and_resumes_with_its_buffer(tiny_smol, tmp_path):
   job = rl_job.RLJob(c2)
   from fineflax.train.checkpoint import Checkpointer
   ck = Checkpointer(str(tmp_path / "checkpoints"))
-  _, meta = ck.restore(job.state)
+  _, meta = ck.restore(job.learner.state)
   ck.close()
   assert json.dumps(meta["job"]["replay"], sort_keys=True) == json.dumps(saved, sort_keys=True)
 
@@ -197,7 +197,7 @@ def test_dapo_dynamic_sampling_refills_only_while_groups_lack_variance(tiny_smol
   job = rl_job.RLJob(c)
   train, order = generate_problems(16, "train", (1, 2), 0), EpochOrder(16, 0)
   P, K = c.rl.prompts_per_step, c.rl.group_size
-  policy = job.policy(job.state["lora"])
+  policy = job.learner.policy(job.learner.state["lora"])
   flat = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, c.rewards)  # reward 0
   assert len(flat.rows["completion"]) == 3 * P * K and flat.zero_var.all()
   varied = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, {"upper_share": 1.0})

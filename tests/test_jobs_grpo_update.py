@@ -31,9 +31,10 @@ def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
   c.rl.mask_truncated = False  # 12-token completions are mostly cut; they must enter the loss here
   c.optimizer.learning_rate = 2e-2
   c.optimizer.warmup_steps = 1
-  tr = rl_job.RLJob(c)
+  job = rl_job.RLJob(c)
+  tr = job.learner
   problems = generate_problems(2, "train", (1, 2), 0)
-  rows, _ = rollout_groups(tr.env, tr.policy(tr.state["lora"]), problems, [None, None], jax.random.PRNGKey(0),
+  rows, _ = rollout_groups(job.env, tr.policy(tr.state["lora"]), problems, [None, None], jax.random.PRNGKey(0),
                            group_size=c.rl.group_size)
   rewards = _upper_share(rows["text"])
   batch = build_rl_batch(rows["prompt"], rows["completion"], rows["loss_mask"], pad_id=tr.pad_id,

@@ -173,7 +173,7 @@ def test_auto_layer_loop_resolves_by_backend_and_remat(loop, remat, backend, wan
 
 
 def test_setup_model_resolves_auto_on_this_backend(tiny_smol):
-  from fineflax.jobs.common import setup_model
+  from fineflax.train.model_setup import setup_model
   from fineflax.jobs.resolve import load_config
   config = load_config("configs/quickstart.py", [f"model.source={tiny_smol}", "model.quant=none"])
   assert config.model.layer_loop == "auto"

@@ -7,7 +7,7 @@ import os
 import jax.numpy as jnp
 import pytest
 
-from fineflax.jobs.common import compute_dtype
+from fineflax.train.model_setup import compute_dtype
 from fineflax.jobs.resolve import load_config
 from fineflax.models.dtype import resolve_dtype, resolve_dtype_name
 from fineflax.train.run_config import ConfigChanged, check_resumable

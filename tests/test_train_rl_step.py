@@ -121,6 +121,7 @@ def test_a_new_objective_is_one_table_entry_and_one_loss(base, monkeypatch):
   import ml_collections
 
   from fineflax.rl import objectives as O
+  from fineflax.rl.config import validate_rl
   from fineflax.rl.losses import aggregate
 
   def reinforce(logp, entropy, batch, scale):  # -A·logp, token-mean
@@ -129,7 +130,7 @@ def test_a_new_objective_is_one_table_entry_and_one_loss(base, monkeypatch):
 
   monkeypatch.setitem(O.OBJECTIVES, "reinforce", O.Objective(reinforce, (), lambda rl: {"scale": rl.scale}))
   rl = ml_collections.ConfigDict({"objective": "reinforce", "scale": 2.0})
-  obj = O.validate_rl(rl)
+  obj = validate_rl(rl)
   batch = _batch(4)
   lora = _lora(base, b_scale=0.1)
   loss, _ = rl_loss(lora, base, batch, objective="reinforce", loss_kwargs=obj.kwargs(rl), fwd_kwargs=FWD)

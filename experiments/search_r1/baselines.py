@@ -66,7 +66,7 @@ def scores(questions, answers, searches) -> dict:
 def run_baselines(config) -> dict:
   """{method: scores} on the held-out questions of `config` (its seed picks them, as in the RL run)."""
   from fineflax.envs.search_r1 import SearchR1Env
-  from fineflax.jobs.common import compute_dtype, setup_model
+  from fineflax.train.model_setup import compute_dtype, setup_model
   from fineflax.search_r1 import format_passages
   base, model_config, tok, _, _ = setup_model(config)
   model = types.SimpleNamespace(base=base, model_config=model_config, tok=tok, dtype=compute_dtype(config),

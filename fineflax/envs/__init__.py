@@ -9,13 +9,16 @@ An environment owns its prompts, rollouts, reward inputs and evaluation:
   evaluate(policy, items) -> metrics        contains `eval_metric`
   rollout_metrics(examples) -> metrics      extra per-step metrics of on-policy rollouts
   eval_metric: str; supports_replay: bool   (ExGRPO needs `example` of a replayed row)
-  validate(config) (optional, static)       checks at resolve time, e.g. the packages the config needs
+  validate(config) (classmethod)            checks at resolve time (`fineflax.envs.base.Env`: every env
+                                            subclasses it), e.g. its config section, the packages it needs
 Optional too: train_order(seed) -> order[k] for k >= 0 (`fineflax.rl.order`; default: one permutation
 repeated every epoch), evaluate_all(policy).
 """
 from __future__ import annotations
 
 import importlib
+
+from fineflax.config_checks import ConfigError
 
 ENVS = {"arithmetic": "fineflax.envs.arithmetic:ArithmeticEnv",
         "dataset": "fineflax.envs.dataset:DatasetEnv",
@@ -24,7 +27,7 @@ ENVS = {"arithmetic": "fineflax.envs.arithmetic:ArithmeticEnv",
 
 def get_env_class(name: str):
   if name not in ENVS:
-    raise ValueError(f"config.env={name!r}: choose one of {', '.join(map(repr, ENVS))}")
+    raise ConfigError(f"config.env={name!r}: choose one of {', '.join(map(repr, ENVS))}")
   module, cls = ENVS[name].split(":")
   return getattr(importlib.import_module(module), cls)
 

@@ -22,8 +22,11 @@ import dataclasses
 import jax
 import numpy as np
 
-from fineflax.envs.word_problems import Problem, generate_problems
+from fineflax.config_checks import in_range, one_of, positive_int, require
+from fineflax.envs.base import Env
+from fineflax.envs.word_problems import MAX_VALUE, TEMPLATES, Problem, generate_problems
 from fineflax.rewards import score_completions
+from fineflax.rewards.registry import reward_names
 from fineflax.rl import rows as R
 from fineflax.sampling import chat_prompt_ids
 
@@ -44,21 +47,46 @@ def trace_ids(tokenizer, solution: str, eos_id: int, assistant_prefix: str = "")
 
 def held_out(task, num_steps, sizes: dict, template: str = "default") -> list[Problem]:
   """`task.num_eval` held-out problems: the first num_eval of the eval_seed generator ("test"), or the
-  next num_eval ("validation"), which never coincide with them."""
+  next num_eval ("validation"), which never coincide with them (`ArithmeticEnv.validate` checks the split)."""
   split = task.get("eval_split", "test")
-  if split not in ("test", "validation"):
-    raise ValueError(f"config.task.eval_split={split!r}: choose 'test' or 'validation'")
   n = task.num_eval
   problems = generate_problems(2 * n if split == "validation" else n, "test", num_steps, task.eval_seed,
                                template=template, **sizes)
   return problems[n:] if split == "validation" else problems
 
 
-class ArithmeticEnv:
+EVAL_SPLITS = ("test", "validation")
+
+
+def _operation_counts(v, empty_ok: bool = False) -> bool:
+  """An int in 1..5 or an inclusive range (lo, hi) with 1 <= lo <= hi <= 5 (() when empty_ok)."""
+  counts = (v, v) if isinstance(v, int) else tuple(v)
+  if not counts:
+    return empty_ok
+  return len(counts) == 2 and all(isinstance(n, int) for n in counts) and 1 <= counts[0] <= counts[1] <= 5
+
+
+class ArithmeticEnv(Env):
   """Generated problems (train split shuffled by the run, a disjoint held-out split) and their scoring."""
 
   eval_metric = "eval_accuracy"
   supports_replay = True
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """config.task: the problem counts and sizes, the evaluation sets and the accuracy reward."""
+    for key in ("task.num_train", "task.num_eval"):
+      positive_int(config, key)
+    require(config, "task.num_steps", _operation_counts, "an int in 1..5 or a range (lo, hi), 1 <= lo <= hi <= 5")
+    require(config, "task.ood_num_steps", lambda v: _operation_counts(v, empty_ok=True),
+            "() (off), an int in 1..5 or a range (lo, hi), 1 <= lo <= hi <= 5")
+    in_range(config, "task.max_start", 2, MAX_VALUE)
+    in_range(config, "task.max_addend", 1, MAX_VALUE)
+    one_of(config, "task.eval_split", EVAL_SPLITS)
+    one_of(config, "task.ood_template", ("", *TEMPLATES))
+    require(config, "task.pass_k", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
+    require(config, "task.accuracy_reward", lambda v: v in reward_names(),
+            f"a registered reward ({', '.join(reward_names())})")
 
   def __init__(self, config, tokenizer):
     self.task, self.tok, self.config = config.task, tokenizer, config
@@ -162,6 +190,3 @@ class ArithmeticEnv:
       if self.task.get("pass_k", 0):
         metrics[f"{prefix}pass_at_{int(self.task.pass_k)}"] = acc
     return {"constant": metrics}
-
-  def rollout_metrics(self, examples) -> dict:
-    return {}

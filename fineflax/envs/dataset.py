@@ -26,6 +26,7 @@ import numpy as np
 from fineflax.config_checks import ConfigError, one_of, positive_int, require
 from fineflax.data.rl_prompts import check_files, field_map, load_prompts
 from fineflax.envs.arithmetic import trace_ids
+from fineflax.envs.base import Env
 from fineflax.stats import avg_at_n, pass_at_k
 from fineflax.rewards import score_completions
 from fineflax.rl import rows as R
@@ -50,23 +51,23 @@ def _slug(name: str) -> str:
   return "".join(c if c.isalnum() else "_" for c in str(name)).strip("_") or "unknown"
 
 
-class DatasetEnv:
+class DatasetEnv(Env):
   """Training / evaluation rows of config.dataset and their single-turn rollouts and scoring."""
 
   eval_metric = "eval_accuracy"
   supports_replay = True  # not with dataset.streaming (checked at construction)
 
-  @staticmethod
-  def validate(config) -> None:
+  @classmethod
+  def validate(cls, config) -> None:
     """config.dataset's fields and a look at each local file's columns and first row (before weights load)."""
-    from fineflax.rewards import REWARDS
+    from fineflax.rewards.registry import reward_names
     if "dataset" not in config:
       raise ConfigError("config.env='dataset' needs a config.dataset section (see configs/dataset_rl.py)")
     d = config.dataset
     require(config, "dataset.train", lambda v: isinstance(v, str) and v.strip(), "a file, glob or dataset name")
     one_of(config, "dataset.on_bad_row", ("error", "skip"))
-    require(config, "dataset.accuracy_reward", lambda v: v in REWARDS,
-            f"a registered reward ({', '.join(sorted(REWARDS))})")
+    require(config, "dataset.accuracy_reward", lambda v: v in reward_names(),
+            f"a registered reward ({', '.join(reward_names())})")
     positive_int(config, "dataset.eval_n")
     require(config, "dataset.eval_temperature", lambda v: v >= 0 and (v > 0 or d.eval_n == 1),
             ">= 0, and > 0 when dataset.eval_n > 1 (greedy completions would all be the same)")
@@ -164,6 +165,3 @@ class DatasetEnv:
       for s in sorted(set(sources)):
         metrics[f"accuracy_{_slug(s)}"] = float(avg_at_n(right[sources == s]))
     return {prefix + k: v for k, v in metrics.items()}
-
-  def rollout_metrics(self, examples) -> dict:
-    return {}

@@ -15,6 +15,8 @@ import dataclasses
 
 import numpy as np
 
+from fineflax.config_checks import require
+from fineflax.envs.base import Env
 from fineflax.rewards.qa import exact_match_score
 from fineflax.rl import rows as R
 from fineflax.search_r1 import (RolloutConfig, ScriptedPolicy, Tags, make_kb, make_search_fn, prompt_ids,
@@ -90,17 +92,20 @@ def most_frequent(answers) -> str:
   return min(a for a, c in counts.items() if c == top)
 
 
-class SearchR1Env:
+class SearchR1Env(Env):
   """Knowledge base, search tool and rollout settings of one Search-R1 run."""
 
   eval_metric = "eval_em"
   supports_replay = False  # a replayed row has no rollout result for the Search-R1 rewards
 
-  @staticmethod
-  def validate(config) -> None:
-    """What the config needs installed: the in-process engine's packages unless search.url is set."""
+  @classmethod
+  def validate(cls, config) -> None:
+    """What the config needs installed (the in-process engine's packages unless search.url is set); no
+    LUFFY traces file (demonstrations are scripted from the knowledge base)."""
     from fineflax.extras import require_search_engine
     require_search_engine(config)
+    require(config, "rl.luffy.traces_path", lambda v: not v,
+            "'' (search_r1 demonstrations are scripted from the knowledge base; a traces file is not supported)")
 
   def __init__(self, config, tokenizer):
     self.config, self.tok = config, tokenizer
@@ -130,9 +135,7 @@ class SearchR1Env:
 
   def demonstrations(self, policy, items, texts=None):
     """One demonstration rollout per item: its scripted correct turns with real search results."""
-    if texts is not None and any(t is not None for t in texts):
-      raise ValueError("search_r1 demonstrations are scripted from the knowledge base; a traces file "
-                       "(rl.luffy.traces_path) is not supported")
+    assert texts is None or all(t is None for t in texts), "no traces file (SearchR1Env.validate)"
     script = ScriptedPolicy(self.tok, [list(q.demo) for q in items], eos_id=policy.eos_id)
     cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=self.rollout_cfg.max_response_tokens)
     results = run_rollouts(script, [self.prompt(q) for q in items], self.search_fn, self.tok, cfg)

@@ -1,5 +1,6 @@
 """Jobs picked by name from `config.job`: each module `fineflax.jobs.<name>` has `run(config, workdir)` and
-optionally `validate(config)` (checks beyond `fineflax.jobs.resolve.validate_common`)."""
+optionally `validate(config)` (its checks beyond `fineflax.jobs.resolve.validate_common`, part of the one
+pass `fineflax.jobs.resolve.validate` that launch.py and each job's `run` make before weights load)."""
 from __future__ import annotations
 
 import importlib

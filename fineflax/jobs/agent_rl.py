@@ -24,13 +24,13 @@ from fineflax.agents.transitions import CREDITS, merge_transitions
 from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
 from fineflax.envs.word_problems import generate_problems
 from fineflax.extras import require_search_engine
-from fineflax.jobs.common import export_adapter, finish_run, make_workdir, preflight
-from fineflax.jobs.rl import setup_learner
+from fineflax.jobs import resolve
 from fineflax.rl.batch import pad_rows
-from fineflax.rl.objectives import validate_rl
-from fineflax.rl.policy import Policy
-from fineflax.rl.update import rl_update
+from fineflax.rl.config import RLConfig
+from fineflax.rl.learner import Learner
 from fineflax.train.loop import Hooks, read_history, train_loop
+from fineflax.train.model_setup import export_adapter
+from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 AGENTS = ("calculator", "search_r1")
 ROW_BUCKET = 16  # transitions are padded with masked rows to a multiple of this (`pad_rows`; fewer compiles)
@@ -71,11 +71,15 @@ def make_tasks(config):
 
 
 class AgentRLJob:
-  def __init__(self, config):
-    validate(config)
-    setup_learner(self, config)  # one device: the agents' LLM calls run on the in-process sampler
-    self.agent = make_agent(config, self.tok)
-    self.eval_agent = make_agent(config, self.tok, greedy=True)
+  """Wiring of one agent RL run: the learner (one device: the agents' LLM calls run on the in-process
+  sampler), the agents, the tasks, the trace store; `step` is one step of `fineflax.train.loop`."""
+
+  def __init__(self, config, rl: RLConfig | None = None):
+    rl = RLConfig.from_config(config.rl) if rl is None else rl
+    self.config, self.rl = config, rl
+    self.learner = Learner(config, rl)
+    self.agent = make_agent(config, self.learner.tok)
+    self.eval_agent = make_agent(config, self.learner.tok, greedy=True)
     self.train_tasks, self.eval_tasks = make_tasks(config)
     self.order = np.random.default_rng(config.seed).permutation(len(self.train_tasks))
     self.rng = jax.random.PRNGKey(config.seed + 7)
@@ -92,13 +96,8 @@ class AgentRLJob:
       self.store.add_resource("prompt_template", self.resources["prompt_template"], {"source": "config"})
     return self.store
 
-  def policy(self, lora) -> Policy:
-    rl = self.rl
-    return Policy(self.base, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
-                  rl.top_p, rl.max_new_tokens)
-
   def rollouts(self, lora, tasks, rng, mode: str, group_ids=None, greedy: bool = False):
-    llm = LocalLLM(self.policy(lora), rng, max_rows=self.config.agent.max_batch)
+    llm = LocalLLM(self.learner.policy(lora), rng, max_rows=self.config.agent.max_batch)
     a = self.config.agent
     try:
       agent = self.eval_agent if greedy else self.agent
@@ -125,12 +124,11 @@ class AgentRLJob:
     if not ts:
       raise RuntimeError(f"step {step}: every rollout failed (see the attempts table of {self.store.path})")
     adv = group_advantages([t.reward for t in ts], [t.group_id for t in ts], rl.advantage_scale)
-    batch = transition_batch(ts, adv, pad_id=self.policy(None).pad_id)
+    batch = transition_batch(ts, adv, pad_id=self.learner.pad_id)
     sampler_logp = batch.pop("rollout_logp")
     if rl.agg_mode in ("token-mean", "sum"):
       batch = pad_rows(batch, ROW_BUCKET)
-    state, metrics = rl_update(state, self.base, batch, step_fn=self.step_fn, logp_fn=self.logp_fn,
-                               beta=rl.beta, num_iterations=rl.num_iterations)
+    state, metrics = self.learner.update(state, batch)
     rewards = np.array([r.reward for r in recs if r.reward is not None])
     spans = [s for r in recs for s in r.spans]
     tools = [s for s in spans if s.kind == "tool"]
@@ -157,9 +155,11 @@ class AgentRLJob:
                  postfix=("reward_mean", "loss"))
 
 
-def validate(config) -> None:
-  """The objective (no off-policy rows), the agent section, the task sizes and the run cadence."""
-  obj = validate_rl(config.rl)
+def validate(config) -> RLConfig:
+  """This job's part of `fineflax.jobs.resolve.validate`: config.rl (`RLConfig`; an objective without
+  off-policy rows), the agent section, the task sizes and the run cadence. Returns the RLConfig."""
+  rl = RLConfig.from_config(config.rl)
+  obj = rl.objective_entry
   if obj.off_policy is not None:
     raise ConfigError(f"config.rl.objective={config.rl.objective!r} adds off-policy rows ({obj.off_policy}), "
                       "which agent rollouts do not have; choose an on-policy objective such as 'grpo'")
@@ -180,21 +180,24 @@ def validate(config) -> None:
       if section not in config:
         raise ConfigError(f"config.{section} is missing: agent.name='search_r1' needs it (use the :search_r1 preset)")
     require_search_engine(config)
+  return rl
 
 
 def run(config, workdir: str | None) -> dict:
-  validate(config)
+  rl = resolve.validate(config)
   done = preflight(config, workdir, config.num_steps)  # before the model loads
   if done is not None:
     return {"history": read_history(workdir), "workdir": workdir, "job": None, "summary": done, "exit_code": 0}
-  job = AgentRLJob(config)
+  job = AgentRLJob(config, rl)
   workdir = make_workdir(config, workdir)
   job.open_store(workdir)
-  result = train_loop(job.hooks(), job.state, config, workdir, num_steps=config.num_steps,
+  learner = job.learner
+  result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps,
                       desc=f"agent_rl/{config.agent.name}/{config.rl.objective}", eval_every=config.eval_every,
                       eval_at_start=config.eval_at_start)
-  job.state = result.state
-  summary = finish_run(workdir, result, lambda: export_adapter(job.state["lora"], job.lora_cfg, job.model_config,
-                                                               config, workdir), store=job.store.path)
+  learner.state = result.state
+  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
+                                                               learner.model_config, config, workdir),
+                       store=job.store.path)
   return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,
           "exit_code": result.exit_code}

@@ -27,8 +27,10 @@ from fineflax.agents.calculator import CalculatorAgent, calculator_tasks
 from fineflax.config_checks import in_range, positive_int, require
 from fineflax.envs.word_problems import generate_problems
 from fineflax.io import atomic_write_text
-from fineflax.jobs.common import compute_dtype, make_workdir
+from fineflax.jobs import resolve
 from fineflax.rl.policy import Policy
+from fineflax.train.model_setup import compute_dtype
+from fineflax.train.workdir import make_workdir
 
 SETTINGS = ("val_batch_size", "gradient_batch_size", "beam_width", "branch_factor", "beam_rounds")
 EXTRA = ("min_prompt_chars", "max_prompt_chars", "required", "time_budget_s")  # APOSettings beyond AGL's
@@ -82,7 +84,7 @@ def accuracy(agent, prompt, tasks_, llm, store, workers) -> float:
 
 
 def run(config, workdir: str | None) -> dict:
-  validate(config)
+  resolve.validate(config)  # the one pass (this job's `validate` is part of it)
   workdir = make_workdir(config, workdir)
   policy = load_policy(config)
   rng = jax.random.PRNGKey(config.seed)

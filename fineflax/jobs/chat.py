@@ -4,9 +4,11 @@ from __future__ import annotations
 import jax
 
 from fineflax import lora as lora_lib
-from fineflax.jobs.common import answer, compute_dtype
+from fineflax.jobs import resolve
 from fineflax.lora.peft_io import peft_files
 from fineflax.models import load
+from fineflax.sampling.answer import answer
+from fineflax.train.model_setup import compute_dtype
 
 
 USES_WORKDIR = False  # answers on stdout; launch.py neither makes nor names a workdir
@@ -42,7 +44,7 @@ def system_prompt_for(config) -> str:
 
 
 def run(config, workdir: str | None) -> str:
-  validate(config)
+  resolve.validate(config)  # the one pass (this job's `validate` is part of it)
   if config.model.adapter:
     peft_files(config.model.adapter)  # inputs are checked before the model loads
   system_prompt = system_prompt_for(config)

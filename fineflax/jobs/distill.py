@@ -17,7 +17,7 @@ import numpy as np
 
 from fineflax import lora as lora_lib
 from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
-from fineflax.jobs.common import compute_dtype, export_adapter, finish_run, make_workdir, preflight, setup_model
+from fineflax.jobs import resolve
 from fineflax.models import load
 from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
@@ -25,8 +25,10 @@ from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.policy import Policy
 from fineflax.train.distill_step import make_distill_fn
 from fineflax.train.loop import Hooks, train_loop
+from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
 from fineflax.train.optim import make_optimizer
 from fineflax.train.state import init_state
+from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
 def setup_teacher(config, student_base, model_config, dtype):
@@ -46,6 +48,7 @@ def setup_teacher(config, student_base, model_config, dtype):
 
 
 def run(config, workdir: str | None) -> dict:
+  resolve.validate(config)
   done = preflight(config, workdir, config.num_steps)  # before the models load
   if done is not None:
     return done

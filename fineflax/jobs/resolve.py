@@ -157,10 +157,13 @@ def validate_common(config) -> None:
   require(config, "checkpoint.keep_best", lambda v: int(v) == v and v >= 0, "must be an integer >= 0")
 
 
-def validate(config) -> None:
-  """All checks of `config` for its job; raises ConfigError (one line) on the first bad field."""
+def validate(config):
+  """The one validation pass of a run, before any weight loads (launch.py, and every job's `run`):
+  the job name, the fields every job shares (`validate_common`), then the job's own `validate(config)`
+  (an RL job: `fineflax.rl.config.RLConfig`, the environment's `Env.validate`, the reward names).
+  Raises ConfigError (one line) on the first bad field; returns what the job's validate returns (an RL
+  job: its RLConfig), else None."""
   from fineflax.jobs import get_job
   job = get_job(config.job)
   validate_common(config)
-  if hasattr(job, "validate"):
-    job.validate(config)
+  return job.validate(config) if hasattr(job, "validate") else None

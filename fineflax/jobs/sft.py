@@ -12,13 +12,15 @@ from fineflax import lora as lora_lib
 from fineflax.config_checks import one_of, positive_int
 from fineflax.data import build_mixture, load_sources, make_batch_iterator
 from fineflax.data.iterator import pad_id_of
-from fineflax.jobs.common import (answer, compute_dtype, export_adapter, finish_run, make_workdir, preflight,
-                                  setup_model, stack_micro_batches)
+from fineflax.jobs import resolve
+from fineflax.sampling.answer import answer
 from fineflax.train.loop import Hooks, train_loop
 from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
+from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
 from fineflax.train.optim import make_optimizer, make_schedule
-from fineflax.train.sft_step import make_sft_fns
+from fineflax.train.sft_step import make_sft_fns, stack_micro_batches
 from fineflax.train.state import init_state
+from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
 def _batches(mixture, tokenizer, data_cfg):
@@ -53,7 +55,7 @@ def validate(config) -> None:
 
 
 def run(config, workdir: str | None) -> dict:
-  validate(config)
+  resolve.validate(config)  # the one pass (this job's `validate` is part of it)
   done = preflight(config, workdir, config.optimizer.num_steps)
   if done is not None:
     return done

@@ -7,20 +7,28 @@ score_completions: total_i = sum_f w_f * r_f(prompt_i, completion_i, **example_i
 returns a non-finite / non-numeric value) scores 0 for that item, is logged with its traceback and counted
 in `errors[f]`; nothing raises out, except a `RewardSetupError` (the reward cannot run at all here, e.g.
 the code sandbox cannot start): that is a configuration error and stops scoring with its message.
+
+Rewards defined outside `fineflax.rewards` are named in `PROVIDERS` (reward name -> the module that
+registers it) and imported on first use by name (`get_reward`), so a reward is found whatever was imported
+before; `reward_names()` lists the registered and the provided ones.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import logging
 import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fineflax.config_checks import require
 from fineflax.rewards.errors import RewardSetupError
 
 RewardFn = Callable[..., float]
 REWARDS: dict[str, RewardFn] = {}
+PROVIDERS: dict[str, str] = {name: "fineflax.search_r1.rewards"
+                             for name in ("search_r1_em", "search_r1_format", "search_r1_searched")}
 _log = logging.getLogger(__name__)
 
 
@@ -34,11 +42,27 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
   return wrap
 
 
+def reward_names() -> list[str]:
+  """Every reward name `get_reward` resolves: registered ones and those of `PROVIDERS`, sorted."""
+  return sorted(set(REWARDS) | set(PROVIDERS))
+
+
 def get_reward(name: str) -> RewardFn:
+  """The reward registered as `name`, importing its providing module first when it is in `PROVIDERS`."""
+  if name not in REWARDS and name in PROVIDERS:
+    importlib.import_module(PROVIDERS[name])
   try:
     return REWARDS[name]
   except KeyError:
-    raise KeyError(f"unknown reward {name!r}; available: {sorted(REWARDS)}") from None
+    raise KeyError(f"unknown reward {name!r}; available: {reward_names()}") from None
+
+
+def check_reward_names(config, key: str = "rewards") -> None:
+  """ConfigError naming config.KEY.NAME unless every name of the mapping config.KEY is a reward."""
+  known = reward_names()
+  for name in config[key]:
+    require(config, f"{key}.{name}", lambda _: name in known,
+            f"unknown reward {name!r}; registered: {', '.join(known)}")
 
 
 def _score_one(name: str, fn: RewardFn, prompt: str, completion: str, example: Mapping) -> tuple[float, bool]:

@@ -1,5 +1,7 @@
 """One RL step's scored rollout groups: choose questions, roll out, add off-policy rows, score, refill.
 
+`rl` is the run's `fineflax.rl.config.RLConfig` (a `config.rl` ConfigDict is read into one: absent keys
+take its defaults).
 Environment-agnostic: an env gives `rollout(policy, items, rng, mask_truncated) -> (rows, examples)`,
 `demonstrations(policy, items) -> [(row, example)]` and `example(item)`; rewards are registry rewards
 (`config.rewards`: name -> weight) of (question, row text, example).
@@ -15,6 +17,7 @@ from fineflax.rewards import score_completions
 from fineflax.rl.order import as_order
 from fineflax.rl import rows as R
 from fineflax.rl.advantages import dapo_overlong_penalty, zero_variance_groups
+from fineflax.rl.config import RLConfig
 
 
 @dataclasses.dataclass
@@ -75,8 +78,9 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
   question index at any position >= 0; a plain array is read cyclically) from cursor + 7919 r (with
   replay: less the retired questions, `Replay.fresh_order`); replayed questions (ids into `train_items`)
   come first."""
+  rl = RLConfig.from_config(rl)
   out = Groups()
-  rounds = 1 + (rl.max_refill_rounds if rl.get("dynamic_sampling", False) else 0)
+  rounds = 1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)
   order = as_order(order)
   order = replay.fresh_order(order) if replay else order
   for round_ in range(rounds):
@@ -86,11 +90,11 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
     rows, examples = rollout_groups(env, policy, items, qids + [None] * len(fresh),
                                     jax.random.fold_in(rng, round_), group_size=rl.group_size,
                                     guidance=guidance, replay=replay, entropy_fn=entropy_fn,
-                                    mask_truncated=rl.get("mask_truncated", False))
+                                    mask_truncated=rl.mask_truncated)
     questions = [p.question for p in items for _ in range(rl.group_size)]
     r, correct, per_fn, errors = score(reward_weights, questions, rows, examples,
                                        max_new_tokens=rl.max_new_tokens,
-                                       overlong_buffer=rl.get("overlong_buffer", 0))
+                                       overlong_buffer=rl.overlong_buffer)
     R.extend(out.rows, rows)
     out.examples += examples
     out.rewards, out.correct = np.concatenate([out.rewards, r]), np.concatenate([out.correct, correct])
@@ -108,8 +112,9 @@ def collect(env, policy, train_items, order, cursor: int, rng, rl, reward_weight
 def kept_groups(groups: Groups, rl) -> np.ndarray:
   """bool [groups]: all groups, or with DAPO dynamic sampling the first `prompts_per_step` groups with
   reward variance (all groups when none has any)."""
+  rl = RLConfig.from_config(rl)
   keep = np.ones(len(groups.idx), bool)
   zv = groups.zero_var
-  if rl.get("dynamic_sampling", False) and (~zv).any():
+  if rl.dynamic_sampling and (~zv).any():
     keep = ~zv & (np.cumsum(~zv) <= rl.prompts_per_step)
   return keep

@@ -7,16 +7,16 @@ logp / entropy [B, N] are the current policy's, and batch holds the common field
 `fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0; num_rows when the
 batch was padded to split over devices) plus `batch_fields`.
 `off_policy` names the rows the RL job adds to each group: "guidance" (LUFFY: `rl.luffy.n_off`
-demonstrations) or "replay" (ExGRPO: one stored trajectory per replayed question).
+demonstrations) or "replay" (ExGRPO: one stored trajectory per replayed question). The settings are
+checked by `fineflax.rl.config.RLConfig` (its section's own dataclass, then the entry's `check`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
 
-from fineflax.config_checks import ConfigError, in_range, one_of, positive_int, require
-from fineflax.rl.advantages import SCALES
-from fineflax.rl.losses import AGG_MODES, exgrpo_loss, grpo_loss, luffy_loss
+from fineflax.config_checks import ConfigError, check
+from fineflax.rl.losses import exgrpo_loss, grpo_loss, luffy_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Objective:
   kwargs: Callable[[Any], dict]
   off_policy: str | None = None  # None | "guidance" | "replay"
   section: str | None = None  # config.rl subsection with the objective's own fields
-  check: Callable[[Any], None] = lambda rl: None
+  check: Callable[[Any], None] = lambda rl: None  # cross-field checks of the RLConfig (fineflax.rl.config)
 
 
 def common_kwargs(rl) -> dict:
@@ -52,17 +52,9 @@ def _exgrpo(logp, entropy, batch, **kw):
 
 
 def _check_luffy(rl) -> None:
-  require(rl, "luffy.n_off", lambda v: isinstance(v, int) and 1 <= v < rl.group_size,
-          f"LUFFY needs 1 <= n_off < group_size={rl.group_size}")
-  in_range(rl, "luffy.gamma", 0.0, float("inf"), lo_open=True)
-
-
-def _check_exgrpo(rl) -> None:
-  in_range(rl, "exgrpo.beta", 0.0, float("inf"), lo_open=True)
-  in_range(rl, "exgrpo.sigma", 0.0, float("inf"), lo_open=True)
-  in_range(rl, "exgrpo.threshold", 0.0, 1.0)
-  in_range(rl, "exgrpo.share", 0.0, 1.0)
-  positive_int(rl, "exgrpo.max_per_question")
+  """LUFFY's groups hold n_off demonstrations and at least one on-policy row."""
+  check("rl.luffy.n_off", rl.luffy.n_off, lambda v: isinstance(v, int) and 1 <= v < rl.group_size,
+        f"LUFFY needs 1 <= n_off < group_size={rl.group_size}")
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -73,7 +65,7 @@ OBJECTIVES: dict[str, Objective] = {
                        off_policy="guidance", section="luffy", check=_check_luffy),
     "exgrpo": Objective(_exgrpo, ("is_off_policy", "behaviour_logp"),
                         lambda rl: dict(common_kwargs(rl), replay_beta=rl.exgrpo.beta, on_policy_clip=rl.clip),
-                        off_policy="replay", section="exgrpo", check=_check_exgrpo),
+                        off_policy="replay", section="exgrpo"),
 }
 
 
@@ -81,31 +73,3 @@ def get_objective(name: str) -> Objective:
   if name not in OBJECTIVES:
     raise ConfigError(f"config.rl.objective={name!r}: choose one of {', '.join(map(repr, OBJECTIVES))}")
   return OBJECTIVES[name]
-
-
-def validate_rl(rl) -> Objective:
-  """Check every field of `config.rl` (the objective's own section included); returns the objective.
-
-  Raises ConfigError naming `rl.<key>`, its value and the allowed values.
-  """
-  obj = get_objective(rl.objective)
-  try:
-    one_of(rl, "agg_mode", AGG_MODES)
-    one_of(rl, "advantage_scale", SCALES)
-    for key in ("prompts_per_step", "max_new_tokens", "num_iterations"):
-      positive_int(rl, key)
-    require(rl, "group_size", lambda v: isinstance(v, int) and v >= 2, "group advantages need >= 2")
-    in_range(rl, "temperature", 0.0, float("inf"), lo_open=True)
-    in_range(rl, "top_p", 0.0, 1.0, lo_open=True)
-    in_range(rl, "epsilon_low", 0.0, 1.0, hi_open=True)
-    in_range(rl, "epsilon_high", 0.0, float("inf"))
-    require(rl, "dual_clip", lambda v: v == 0 or v > 1, "0 (off) or a constant > 1")
-    in_range(rl, "beta", 0.0, float("inf"))
-    in_range(rl, "entropy_coef", 0.0, float("inf"))
-    if obj.section and obj.section not in rl:
-      raise ConfigError(f"config.{obj.section} is missing: objective {rl.objective!r} needs its section "
-                        f"(use the config's :{rl.objective} preset)")
-    obj.check(rl)
-  except ConfigError as e:  # name the key from the config root
-    raise ConfigError(str(e).replace("config.", "config.rl.", 1)) from None
-  return obj

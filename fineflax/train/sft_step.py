@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
@@ -81,3 +82,12 @@ def make_sft_fns(optimizer, **loss_kwargs):
   train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs))
   evaluate = jax.jit(functools.partial(eval_step, **loss_kwargs))
   return train, evaluate
+
+
+def stack_micro_batches(batches: list[dict], pad_id: int) -> dict[str, np.ndarray]:
+  """[A, B, T] arrays from A micro-batches, right-padding each to the widest T (padding is inert)."""
+  width = max(b["tokens"].shape[1] for b in batches)
+  def pad(name, a):
+    value = pad_id if name == "tokens" else 0
+    return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=value)
+  return {k: np.stack([pad(k, b[k]) for b in batches]) for k in batches[0]}
