@@ -61,16 +61,15 @@ def test_programs_are_never_imported():
 
 
 def test_the_check_finds_a_module_only_slow_tests_import(tmp_path):
-  pkg = tmp_path / "pkg"
-  pkg.mkdir()
-  (pkg / "__init__.py").write_text("")
-  (pkg / "a.py").write_text("def f():\n  from pkg import b\n")
-  (pkg / "b.py").write_text("")
-  (pkg / "c.py").write_text("")
-  tests = tmp_path / "tests"
-  tests.mkdir()
-  (tests / "test_fast.py").write_text("import pytest\nfrom pkg import a\npytestmark = pytest.mark.fast\n")
-  (tests / "test_slow.py").write_text("from pkg import c\n")
-  (pkg / "d.py").write_text("")
-  (tests / "test_cli.py").write_text("import pytest\n\n@pytest.mark.fast\ndef test_x():\n  run(['-m', 'pkg.d'])\n")
-  assert unreached(tmp_path, ("pkg",), sorted(tests.glob("*.py"))) == ["pkg.c"]  # b through a's function
+  files = {
+      "pkg/__init__.py": "", "pkg/a.py": "def f():\n  from pkg import b\n", "pkg/b.py": "", "pkg/c.py": "",
+      "pkg/d.py": "",
+      "tests/test_fast.py": "import pytest\nfrom pkg import a\npytestmark = pytest.mark.fast\n",
+      "tests/test_slow.py": "from pkg import c\n",
+      "tests/test_cli.py": "import pytest\n\n@pytest.mark.fast\ndef test_x():\n  run(['-m', 'pkg.d'])\n",
+  }
+  for name, text in files.items():
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text(text)
+  tests = sorted((tmp_path / "tests").glob("*.py"))
+  assert unreached(tmp_path, ("pkg",), tests) == ["pkg.c"]  # b through a's function, d run as a module
