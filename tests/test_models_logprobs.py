@@ -6,6 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax.models import logprobs as L
+import pytest
+
+pytestmark = pytest.mark.fast
 
 
 def test_entropy_and_token_logp_match_numpy():

@@ -9,6 +9,8 @@ import torch
 from fineflax.testing.hf_models import make_hf_model
 from fineflax.models import forward, load, state_dict_from_params
 
+pytestmark = pytest.mark.fast
+
 FAMILIES = ["llama", "llama3", "smollm2", "mistral", "qwen2", "qwen3"]
 
 

@@ -55,6 +55,7 @@ def test_code_books_match_bitsandbytes():
   np.testing.assert_array_equal(dynamic_code(), F.create_dynamic_map(signed=True).numpy())
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("shape", SHAPES)
 def test_nf4_bytes_and_absmax_equal_bitsandbytes(shape, bnb_reference):
   x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32) * 0.05
@@ -73,6 +74,7 @@ def test_nf4_bytes_and_absmax_equal_bitsandbytes(shape, bnb_reference):
     np.testing.assert_array_equal(ours, F.dequantize_4bit(packed, state).numpy())
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("shape", [(128, 128), (3, 37), (300, 512), (1024, 512)])
 def test_nf4_double_quant_equals_bitsandbytes(shape, bnb_reference):
   x = np.random.default_rng(7 + sum(shape)).standard_normal(shape).astype(np.float32)

@@ -5,6 +5,8 @@ import rank_bm25
 
 from retrieval.bm25 import BM25Index
 
+pytestmark = pytest.mark.fast
+
 CORPUS = [
     "Protein folding is driven by hydrophobic collapse in water.",
     "The mitochondria produce ATP through oxidative phosphorylation.",

@@ -8,6 +8,8 @@ import pytest
 
 from fineflax.rl import losses as L
 
+pytestmark = pytest.mark.fast
+
 B, T = 5, 7
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "sum")
 

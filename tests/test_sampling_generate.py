@@ -9,6 +9,8 @@ import pytest
 from _sampling_fixtures import CharTokenizer, hf_greedy, tiny_llama
 from fineflax.sampling import generate
 
+pytestmark = pytest.mark.fast
+
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [30, 31]]
 
 
