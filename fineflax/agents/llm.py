@@ -107,21 +107,15 @@ class LocalLLM(LLM):
   def __init__(self, policy, rng, *, max_rows: int = 64, context: int = 1024, keep: int | None = None,
                page_size: int = 16, chunk_size: int = 32, name: str = "fineflax-local"):
     super().__init__()
-    from fineflax.engine import Engine
-    from fineflax.engine.driver import EngineThread
-    from fineflax.engine.pages import pages_for
-    from fineflax.engine.decode import decode_impl, prepare_decode_params
+    from fineflax.engine.driver import EngineThread, engine_factory
     self.policy, self.rng, self.name = policy, rng, name
     self.tokenizer = policy.tokenizer
     self.context, self.keep = int(context), int(max_rows if keep is None else keep)
-    impl = decode_impl("auto")
-    params = prepare_decode_params(policy.base, policy.model_config, impl, policy.dtype, policy.dense_base)
-    row_pages = pages_for(self.context, page_size)
-    self.driver = EngineThread(lambda: Engine(
-        params, policy.model_config, max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1,
-        page_size=page_size, max_pages_per_row=row_pages, chunk_size=chunk_size, tokenizer=self.tokenizer,
-        lora=policy.lora, lora_scale=policy.lora_scale, dtype=policy.dtype, impl=impl, prepared=True),
-        after_step=self._after_step, on_failure=self._failed, name="llm-engine")
+    make_engine = engine_factory(policy.base, policy.model_config, max_rows=max_rows, context=self.context,
+                                 page_size=page_size, dtype=policy.dtype, dense_base=policy.dense_base,
+                                 chunk_size=chunk_size, tokenizer=self.tokenizer, lora=policy.lora,
+                                 lora_scale=policy.lora_scale)
+    self.driver = EngineThread(make_engine, after_step=self._after_step, on_failure=self._failed, name="llm-engine")
     self.calls, self.reused = 0, 0
     self.batch_sizes: list[int] = []
     self._idle: list = []  # finished sequences holding their pages, least recently used first

@@ -9,7 +9,8 @@ The loop: run the queued commands (each one's result or exception goes to its fu
 and no command waits, sleep until `call` wakes it. Engine callbacks (`Request.on_update`) therefore run on
 this thread, where they may cancel or submit. A step that raises (a device call failed) fails the engine:
 a fresh one from `make_engine()` takes its place and `on_failure(old_engine, exception)` tells the owner,
-whose requests in the old engine are gone; the thread keeps serving.
+whose requests in the old engine are gone; the thread keeps serving. `engine_factory` makes such a
+`make_engine` for rows of a fixed context.
 """
 from __future__ import annotations
 
@@ -18,6 +19,24 @@ import concurrent.futures
 import threading
 import traceback
 from typing import Callable
+
+from fineflax.engine.decode import decode_impl, prepare_decode_params
+from fineflax.engine.engine import Engine
+from fineflax.engine.pages import pages_for
+
+
+def engine_factory(params, config, *, max_rows: int, context: int, page_size: int = 16, impl: str | None = "auto",
+                   dtype, dense_base: bool = False, **engine_kwargs) -> Callable[[], Engine]:
+  """make_engine() -> a fresh `Engine` of `max_rows` rows, each up to `context` positions: pages_for(context)
+  pages a row (max_pages_per_row) and a pool of max_rows x (that + 1) pages plus the trash page. The decode
+  params are prepared once (`prepare_decode_params`, impl, dtype, dense_base) and shared by every engine it
+  makes; `engine_kwargs` go to `Engine` (chunk_size, tokenizer, eos_ids, lora, adapters, ...)."""
+  impl = decode_impl(impl)
+  prepared = prepare_decode_params(params, config, impl, dtype, dense_base)
+  row_pages = pages_for(context, page_size)
+  kwargs = dict(max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1, page_size=page_size,
+                max_pages_per_row=row_pages, dtype=dtype, impl=impl, prepared=True, **engine_kwargs)
+  return lambda: Engine(prepared, config, **kwargs)
 
 
 class EngineThread:

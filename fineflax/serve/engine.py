@@ -29,13 +29,10 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fineflax.engine import Engine as CoreEngine, Request
-from fineflax.engine.driver import EngineThread
-from fineflax.engine.pages import pages_for
+from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
-from fineflax.engine.decode import decode_impl, prepare_decode_params
 
 COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls")  # summed over the core engines
 
@@ -90,15 +87,10 @@ class Engine:
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
     stacked = [(lora, lora_scale(cfg)) for lora, cfg in adapters.values()] or None
-    impl = decode_impl(impl)
-    prepared = prepare_decode_params(params, config, impl, dtype)
-    row_pages = pages_for(self.context, page_size)
-    self._core_kwargs = dict(
-        max_rows=self.slots, num_pages=self.slots * (row_pages + 1) + 1, page_size=page_size,
-        max_pages_per_row=row_pages, chunk_size=self.chunk, tokenizer=tokenizer, eos_ids=eos_ids,
-        adapters=stacked, dtype=dtype, impl=impl, prepared=True)
-    self.driver = EngineThread(lambda: CoreEngine(prepared, config, **self._core_kwargs),
-                               on_failure=self._engine_failed, after_step=self._sync_stats)
+    make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
+                                 impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
+                                 eos_ids=eos_ids, adapters=stacked)
+    self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine (engine thread only)
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
