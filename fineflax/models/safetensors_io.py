@@ -5,11 +5,12 @@ import json
 import os
 import pathlib
 import struct
-import tempfile
 from typing import Mapping
 
 import ml_dtypes
 import numpy as np
+
+from fineflax.io import atomic_path
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -75,15 +76,8 @@ def write_safetensors(tensors: Mapping[str, np.ndarray], path: str | os.PathLike
     header["__metadata__"] = dict(metadata)
   blob = json.dumps(header, separators=(",", ":")).encode()
   blob += b" " * (-len(blob) % 8)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(struct.pack("<Q", len(blob)))
-      f.write(blob)
-      for a in arrays:
-        f.write(a.tobytes())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for a in arrays:
+      f.write(a.tobytes())
