@@ -27,10 +27,9 @@ from fineflax.extras import require_search_engine
 from fineflax.jobs import resolve
 from fineflax.rl.batch import pad_rows
 from fineflax.rl.config import RLConfig
-from fineflax.rl.learner import Learner
-from fineflax.train.loop import Hooks, read_history, train_loop
-from fineflax.train.model_setup import export_adapter
-from fineflax.train.workdir import finish_run, make_workdir, preflight
+from fineflax.rl.learner import Learner, train_and_export
+from fineflax.train.loop import Hooks, read_history
+from fineflax.train.workdir import make_workdir, preflight
 
 AGENTS = ("calculator", "search_r1")
 ROW_BUCKET = 16  # transitions are padded with masked rows to a multiple of this (`pad_rows`; fewer compiles)
@@ -191,13 +190,5 @@ def run(config, workdir: str | None) -> dict:
   job = AgentRLJob(config, rl)
   workdir = make_workdir(config, workdir)
   job.open_store(workdir)
-  learner = job.learner
-  result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps,
-                      desc=f"agent_rl/{config.agent.name}/{config.rl.objective}", eval_every=config.eval_every,
-                      eval_at_start=config.eval_at_start)
-  learner.state = result.state
-  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
-                                                               learner.model_config, config, workdir),
-                       store=job.store.path)
-  return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,
-          "exit_code": result.exit_code}
+  return train_and_export(job, config, workdir, desc=f"agent_rl/{config.agent.name}/{config.rl.objective}",
+                          store=job.store.path)

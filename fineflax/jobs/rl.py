@@ -21,14 +21,13 @@ from fineflax.jobs import resolve
 from fineflax.rewards.registry import check_reward_names
 from fineflax.rl.config import RLConfig
 from fineflax.rl.guidance import Guidance
-from fineflax.rl.learner import Learner
+from fineflax.rl.learner import Learner, train_and_export
 from fineflax.rl.order import EpochOrder
 from fineflax.rl.replay import Replay
 from fineflax.rl.sft_phase import demonstration_rows, sft_batch
-from fineflax.train.loop import Hooks, read_history, train_loop
+from fineflax.train.loop import Hooks, read_history
 from fineflax.mesh import make_mesh, shard_batch
-from fineflax.train.model_setup import export_adapter
-from fineflax.train.workdir import finish_run, make_workdir, preflight
+from fineflax.train.workdir import make_workdir, preflight
 
 
 def off_policy_sources(rl: RLConfig, seed: int) -> tuple[Guidance | None, Replay | None]:
@@ -136,13 +135,4 @@ def run(config, workdir: str | None) -> dict:
   if done is not None:
     return {"history": read_history(workdir), "workdir": workdir, "job": None, "summary": done, "exit_code": 0}
   job = RLJob(config, rl)  # loads before anything is created on disk
-  workdir = make_workdir(config, workdir)
-  learner = job.learner
-  result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps,
-                      desc=f"{config.env}/{config.rl.objective}", eval_every=config.eval_every,
-                      eval_at_start=config.eval_at_start)
-  learner.state = result.state
-  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
-                                                               learner.model_config, config, workdir))
-  return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,
-          "exit_code": result.exit_code}
+  return train_and_export(job, config, make_workdir(config, workdir), desc=f"{config.env}/{config.rl.objective}")

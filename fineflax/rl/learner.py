@@ -16,6 +16,8 @@ functions, the policy that rolls out, and the update.
 
 `state` holds the train state the run starts from (replicated over the mesh); the loop passes states in
 and out of `update`, which is pure (the loop keeps the previous state when a step goes non-finite).
+`train_and_export(job, ...)` is the RL jobs' common end: the loop over the job's hooks, then the summary
+and the PEFT adapter.
 """
 from __future__ import annotations
 
@@ -31,10 +33,12 @@ from fineflax.rl.policy import Policy
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
 from fineflax.mesh import replicate, shard_params
-from fineflax.train.model_setup import compute_dtype, setup_model
+from fineflax.train.loop import train_loop
+from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.state import init_state
+from fineflax.train.workdir import finish_run
 
 
 class Learner:
@@ -114,3 +118,18 @@ class Learner:
   def fresh_moments(self, state) -> dict:
     """`state` with the optimizer moments re-initialised (RL after the SFT phase starts from its adapter)."""
     return dict(state, opt_state=self.optimizer.init(state["lora"]))
+
+
+def train_and_export(job, config, workdir: str, *, desc: str, **summary_extra) -> dict:
+  """`train_loop` over `job.hooks()` from `job.learner.state` for config.num_steps, then the run summary
+  and the adapter export (`finish_run`, `summary_extra` added to the summary); the RL jobs' result
+  {history, workdir, job, summary, exit_code}. The learner keeps the final state."""
+  learner = job.learner
+  result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps, desc=desc,
+                      eval_every=config.eval_every, eval_at_start=config.eval_at_start)
+  learner.state = result.state
+  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
+                                                               learner.model_config, config, workdir),
+                       **summary_extra)
+  return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,
+          "exit_code": result.exit_code}
