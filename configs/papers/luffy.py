@@ -58,6 +58,7 @@ def get_config(arg: str = ""):
   config.eval_every = 10  # trainer.test_freq
   config.eval_at_start = False  # +trainer.val_before_train=False
   config.eval_batch_size = 512  # data.val_batch_size
+  del config.checkpoint["every"]  # its own value: not tied to eval_every
   config.checkpoint.every = 50  # trainer.save_freq
   config.checkpoint.keep_last = 2  # trainer.max_optim_to_keep
 

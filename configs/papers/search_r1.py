@@ -101,6 +101,7 @@ def get_config(arg: str = ""):
   config.eval_every = 50  # trainer.test_freq
   config.eval_at_start = True  # +trainer.val_before_train=true
   config.eval_batch_size = 256  # data.val_batch_size
+  del config.checkpoint["every"]  # its own value: not tied to eval_every
   config.checkpoint.every = 100  # trainer.save_freq
 
   s = config.search

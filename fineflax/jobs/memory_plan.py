@@ -32,11 +32,13 @@ Update phase adds:
                    when set, else the optimizer step's rows (rl.mini_batch_size prompts x group_size; SFT:
                    data.batch_size rows) over n devices x their length (prompt + new; SFT: data.max_length).
                    One layer's working set  A = T·b·(4H + 3·D_q + 3·D_kv + 3I)  (its norm inputs and outputs,
-                   q / k / v before and after rope, attention output, gate, up, act(gate)·up), and
-                     remat none:    L·A                              every layer's working set kept
-                     remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A   matmul outputs kept, one layer redone
-                     remat full:    L·T·H·b + 2·A                    layer inputs kept, one layer redone
-                     remat offload: 2·A (L·T·H·b in pinned host memory, not counted)
+                   q / k / v before and after rope, attention output, gate, up, act(gate)·up), plus with XLA
+                   attention (model.attention=xla, or auto with an f32 compute dtype; cuDNN's fused kernel keeps
+                   none) the f32 scores and probabilities  A_s = 2·rows·heads·S²·4  (S = T / rows), and
+                     remat none:    L·(A + A_s)                      every layer's working set kept
+                     remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A + A_s   matmul outputs kept, one layer redone
+                     remat full:    L·T·H·b + 2·(A + A_s)            layer inputs kept, one layer redone
+                     remat offload: 2·(A + A_s) (L·T·H·b in pinned host memory, not counted)
                    plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
                    of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
@@ -75,6 +77,7 @@ class PlanInputs:
   lora_rank: int = 16
   lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
   remat: str = "none"
+  attention: str = "cudnn"  # cudnn (fused, no score matrix) or xla
   logits_chunk: int = 128
   prompts: int = 0  # rollout prompts a step (0: no rollout phase, as SFT)
   sampled_per_prompt: int = 0  # rows sampled a prompt
@@ -142,12 +145,13 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
   T = micro_batch_tokens(i) if tokens is None else tokens
   H, I, L = c.hidden_size, c.intermediate_size, c.num_layers
   dq, dkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  layer = T * b * (4 * H + 3 * dq + 3 * dkv + 3 * I)
+  rows = max(1, T // max(i.seq, 1))
+  scores = 2 * rows * c.num_heads * (T / rows) ** 2 * 4 if i.attention == "xla" else 0
+  layer = T * b * (4 * H + 3 * dq + 3 * dkv + 3 * I) + scores
   saved = {"none": L * layer,
            "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
            "full": L * T * H * b + 2 * layer,
            "offload": 2 * layer}[i.remat]
-  rows = max(1, T // max(i.seq, 1))
   head_len = i.new_tokens or i.seq
   head = rows * min(i.logits_chunk, head_len) * c.vocab_size * 4 * 3 + T * H * 4
   return {"activations": saved, "loss_head": head}
@@ -199,9 +203,11 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInpu
   train = config.get("train") or {}
   lora = config.get("lora")
   plan = config.get("plan") or {}
+  dtype = resolve_dtype_name(config.model.get("dtype", "auto"))
+  attention = config.model.get("attention", "auto")
   common = dict(
-      model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp,
-      compute_bytes=_BYTES[resolve_dtype_name(config.model.get("dtype", "auto"))],
+      model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, compute_bytes=_BYTES[dtype],
+      attention=("xla" if dtype == "float32" else "cudnn") if attention == "auto" else attention,
       params=train.get("params", "lora"), master_bytes=_BYTES[train.get("master_dtype", "bfloat16")],
       quant=config.model.get("quant", "none"), lora_rank=lora.r if lora is not None else 0,
       lora_targets=resolve_targets(tuple(lora.targets)) if lora is not None else (),
