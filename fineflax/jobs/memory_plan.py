@@ -42,8 +42,9 @@ Update phase adds:
                    plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
                    of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
-`--device_memory_gb`). A plan that does not fit names one knob and a value that makes it fit (`refusal`):
-model.remat=full, a smaller micro-batch token budget, mesh.fsdp, or fewer rollout prompts.
+`--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
+each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.fsdp, fewer
+rollout prompts, train.params=lora that brings it under).
 
 Validation (tests/test_memory_plan.py, tiny model on CPU): parameter and optimizer bytes equal the real
 pytrees' nbytes; the activation terms are within a factor 2 of XLA's `memory_analysis()` of a compiled step.
@@ -247,15 +248,33 @@ def report_lines(i: PlanInputs, device_bytes: float | None) -> list[str]:
   return lines
 
 
-def _largest_fitting(values, make, device_bytes):
-  """The first value v of `values` whose inputs make(v) fit, else None."""
-  return next((v for v in values if fits(make(v), device_bytes)), None)
+def _phase_fits(i: PlanInputs, phase: str, device_bytes: float) -> bool:
+  return sum(phases(i).get(phase, {}).values()) <= device_bytes
+
+
+def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
+  """(key, value, inputs with it) of the first knob that makes `phase` fit, in the order: model.remat=full,
+  the largest micro-batch token budget (a power of two, at least one row), the smallest mesh.fsdp (a divisor of
+  the devices), the most rollout prompts, train.params=lora; None when none does."""
+  rep = lambda **kw: dataclasses.replace(i, **kw)
+  ok = lambda j: _phase_fits(j, phase, device_bytes)
+  tries = []
+  if i.remat == "none":
+    tries.append([("model.remat", "full", rep(remat="full"))])
+  if phase == "update":
+    tries.append([(i.micro_key, t, rep(micro_batch_tokens=t)) for t in (2 ** k for k in range(20, 9, -1))
+                  if i.seq <= t < micro_batch_tokens(i)])
+  tries.append([("mesh.fsdp", f, rep(fsdp=f)) for f in range(i.fsdp + 1, i.n_devices + 1) if i.n_devices % f == 0])
+  if phase == "rollout":
+    tries.append([("rl.prompts_per_step", p, rep(prompts=p)) for p in range(i.prompts - 1, 0, -1)])
+  if i.params == "full":
+    tries.append([("train.params", "lora", rep(params="lora"))])
+  return next((t for options in tries for t in options if ok(t[2])), None)
 
 
 def refusal(i: PlanInputs, device_bytes: float) -> str | None:
-  """None when both phases fit; else one line: the phase, its total, its largest term, and the knob (and a
-  value) that makes the plan fit: model.remat=full, the micro-batch token budget, mesh.fsdp, the rollout
-  prompts, or train.params=lora."""
+  """None when both phases fit; else one line: the phase over (the larger), its total and largest term, and the
+  knobs (with values) that make the plan fit, chosen phase by phase (`_knob_for`)."""
   over = {k: v for k, v in phases(i).items() if sum(v.values()) > device_bytes}
   if not over:
     return None
@@ -263,24 +282,18 @@ def refusal(i: PlanInputs, device_bytes: float) -> str | None:
   top = max(terms, key=terms.get)
   head = (f"the {name} phase needs {sum(terms.values()) / GIB:.1f} GiB per device of "
           f"{device_bytes / GIB:.1f} (largest: {top} {terms[top] / GIB:.1f} GiB); ")
-  rep = lambda **kw: dataclasses.replace(i, **kw)
-  knob = None
-  if i.remat == "none" and fits(rep(remat="full"), device_bytes):
-    knob = "config.model.remat=full"
-  if knob is None:
-    budgets = [t for t in (2 ** k for k in range(20, 9, -1)) if t < micro_batch_tokens(i) and t >= i.seq]
-    t = _largest_fitting(budgets, lambda t: rep(micro_batch_tokens=t), device_bytes)
-    knob = f"config.{i.micro_key}={t}" if t else None
-  if knob is None:
-    k = _largest_fitting([f for f in range(i.fsdp + 1, i.n_devices + 1) if i.n_devices % f == 0],
-                         lambda f: rep(fsdp=f), device_bytes)
-    knob = f"config.mesh.fsdp={k}" if k else None
-  if knob is None and i.prompts:
-    p = _largest_fitting(range(i.prompts - 1, 0, -1), lambda p: rep(prompts=p), device_bytes)
-    knob = f"config.rl.prompts_per_step={p}" if p else None
-  if knob is None and i.params == "full" and fits(rep(params="lora"), device_bytes):
-    knob = "config.train.params=lora"
-  return head + (f"set {knob}" if knob else "no single knob makes it fit: use more or larger devices")
+  knobs, j = [], i
+  for _ in range(4):
+    left = [k for k, v in phases(j).items() if sum(v.values()) > device_bytes]
+    if not left:
+      return head + "set " + " and ".join(f"config.{k}={v}" for k, v in knobs)
+    found = _knob_for(j, left[0], device_bytes)
+    if found is None:
+      break
+    knobs.append(found[:2])
+    j = found[2]
+  return head + "no setting of model.remat, the micro-batch tokens, mesh.fsdp or the rollout prompts fits: use " \
+                "more or larger devices"
 
 
 def check_plan(i: PlanInputs | None, device_bytes: float | None) -> None:
