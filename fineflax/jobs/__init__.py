@@ -50,8 +50,10 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   else:
     stats = jax.devices()[0].memory_stats() or {}
     device_bytes = float(stats["bytes_limit"]) if "bytes_limit" in stats else None
-  where = f"{n} planned" if devices else f"{n} {jax.devices()[0].platform}"
-  line = f"# mesh: data={data} x fsdp={fsdp} over {where} device(s)"
+  dev = jax.devices()[0]
+  where = (f"{n} planned device(s)" if devices else f"{n} {dev.platform} device(s) "
+           f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))")
+  line = f"# mesh: data={data} x fsdp={fsdp} over {where}"
   return inputs_from_config(config, n, data, fsdp), device_bytes, line
 
 
