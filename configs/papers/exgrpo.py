@@ -18,36 +18,15 @@ with all 8 is retired: fineflax/rl/experience.py).
 from configs import common
 from configs.papers import luffy
 
-SCRIPT_FLAGS = (  # the flags of run_exgrpo.sh in order (the README table has a row for each)
-    "algorithm.adv_estimator", "trainer.experience", "trainer.exp_metric", "trainer.exp_select_mode",
-    "trainer.exp_sample_range", "trainer.exp_bucket_manager", "trainer.experience_ratio",
-    "trainer.experience_start_sratio", "trainer.exp_is_correct", "trainer.experience_lbound",
-    "trainer.experience_rbound", "data.train_files", "data.val_files", "data.train_batch_size",
-    "data.val_batch_size", "data.max_prompt_length", "data.max_response_length", "actor_rollout_ref.model.path",
-    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.model.use_remove_padding",
-    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size",
-    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-    "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.model.enable_gradient_checkpointing",
-    "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.grad_offload",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.temperature",
-    "actor_rollout_ref.rollout.val_temperature", "actor_rollout_ref.rollout.gpu_memory_utilization",
-    "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.n_val", "actor_rollout_ref.ref.fsdp_config.param_offload",
-    "actor_rollout_ref.rollout.max_prefix_len", "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.entropy_coeff",
-    "trainer.critic_warmup", "trainer.logger", "trainer.project_name", "trainer.experiment_name",
-    "trainer.default_local_dir", "trainer.val_before_train", "trainer.n_gpus_per_node", "trainer.nnodes",
-    "trainer.save_freq", "trainer.test_freq", "actor_rollout_ref.actor.use_kl_loss",
-    "actor_rollout_ref.actor.use_sft_prefix_reward", "actor_rollout_ref.rollout.prefix_share_across_samples",
-    "actor_rollout_ref.rollout.prefix_strategy", "actor_rollout_ref.rollout.n_prefix",
-    "actor_rollout_ref.rollout.min_prefix_ratio", "actor_rollout_ref.rollout.max_prefix_ratio",
-    "actor_rollout_ref.rollout.prefix_reward_weight_alpha", "actor_rollout_ref.ref.use_ref",
-    "actor_rollout_ref.actor.use_off_policy_loss", "actor_rollout_ref.actor.off_policy_normalize",
-    "actor_rollout_ref.actor.off_policy_reshape", "actor_rollout_ref.actor.off_policy_loss_impl",
-    "algorithm.grpo_use_std", "actor_rollout_ref.actor.loss_remove_token_mean",
-    "actor_rollout_ref.actor.loss_remove_clip", "data.reward_impl_version", "trainer.max_optim_to_keep",
-    "data.shuffle", "trainer.default_hdfs_dir", "actor_rollout_ref.actor.skip_grad_bound",
-    "trainer.total_training_steps")
+EXPERIENCE_FLAGS = ("trainer.experience", "trainer.exp_metric", "trainer.exp_select_mode",
+                    "trainer.exp_sample_range", "trainer.exp_bucket_manager", "trainer.experience_ratio",
+                    "trainer.experience_start_sratio", "trainer.exp_is_correct", "trainer.experience_lbound",
+                    "trainer.experience_rbound")
+# the flags of run_exgrpo.sh (the README table has a row for each): LUFFY's train.sh flags, the experience ones,
+# a save path, skip_grad_bound, and total_training_steps instead of total_epochs
+SCRIPT_FLAGS = (EXPERIENCE_FLAGS + tuple(f for f in luffy.SCRIPT_FLAGS if f != "trainer.total_epochs")
+                + ("trainer.default_local_dir", "actor_rollout_ref.actor.skip_grad_bound",
+                   "trainer.total_training_steps"))
 
 
 def get_config(arg: str = ""):
