@@ -174,3 +174,11 @@ def apply_presets(config, arg: str, presets: dict):
       raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
     presets[name](config)
   return config
+
+
+def plan(config, prompt_tokens=512):
+  """What the memory plan (`fineflax.jobs.memory_plan`: `--dry_run` and the fit check at start) assumes beyond
+  the config's own sizes."""
+  config.plan = ml_collections.ConfigDict()
+  config.plan.prompt_tokens = prompt_tokens  # prompt length planned for every rollout row (prompts are not cut to it)
+  return config

@@ -17,14 +17,19 @@ BATCH_AXES = ("data", "fsdp")
 def make_mesh(data: int = -1, fsdp: int = 1, devices=None) -> Mesh:
   """Mesh of shape (data, fsdp) over `devices` (default all); data = -1 takes what fsdp leaves."""
   devices = np.asarray(jax.devices() if devices is None else devices)
-  n = devices.size
+  return Mesh(devices.reshape(*mesh_shape(data, fsdp, devices.size)), BATCH_AXES)
+
+
+def mesh_shape(data: int, fsdp: int, n: int) -> tuple[int, int]:
+  """(data, fsdp) of the mesh `make_mesh` builds over n devices (data = -1 takes what fsdp leaves);
+  ValueError when they do not multiply to n."""
   if data == -1:
     if n % fsdp:
       raise ValueError(f"mesh: {n} devices are not divisible by fsdp={fsdp}")
     data = n // fsdp
   if data * fsdp != n:
     raise ValueError(f"mesh: data={data} x fsdp={fsdp} != {n} devices")
-  return Mesh(devices.reshape(data, fsdp), BATCH_AXES)
+  return data, fsdp
 
 
 def put(x, sharding: NamedSharding):

@@ -1,4 +1,4 @@
-"""`--dry_run` names the mesh it would build and the memory estimate per device."""
+"""`--dry_run` names the mesh it would build and the memory estimate (an RL job: its plan) per device."""
 import pytest
 
 from fineflax.config_checks import ConfigError
@@ -11,7 +11,8 @@ def test_dry_run_prints_the_mesh_and_per_device_memory(tiny_smol):
   n = jax.device_count()
   src = f"model.source={tiny_smol}"  # a small folder: the bundled GGUF's tensor table takes ~9 s to parse
   report = dry_run_report(load_config("configs/grpo_arith.py:smoke", [src]))
-  assert f"# mesh: data={n} x fsdp=1 over {n} " in report and "# memory estimate per device" in report
+  assert f"# mesh: data={n} x fsdp=1 over {n} " in report and "# memory plan per device" in report
+  assert "rollout phase:" in report and "update phase:" in report
   with pytest.raises(ConfigError, match=r"config.mesh \(data=-1, fsdp=3\)"):
     dry_run_report(load_config("configs/grpo_arith.py:smoke", [src, "mesh.fsdp=3"]))
 

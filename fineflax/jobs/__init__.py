@@ -16,12 +16,52 @@ def get_job(name: str):
   return importlib.import_module(f"fineflax.jobs.{name}")
 
 
-def run(config, workdir: str | None):
+def run(config, workdir: str | None, device_memory_gb: float | None = None):
+  """The job's run, after `check_fit`: a plan that cannot fit the devices is refused before any weight loads."""
+  check_fit(config, device_memory_gb)
   return get_job(config.job).run(config, workdir)
 
 
-def dry_run_report(config) -> str:
-  """The resolved config, the device mesh, parameter counts and memory estimate, from model metadata only."""
+def check_fit(config, device_memory_gb: float | None = None) -> None:
+  """ConfigError naming the knob to change when the run's memory plan (`fineflax.jobs.memory_plan`) exceeds the
+  visible devices' memory (or `device_memory_gb` each); nothing where that memory is unknown (CPU)."""
+  from fineflax.jobs.memory_plan import check_plan
+  inputs, device_bytes, _ = plan_for(config, device_memory_gb=device_memory_gb)
+  check_plan(inputs, device_bytes)
+
+
+def plan_for(config, devices: int | None = None, device_memory_gb: float | None = None):
+  """(PlanInputs or None, device bytes or None, mesh line) of `config` on `devices` planned devices (default:
+  the visible ones) of `device_memory_gb` each (default: the first visible device's limit when it reports
+  one, and unknown when planning for other devices)."""
+  import jax
+  from fineflax.jobs.memory_plan import GIB, inputs_from_config
+  from fineflax.mesh import mesh_shape
+  n = int(devices) if devices else jax.device_count()
+  mesh_cfg = config.get("mesh") or {"data": -1, "fsdp": 1}
+  try:
+    data, fsdp = mesh_shape(mesh_cfg["data"], mesh_cfg["fsdp"], n)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh (data={mesh_cfg['data']}, fsdp={mesh_cfg['fsdp']}): {e}") from None
+  if device_memory_gb:
+    device_bytes = float(device_memory_gb) * GIB
+  elif devices:
+    device_bytes = None
+  else:
+    stats = jax.devices()[0].memory_stats() or {}
+    device_bytes = float(stats["bytes_limit"]) if "bytes_limit" in stats else None
+  dev = jax.devices()[0]
+  where = (f"{n} planned device(s)" if devices else f"{n} {dev.platform} device(s) "
+           f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))")
+  line = f"# mesh: data={data} x fsdp={fsdp} over {where}"
+  return inputs_from_config(config, n, data, fsdp), device_bytes, line
+
+
+def dry_run_report(config, devices: int | None = None, device_memory_gb: float | None = None) -> str:
+  """The resolved config, the device mesh, parameter counts and memory estimate, from model metadata only;
+  for RL and SFT jobs the per-device plan of the rollout and update phases (`fineflax.jobs.memory_plan`) on
+  `devices` of `device_memory_gb` (default: the visible ones). Raises ConfigError naming the knob to change
+  when that plan does not fit (after the report is built; `launch.py` prints it first)."""
   import jax
   from fineflax.models import load_config, memory_estimate
   from fineflax.models.dtype import resolve_dtype_name
@@ -48,9 +88,26 @@ def dry_run_report(config) -> str:
     lines.append(f"trainable LoRA parameters (r={rank}): {lora_params(mc, rank, resolve_targets(tuple(lora.targets))):,}")
   lines.append(f"# memory estimate (quant={quant}, batch {batch} x {seq} tokens)")
   lines += [f"{k}: {v:.3f}" for k, v in est.items()]
-  if config.get("mesh") is not None:
+  from fineflax.jobs.memory_plan import check_plan, report_lines
+  inputs, device_bytes, mesh_line = plan_for(config, devices, device_memory_gb)
+  if inputs is not None:
+    lines += [mesh_line, *report_lines(inputs, device_bytes)]
+  elif config.get("mesh") is not None:
     lines += mesh_report(config.mesh, est)
-  return "\n".join(lines)
+  report = "\n".join(lines)
+  try:
+    check_plan(inputs, device_bytes)
+  except ConfigError as e:
+    raise PlanRefused(str(e), report) from None
+  return report
+
+
+class PlanRefused(ConfigError):
+  """A dry run whose plan does not fit: the one-line reason, and the whole report (`.report`) to print first."""
+
+  def __init__(self, message: str, report: str):
+    super().__init__(message)
+    self.report = report
 
 
 def per_device_gib(est: dict, data: int, fsdp: int) -> dict:

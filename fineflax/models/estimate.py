@@ -5,6 +5,7 @@ import os
 
 from fineflax.io import read_json
 from fineflax.models.config import ModelConfig
+from fineflax.models.hub_shapes import hub_config
 from fineflax.models.load import resolve_source
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -12,7 +13,11 @@ NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # codes + 8-bit absmax + fp32 second-le
 
 
 def load_config(source: str | os.PathLike) -> ModelConfig:
-  """The ModelConfig of `source` read from config.json or GGUF metadata only (no tensor data)."""
+  """The ModelConfig of `source` read from config.json or GGUF metadata only (no tensor data); a hub name of
+  `fineflax.models.hub_shapes.HUB_CONFIGS` that is not a local path is built from that table (no download)."""
+  known = hub_config(str(source))
+  if known is not None and not os.path.exists(str(source)):
+    return ModelConfig.from_hf(known, source=f"{source} (fineflax.models.hub_shapes)")
   path = resolve_source(str(source))
   if path.is_dir():
     cfg = path / "config.json"

@@ -1,0 +1,305 @@
+"""Fit before run: the per-device memory of a run's rollout phase and update phase on its mesh, from the
+model's architecture and the config alone, and the one-line refusal of a plan that does not fit.
+
+Notation (bytes, per device): n = data x fsdp devices; P = parameters (`ModelConfig.num_params`), P_lin =
+those of the seven linears (what QLoRA quantises), P_L = one layer's, P_a = LoRA parameters (rank r on the
+targeted linears); L layers, H hidden, I intermediate, D_q = heads x head_dim, D_kv = kv heads x head_dim,
+V vocabulary; b = bytes of the compute dtype (2 bf16, 4 f32); b_m = bytes of a trainable parameter (full:
+2 with train.master_dtype=bfloat16, 4 with float32; LoRA: 4); s = fsdp for full training (parameters,
+gradients and AdamW state sharded), 1 for LoRA (replicated).
+
+Resident in both phases:
+  base weights     LoRA: ((P - P_lin)·b + P_lin·q) / fsdp, q = b (quant none), 1 (int8), NF4_BITS / 8 (nf4);
+                   full: P·b_m / fsdp (the trained parameters are the base)
+  trainable        LoRA: P_a·4
+  optimizer        8·P_t / s + 4·c: AdamW mu and nu in f32 for the P_t trainable parameters, c int32 counters
+                   of the optax chain (`OPTIMIZER_COUNTERS`: adam's and the schedule's)
+  reference        full training with a KL term (rl.beta > 0, or PPO's KL in the reward): P·b / fsdp, a frozen
+                   copy; LoRA: none (the reference is the base with adapters off)
+  critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (8·(P + H) / fsdp);
+                   lora: a second adapter P_a·4 + value head H·4 and their optimizer
+Rollout phase adds:
+  dense copy       LoRA on a quantised base with rl.dense_rollouts: P_lin·b / fsdp
+  KV pages         ceil(R / n) rows x (pages(prompt + new) + 1) pages x 16 tokens x 2·L·D_kv·b, R = the rollout
+                   rows (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off); the rows
+                   and their cache are split over every device
+  decode logits    ceil(R / n)·V·4·2 (f32 logits and probabilities of one decode step)
+Update phase adds:
+  gradients        P_t·b_m / s (full), P_a·4 (LoRA) (the critic's, sized the same, in its own update: the larger
+                   of the two updates counts)
+  gathered layers  full training with fsdp > 1: 2·P_L·b (one layer's parameters all-gathered, the next prefetched)
+  activations      of one micro-batch of T tokens: T = rl.micro_batch_tokens (SFT: train.micro_batch_tokens)
+                   when set, else the optimizer step's rows (rl.mini_batch_size prompts x group_size; SFT:
+                   data.batch_size rows) over n devices x their length (prompt + new; SFT: data.max_length).
+                   One layer's working set  A = T·b·(4H + 3·D_q + 3·D_kv + 3I)  (its norm inputs and outputs,
+                   q / k / v before and after rope, attention output, gate, up, act(gate)·up), plus with XLA
+                   attention (model.attention=xla, or auto with an f32 compute dtype; cuDNN's fused kernel keeps
+                   none) the f32 scores and probabilities  A_s = 2·rows·heads·S²·4  (S = T / rows), and
+                     remat none:    L·(A + A_s)                      every layer's working set kept
+                     remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A + A_s   matmul outputs kept, one layer redone
+                     remat full:    L·T·H·b + 2·(A + A_s)            layer inputs kept, one layer redone
+                     remat offload: 2·(A + A_s) (L·T·H·b in pinned host memory, not counted)
+                   plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
+                   of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
+A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
+`--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
+each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.fsdp, fewer
+rollout prompts, train.params=lora that brings it under).
+
+Validation (tests/test_memory_plan.py, tiny model on CPU): parameter and optimizer bytes equal the real
+pytrees' nbytes; the activation terms are within a factor 2 of XLA's `memory_analysis()` of a compiled step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from fineflax.config_checks import ConfigError
+from fineflax.models.config import ModelConfig
+from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
+
+GIB = 1024 ** 3
+PAGE = 16  # tokens a KV page holds (the engine's page_size)
+OPTIMIZER_COUNTERS = 2  # int32 step counters in the optax chain of fineflax.train.optim (adam, schedule)
+DEFAULT_PROMPT_TOKENS = 512  # prompt length planned when the config has no plan.prompt_tokens
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+  """What the plan reads from a config (`inputs_from_config`); `refusal` varies one field at a time."""
+  model: ModelConfig
+  n_devices: int
+  fsdp: int
+  compute_bytes: int = 2
+  params: str = "lora"  # lora | full
+  master_bytes: int = 2  # bytes of a trained parameter in full mode
+  quant: str = "none"
+  lora_rank: int = 16
+  lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
+  remat: str = "none"
+  attention: str = "cudnn"  # cudnn (fused, no score matrix) or xla
+  logits_chunk: int = 128
+  prompts: int = 0  # rollout prompts a step (0: no rollout phase, as SFT)
+  sampled_per_prompt: int = 0  # rows sampled a prompt
+  update_rows: int = 1  # rows of one optimizer step
+  prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+  new_tokens: int = 0  # completion tokens a row (RL); 0 for SFT, whose rows are prompt_tokens long
+  micro_batch_tokens: int = 0  # 0 = the whole optimizer step's rows at once
+  reference: bool = False  # a frozen copy for the KL term (full training)
+  critic: str = ""  # "", lora or full (PPO)
+  dense_rollouts: bool = False
+  micro_key: str = "rl.micro_batch_tokens"  # the knob that bounds the micro-batch
+
+  @property
+  def seq(self) -> int:
+    return self.prompt_tokens + self.new_tokens
+
+
+def _lora_trainable(i: PlanInputs) -> int:
+  return lora_params(i.model, i.lora_rank, i.lora_targets)
+
+
+def resident(i: PlanInputs) -> dict[str, float]:
+  """Bytes per device of what both phases hold: base weights, trainable, optimizer, reference, critic."""
+  c, b = i.model, i.compute_bytes
+  P, lin = c.num_params(), linear_params(c)
+  out = {}
+  if i.params == "full":
+    out["parameters"] = P * i.master_bytes / i.fsdp
+    out["optimizer"] = 8 * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
+  else:
+    q = {"nf4": NF4_BITS / 8, "int8": 1}.get(i.quant, b)
+    out["base_weights"] = ((P - lin) * b + lin * q) / i.fsdp
+    out["parameters"] = _lora_trainable(i) * 4
+    out["optimizer"] = 8 * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
+  if i.reference and i.params == "full":
+    out["reference"] = P * b / i.fsdp
+  if i.critic == "full":
+    out["critic"] = (P + c.hidden_size) * (i.master_bytes + 8) / i.fsdp
+  elif i.critic == "lora":
+    out["critic"] = (_lora_trainable(i) + c.hidden_size) * (4 + 8)
+  return out
+
+
+def rollout_rows_per_device(i: PlanInputs) -> int:
+  return math.ceil(i.prompts * i.sampled_per_prompt / i.n_devices)
+
+
+def kv_bytes(i: PlanInputs) -> float:
+  """KV pages of the rollout rows on one device."""
+  c = i.model
+  pages = math.ceil(i.seq / PAGE) + 1
+  return rollout_rows_per_device(i) * pages * PAGE * 2 * c.num_layers * c.num_kv_heads * c.head_dim * i.compute_bytes
+
+
+def micro_batch_tokens(i: PlanInputs) -> int:
+  """T: tokens per device in one micro-batch of the update."""
+  if i.micro_batch_tokens:
+    return int(i.micro_batch_tokens)
+  return math.ceil(i.update_rows / i.n_devices) * i.seq
+
+
+def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, float]:
+  """Activations of one micro-batch of `tokens` (default `micro_batch_tokens`) under model.remat."""
+  c, b = i.model, i.compute_bytes
+  T = micro_batch_tokens(i) if tokens is None else tokens
+  H, I, L = c.hidden_size, c.intermediate_size, c.num_layers
+  dq, dkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+  rows = max(1, T // max(i.seq, 1))
+  scores = 2 * rows * c.num_heads * (T / rows) ** 2 * 4 if i.attention == "xla" else 0
+  layer = T * b * (4 * H + 3 * dq + 3 * dkv + 3 * I) + scores
+  saved = {"none": L * layer,
+           "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
+           "full": L * T * H * b + 2 * layer,
+           "offload": 2 * layer}[i.remat]
+  head_len = i.new_tokens or i.seq
+  head = rows * min(i.logits_chunk, head_len) * c.vocab_size * 4 * 3 + T * H * 4
+  return {"activations": saved, "loss_head": head}
+
+
+def update_phase(i: PlanInputs) -> dict[str, float]:
+  c = i.model
+  out = resident(i)
+  if i.params == "full":
+    out["gradients"] = c.num_params() * i.master_bytes / i.fsdp
+    if i.fsdp > 1:
+      layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
+      out["gathered_layers"] = 2 * layer * i.compute_bytes
+  else:
+    out["gradients"] = _lora_trainable(i) * 4
+  out.update(activation_bytes(i))
+  return out
+
+
+def rollout_phase(i: PlanInputs) -> dict[str, float]:
+  out = resident(i)
+  if i.params != "full" and i.dense_rollouts and i.quant != "none":
+    out["dense_copy"] = linear_params(i.model) * i.compute_bytes / i.fsdp
+  out["kv_pages"] = kv_bytes(i)
+  out["decode_logits"] = rollout_rows_per_device(i) * i.model.vocab_size * 4 * 2
+  return out
+
+
+def phases(i: PlanInputs) -> dict[str, dict[str, float]]:
+  """{"rollout": {...}, "update": {...}} bytes per device by term (no rollout phase without prompts)."""
+  out = {"rollout": rollout_phase(i)} if i.prompts else {}
+  out["update"] = update_phase(i)
+  return out
+
+
+def fits(i: PlanInputs, device_bytes: float) -> bool:
+  return all(sum(p.values()) <= device_bytes for p in phases(i).values())
+
+
+# ----------------------------------------------------------------------------- from a config
+
+def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInputs | None:
+  """The plan's inputs for an RL or SFT job's config on a (data, fsdp) mesh of n_devices; None for other jobs."""
+  from fineflax.models.dtype import resolve_dtype_name
+  from fineflax.models.estimate import load_config
+  from fineflax.models.targets import resolve_targets
+  if config.job not in ("rl", "sft"):
+    return None
+  train = config.get("train") or {}
+  lora = config.get("lora")
+  plan = config.get("plan") or {}
+  dtype = resolve_dtype_name(config.model.get("dtype", "auto"))
+  attention = config.model.get("attention", "auto")
+  common = dict(
+      model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, compute_bytes=_BYTES[dtype],
+      attention=("xla" if dtype == "float32" else "cudnn") if attention == "auto" else attention,
+      params=train.get("params", "lora"), master_bytes=_BYTES[train.get("master_dtype", "bfloat16")],
+      quant=config.model.get("quant", "none"), lora_rank=lora.r if lora is not None else 0,
+      lora_targets=resolve_targets(tuple(lora.targets)) if lora is not None else (),
+      remat=config.model.get("remat", "none"), logits_chunk=config.model.get("logits_chunk", 128))
+  if config.job == "sft":
+    return PlanInputs(**common, update_rows=config.data.batch_size, prompt_tokens=config.data.max_length,
+                      micro_batch_tokens=train.get("micro_batch_tokens", 0), micro_key="train.micro_batch_tokens")
+  rl = config.rl
+  objective = rl.get("objective", "grpo")
+  n_off = rl.luffy.n_off if objective == "luffy" and rl.get("luffy") is not None else 0
+  ppo = rl.get("ppo") if objective == "ppo" else None
+  kl = (rl.get("beta", 0.0) > 0) or (ppo is not None and ppo.get("kl_in_reward", False) and ppo.get("kl_coef", 0) > 0)
+  mini = rl.get("mini_batch_size", 0) or rl.prompts_per_step
+  return PlanInputs(**common, prompts=rl.prompts_per_step, sampled_per_prompt=rl.group_size - n_off,
+                    update_rows=mini * rl.group_size,
+                    prompt_tokens=int(plan.get("prompt_tokens", DEFAULT_PROMPT_TOKENS)),
+                    new_tokens=rl.max_new_tokens, micro_batch_tokens=rl.get("micro_batch_tokens", 0),
+                    reference=kl, critic=ppo.get("critic", "full") if ppo is not None else "",
+                    dense_rollouts=bool(rl.get("dense_rollouts", False)))
+
+
+# ----------------------------------------------------------------------------- report and refusal
+
+def report_lines(i: PlanInputs, device_bytes: float | None) -> list[str]:
+  """The plan per phase and term in GiB, and the verdict when the device memory is known."""
+  lines = [f"# memory plan per device ({i.n_devices} devices, fsdp={i.fsdp}, params={i.params}, "
+           f"remat={i.remat}, {micro_batch_tokens(i)} tokens per update micro-batch)"]
+  for name, terms in phases(i).items():
+    lines.append(f"{name} phase: {sum(terms.values()) / GIB:.2f} GiB")
+    lines += [f"  {k}: {v / GIB:.3f}" for k, v in terms.items()]
+  if device_bytes is None:
+    lines.append("verdict: device memory unknown (pass --device_memory_gb to check the fit)")
+  else:
+    problem = refusal(i, device_bytes)
+    lines.append(f"verdict: fits in {device_bytes / GIB:.1f} GiB per device" if problem is None
+                 else f"verdict: does not fit: {problem}")
+  return lines
+
+
+def _phase_fits(i: PlanInputs, phase: str, device_bytes: float) -> bool:
+  return sum(phases(i).get(phase, {}).values()) <= device_bytes
+
+
+def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
+  """(key, value, inputs with it) of the first knob that makes `phase` fit, in the order: model.remat=full,
+  the largest micro-batch token budget (a power of two, at least one row), the smallest mesh.fsdp (a divisor of
+  the devices), the most rollout prompts, train.params=lora; None when none does."""
+  rep = lambda **kw: dataclasses.replace(i, **kw)
+  ok = lambda j: _phase_fits(j, phase, device_bytes)
+  tries = []
+  if i.remat == "none":
+    tries.append([("model.remat", "full", rep(remat="full"))])
+  if phase == "update":
+    tries.append([(i.micro_key, t, rep(micro_batch_tokens=t)) for t in (2 ** k for k in range(20, 9, -1))
+                  if i.seq <= t < micro_batch_tokens(i)])
+  tries.append([("mesh.fsdp", f, rep(fsdp=f)) for f in range(i.fsdp + 1, i.n_devices + 1) if i.n_devices % f == 0])
+  if phase == "rollout":
+    tries.append([("rl.prompts_per_step", p, rep(prompts=p)) for p in range(i.prompts - 1, 0, -1)])
+  if i.params == "full":
+    tries.append([("train.params", "lora", rep(params="lora"))])
+  return next((t for options in tries for t in options if ok(t[2])), None)
+
+
+def refusal(i: PlanInputs, device_bytes: float) -> str | None:
+  """None when both phases fit; else one line: the phase over (the larger), its total and largest term, and the
+  knobs (with values) that make the plan fit, chosen phase by phase (`_knob_for`)."""
+  over = {k: v for k, v in phases(i).items() if sum(v.values()) > device_bytes}
+  if not over:
+    return None
+  name, terms = max(over.items(), key=lambda kv: sum(kv[1].values()))
+  top = max(terms, key=terms.get)
+  head = (f"the {name} phase needs {sum(terms.values()) / GIB:.1f} GiB per device of "
+          f"{device_bytes / GIB:.1f} (largest: {top} {terms[top] / GIB:.1f} GiB); ")
+  knobs, j = [], i
+  for _ in range(4):
+    left = [k for k, v in phases(j).items() if sum(v.values()) > device_bytes]
+    if not left:
+      return head + "set " + " and ".join(f"config.{k}={v}" for k, v in knobs)
+    found = _knob_for(j, left[0], device_bytes)
+    if found is None:
+      break
+    knobs.append(found[:2])
+    j = found[2]
+  return head + "no setting of model.remat, the micro-batch tokens, mesh.fsdp or the rollout prompts fits: use " \
+                "more or larger devices"
+
+
+def check_plan(i: PlanInputs | None, device_bytes: float | None) -> None:
+  """ConfigError (one line, exit 2) when the plan does not fit; nothing when it fits or is unknown."""
+  if i is None or device_bytes is None:
+    return
+  problem = refusal(i, device_bytes)
+  if problem is not None:
+    raise ConfigError(f"plan does not fit: {problem}")

@@ -1,0 +1,82 @@
+"""fineflax.jobs.memory_plan against the real thing on a tiny model (CPU): parameter and optimizer bytes equal
+the pytrees' nbytes exactly; activation estimates are within a factor 2 of XLA's memory_analysis() of a
+compiled gradient step; launch.py refuses a plan that cannot fit in one line naming a knob (exit 2)."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from fineflax.jobs.memory_plan import PlanInputs, activation_bytes, resident
+from fineflax.lora import LoraConfig, init_lora
+from fineflax.models import ModelConfig
+from fineflax.models.decoder import init_params
+from fineflax.train.optim import make_optimizer
+from fineflax.train.sft_step import sft_nll
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN_LIKE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                        num_kv_heads=2, head_dim=32, model_type="qwen2", attention_bias=True)
+TIED = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
+                   num_kv_heads=4, head_dim=16, tie_word_embeddings=True)
+
+
+def _nbytes(tree) -> int:
+  """Bytes of a pytree of arrays or of jax.eval_shape's ShapeDtypeStructs (the same shapes and dtypes)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _optimizer():
+  cfg = ml_collections.ConfigDict(dict(num_steps=10, learning_rate=1e-4, warmup_steps=2, end_lr_ratio=1.0,
+                                       weight_decay=0.01, b1=0.9, b2=0.999, grad_clip=1.0))
+  return make_optimizer(cfg)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("mc", [QWEN_LIKE, TIED], ids=["qwen2-bias-untied", "llama-tied"])
+def test_parameter_and_optimizer_bytes_equal_the_real_pytrees(mc):
+  full32 = jax.eval_shape(lambda: init_params(mc, jax.random.key(0), jnp.float32))  # shapes only: fast
+  plan = resident(PlanInputs(model=mc, n_devices=1, fsdp=1, params="full", master_bytes=4))
+  assert plan["parameters"] == _nbytes(full32)
+  assert plan["optimizer"] == _nbytes(jax.eval_shape(_optimizer().init, full32))
+  bf16 = jax.eval_shape(lambda: init_params(mc, jax.random.key(0), jnp.bfloat16))
+  assert resident(PlanInputs(model=mc, n_devices=1, fsdp=1, params="full", master_bytes=2))["parameters"] == _nbytes(bf16)
+  halved = resident(PlanInputs(model=mc, n_devices=4, fsdp=2, params="full", master_bytes=2))
+  assert halved["parameters"] == _nbytes(bf16) / 2
+  targets = ("q", "k", "v", "o", "gate", "up", "down")
+  lora = jax.eval_shape(lambda p: init_lora(p, mc, LoraConfig(r=4, alpha=8.0, target_modules=targets),
+                                            jax.random.key(1)), full32)
+  plan = resident(PlanInputs(model=mc, n_devices=1, fsdp=1, params="lora", compute_bytes=2, quant="none",
+                             lora_rank=4, lora_targets=targets))
+  assert plan["parameters"] == _nbytes(lora) and plan["optimizer"] == _nbytes(jax.eval_shape(_optimizer().init, lora))
+  assert plan["base_weights"] == _nbytes(bf16)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_activation_estimate_is_within_a_factor_2_of_xla(remat):
+  b, s = 2, 256
+  mc, params = QWEN_LIKE, init_params(QWEN_LIKE, jax.random.key(0), jnp.float32)
+  batch = {"tokens": jnp.zeros((b, s), jnp.int32), "targets": jnp.zeros((b, s), jnp.int32),
+           "loss_mask": jnp.ones((b, s)), "attention_mask": jnp.ones((b, s), jnp.int32),
+           "positions": jnp.tile(jnp.arange(s), (b, 1))}
+  grad = jax.jit(jax.grad(lambda p, x: sft_nll(None, p, x, model_config=mc, lora_scale=1.0, remat=remat,
+                                                dtype=jnp.float32, logits_chunk=128, causal_prefix=True)[0]))
+  xla = grad.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+  est = sum(activation_bytes(PlanInputs(model=mc, n_devices=1, fsdp=1, compute_bytes=4, params="full",
+                                        master_bytes=4, remat=remat, attention="xla", logits_chunk=128,
+                                        update_rows=b, prompt_tokens=s)).values())
+  assert 0.5 <= xla / est <= 2.0, (remat, xla, est)
+
+
+def test_launch_refuses_a_plan_that_cannot_fit_in_one_line_naming_a_knob():
+  args = [sys.executable, os.path.join(ROOT, "launch.py"), "--config", "configs/papers/luffy.py", "--dry_run",
+          "--devices", "8", "--device_memory_gb"]
+  ok = subprocess.run(args + ["80"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert ok.returncode == 0 and "verdict: fits in 80.0 GiB per device" in ok.stdout, ok.stderr
+  bad = subprocess.run(args + ["24"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  lines = bad.stderr.strip().splitlines()
+  assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: plan does not fit: "), bad.stderr
+  assert " set config." in lines[0] and "update phase:" in bad.stdout  # the plan is printed before the refusal
