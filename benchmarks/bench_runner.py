@@ -72,7 +72,7 @@ def runner(args, folder: pathlib.Path) -> tuple[float, int, dict]:
        "--batch-size", str(args.batch_size), "--refill", str(args.refill), "--dtype", args.dtype,
        "--out", str(out)])
   result = bench.run(ns)
-  return result["timing"]["seconds"], result["timing"]["tokens"], result["summary"]["gsm8k"]
+  return result["timing"], result["summary"]["gsm8k"]
 
 
 def main(argv=None) -> int:
@@ -91,7 +91,8 @@ def main(argv=None) -> int:
   folder = pathlib.Path(args.out)
   path = write_rows(folder, args.problems)
   g_s, g_tok = direct(args, path)
-  r_s, r_tok, summary = runner(args, folder)
+  timing, summary = runner(args, folder)
+  r_s, r_tok = timing["seconds"], timing["tokens"]
   device = jax.devices()[0].device_kind
   rows = [["generate", g_s, g_tok, g_tok / g_s], ["bench runner", r_s, r_tok, r_tok / r_s]]
   table = markdown_table(["path", "seconds", "completion tokens", "tokens/s"], rows)
@@ -101,7 +102,9 @@ def main(argv=None) -> int:
           f"rows (the sample + {args.problems} arithmetic problems) x {args.n} samples, T=0.6, top-p 0.95, "
           f"max {args.max_new_tokens} new tokens, {args.batch_size} completions decoded at once (runner: refill over "
           f"{args.refill} batches a call).\n\n{table}\n\n"
-          f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); avg@{args.n} "
+          f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); of the runner's {r_s:.1f} s, its generate "
+          f"calls took {timing['generate_seconds']:.1f} s and the wait for the last grades "
+          f"{timing['final_grading_wait_seconds']:.1f} s ({timing['grade_workers']} grading processes); avg@{args.n} "
           f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
   print(text)
   atomic_write_text(folder / "results.md", text)

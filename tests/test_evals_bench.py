@@ -90,6 +90,8 @@ def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
   lines = (out / "generations.jsonl").read_text().splitlines()
   assert len(lines) == 13 * 2
   result = json.loads((out / "results.json").read_text())
+  t = result["timing"]  # the generate calls are part of the loop's time; the default grading processes ran
+  assert 0 < t["generate_seconds"] <= t["seconds"] and t["grade_workers"] == bench.default_grade_workers()
   recs = [json.loads(x) for x in lines]
   for name in ("aime24", "gsm8k", "nq"):
     c = np.array([[r["correct"] for r in recs if r["benchmark"] == name and r["row"] == row]
@@ -111,6 +113,12 @@ def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
 
 
 @pytest.mark.fast
+@pytest.mark.fast
+@pytest.mark.parametrize("cpus,workers", [(1, 1), (2, 1), (4, 2), (16, 8), (64, 8)])
+def test_default_grade_workers_leave_two_cpus(cpus, workers):
+  assert bench.default_grade_workers(cpus) == workers
+
+
 def test_user_mistakes_exit_2(tmp_path, capsys):
   assert bench.main(_args("unused", tmp_path / "a")[:2] + ["--benchmarks", "aime2024", "--out", str(tmp_path)]) == 2
   assert "unknown benchmark(s) ['aime2024']" in capsys.readouterr().err
