@@ -166,3 +166,21 @@ def simulate(router: Router, rates: dict[str, float], steps: int,
     chosen.append(v)
     regret[t] = (regret[t - 1] if t else 0.0) + best - rates[v]
   return chosen, regret
+
+
+def simulate_contextual(router, rates: dict[str, dict[str, float]], categories: Sequence[str],
+                        seed: int = 0) -> tuple[list[str], np.ndarray]:
+  """Routes one request per entry of `categories`; in category c variant v's reward ~ Bernoulli(rates[c][v]),
+  fed back at once with its category (`router`: a ContextualRouter, or any with choose(c) / update(v, r, c)).
+
+  Returns (chosen variants, cumulative expected regret: sum_t max_v rates[c_t][v] - rates[c_t][chosen_t]).
+  """
+  rng = np.random.default_rng(seed)
+  chosen, regret, total = [], np.zeros(len(categories)), 0.0
+  for t, c in enumerate(categories):
+    v = router.choose(c)
+    router.update(v, float(rng.random() < rates[c][v]), c)
+    chosen.append(v)
+    total += max(rates[c].values()) - rates[c][v]
+    regret[t] = total
+  return chosen, regret
