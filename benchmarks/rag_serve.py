@@ -23,14 +23,13 @@ import os
 import pathlib
 import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
 from fineflax.io import atomic_write_json, atomic_write_text
+from fineflax.serve.spawn import spawn_server
 
 
 def parse_args(argv=None):
@@ -106,18 +105,10 @@ def main(argv=None):
                  "--rag-config", str(out / "rag.json"), "--port", str(port)]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(gpu.REPO), os.environ.get("PYTHONPATH", "")]))
   t0 = time.perf_counter()
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *argv_server], env=env)
-  url, qs = f"http://127.0.0.1:{port}", [q["question"] for q in questions]
+  proc, url = spawn_server(argv_server, env=env, log_path=out / "server.log", timeout=1800, poll_s=0.5)
+  qs = [q["question"] for q in questions]
   rows = {}
   try:
-    while True:
-      if proc.poll() is not None:
-        raise SystemExit(f"the server exited with {proc.returncode}")
-      try:
-        urllib.request.urlopen(url + "/health", timeout=1).read()
-        break
-      except OSError:
-        time.sleep(0.5)
     for model in ("bench", "naive_rag"):
       asyncio.run(_level(url, model, qs[::-1], args.clients, 1, args.new_tokens))  # untimed: compiles
       rows[model] = asyncio.run(_level(url, model, qs, args.clients, args.rounds, args.new_tokens))

@@ -105,7 +105,7 @@ def main(argv=None):
                f"{d['value']:+.3f} ({d['lo']:+.3f}, {d['hi']:+.3f}) |")
   lines += ["", "Commands:", "", *[f"    {c}" for c in commands]]
   atomic_write_text(out / "STUDENT.md", "\n".join(lines) + "\n")
-  print("\n".join(lines[4:4 + len(cats) + 1]))
+  print("\n".join(lines[4:4 + len(cats) + 3]))
   return 0
 
 

@@ -44,19 +44,13 @@ def rag_variant(variant, retriever, loaded, *, max_tokens: int = 256, temperatur
   llm = GenerateLLM(params, config, tok, lora, scale, dtype, seed)
 
   def run(prompts):
-    import jax
-    from fineflax.sampling import chat_prompt_ids, generate
+    from fineflax.evals.variants import generate_answers
     if variant.kind == "agentic_rag":
       return [run_agentic(variant, retriever, question_of(m), llm, tok, temperature=temperature).answer
               for m in prompts]
     msgs = [context_messages(variant, m, retrieve(variant, retriever, question_of(m))) for m in prompts]
-    texts = []
-    for i in range(0, len(msgs), batch_size):
-      ids = [chat_prompt_ids(tok, m) for m in msgs[i:i + batch_size]]
-      out = generate(params, config, ids, max_new_tokens=max_tokens, temperature=temperature, tokenizer=tok,
-                     lora=lora, lora_scale=scale, dtype=dtype, rng=jax.random.PRNGKey(seed + i))
-      texts += list(out.texts)
-    return texts
+    return generate_answers(loaded, msgs, max_tokens=max_tokens, temperature=temperature, batch_size=batch_size,
+                            seed=seed)
   return run
 
 
