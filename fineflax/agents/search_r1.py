@@ -12,44 +12,9 @@ Reward: `search_r1_reward` (EM, + `format` / `search` weights).
 from __future__ import annotations
 
 from fineflax.agents.tracing import tool
-from fineflax.search_r1.actions import cut_at_stop
-from fineflax.search_r1.policy import Turn
+from fineflax.search_r1.policy import LLMPolicy  # noqa: F401 (its home was here; kept importable)
 from fineflax.search_r1.rewards import search_r1_reward
 from fineflax.search_r1.rollout import RolloutConfig, RolloutResult, prompt_ids, run_rollouts
-
-
-class LLMPolicy:
-  """A `search_r1.policy.Policy` over an LLM client: each ready row's turn is one `llm.complete` of its
-  whole context (prompt, turns, appended tokens) with the turn's budget and stop strings; log-probs are
-  the client's raw ones (untempered) when it gives them."""
-
-  def __init__(self, llm, tokenizer, temperature=None):
-    self.llm, self.tok, self.temperature = llm, tokenizer, temperature
-    self.contexts: dict[int, list[int]] = {}
-    self._ready: set[int] = set()
-
-  def start(self, prompts):
-    self.contexts = {b: list(p) for b, p in enumerate(prompts)}
-    self._ready = set(self.contexts)
-
-  def decode(self, max_new_tokens, stop_strings):
-    turns = {}
-    for b in sorted(self._ready):
-      c = self.llm.complete(self.contexts[b], max_tokens=max_new_tokens, stop=list(stop_strings),
-                            temperature=self.temperature)
-      tokens = list(c.response_ids)
-      logprobs = list(c.raw_logprobs if c.raw_logprobs is not None else c.logprobs)[:len(tokens)]
-      text, _ = cut_at_stop(self.tok.decode(tokens, skip_special_tokens=True), stop_strings)
-      self.contexts[b] += tokens
-      turns[b] = Turn(tokens, logprobs, text, c.finish_reason)
-    self._ready.clear()
-    return turns
-
-  def append(self, tokens):
-    for b, t in tokens.items():
-      if len(t):
-        self.contexts[b] += list(t)
-        self._ready.add(b)
 
 
 class SearchR1Agent:

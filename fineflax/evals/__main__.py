@@ -1,4 +1,6 @@
-"""CLI: python -m fineflax.evals --a VARIANT --b VARIANT --data FILE [...] (see fineflax.evals)."""
+"""CLI: python -m fineflax.evals --a VARIANT --b VARIANT --data FILE [...] (see fineflax.evals), or several:
+--variant SPEC (repeatable, the first is the baseline); SPEC is URL#MODEL, SOURCE[+ADAPTER_DIR] or the name of
+a RAG variant of --rag-config, run in-process over --generator SOURCE[+ADAPTER_DIR] (fineflax.evals.rag_variants)."""
 from __future__ import annotations
 
 import argparse
@@ -14,8 +16,13 @@ from fineflax.evals.variants import make_variant, parse_spec
 
 def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m fineflax.evals", description=__doc__.splitlines()[0])
-  ap.add_argument("--a", required=True, help="variant A: URL#MODEL or SOURCE[+ADAPTER_DIR]")
-  ap.add_argument("--b", required=True, help="variant B: URL#MODEL or SOURCE[+ADAPTER_DIR]")
+  ap.add_argument("--a", default=None, help="variant A: URL#MODEL or SOURCE[+ADAPTER_DIR]")
+  ap.add_argument("--b", default=None, help="variant B: URL#MODEL or SOURCE[+ADAPTER_DIR]")
+  ap.add_argument("--variant", action="append", default=[],
+                  help="one of several variants (repeatable; instead of --a/--b): URL#MODEL, SOURCE[+ADAPTER] "
+                       "or a RAG variant name of --rag-config")
+  ap.add_argument("--rag-config", default=None, help="RAG variants, retrievers (fineflax.rag.spec JSON file)")
+  ap.add_argument("--generator", default=None, help="SOURCE[+ADAPTER] that RAG variants without one generate with")
   ap.add_argument("--data", required=True, help="eval set (JSONL/JSON: messages, prompt or question rows)")
   ap.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL of the judge (…/v1)")
   ap.add_argument("--judge-model", default=None, help="the judge's model name")
@@ -35,6 +42,11 @@ def main(argv=None) -> int:
   if bool(args.judge_url) != bool(args.judge_model):
     print("error: --judge-url and --judge-model go together", file=sys.stderr)
     return 2
+  if args.variant:
+    return main_many(args, argv)
+  if not (args.a and args.b):
+    print("error: give --a and --b, or two or more --variant", file=sys.stderr)
+    return 2
   try:
     for spec in (args.a, args.b):
       parse_spec(spec)
@@ -51,6 +63,51 @@ def main(argv=None) -> int:
   command = "python -m fineflax.evals " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
   path = write_report(args.out, result, spec_a=args.a, spec_b=args.b, data=args.data,
                       judge_desc=f"{args.judge_url}#{args.judge_model}" if judge else None, command=command)
+  print(json.dumps(result["summary"], indent=2))
+  print(f"report: {path}")
+  return 0
+
+
+def main_many(args, argv) -> int:
+  """Several variants: per-variant metrics, the judge against the first (see `harness.run_many`)."""
+  from fineflax.evals.harness import run_many
+  from fineflax.evals.report import write_many_report
+  from fineflax.rag.spec import RagConfigError, from_args
+  try:
+    if len(args.variant) < 2 or len(set(args.variant)) != len(args.variant):
+      raise ValueError(f"--variant {args.variant}: give two or more distinct variants")
+    rag = from_args(args.rag_config) if args.rag_config else None
+    rag_names = [s for s in args.variant if rag is not None and s in rag.variants]
+    for s in args.variant:
+      if s not in rag_names:
+        if not s.startswith(("http://", "https://")) and rag is not None and "/" not in s and "+" not in s \
+            and s.endswith("_rag"):
+          raise ValueError(f"--variant {s}: not a variant of --rag-config {args.rag_config} "
+                           f"(variants: {', '.join(rag.variants)})")
+        parse_spec(s)
+    missing = [s for s in rag_names if not (rag.variants[s].generator or args.generator)]
+    if missing:
+      raise ValueError(f"RAG variants {missing} need a generator: --generator SOURCE[+ADAPTER]")
+    rows = load_eval_set(args.data, args.limit or None)
+  except (ValueError, EvalDataError, RagConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  kw = dict(max_tokens=args.max_tokens, temperature=args.temperature)
+  built = {}
+  if rag_names:
+    from fineflax.evals.rag_variants import rag_variants
+    built = rag_variants(rag, rag_names, args.generator, quant=args.local_quant, seed=args.seed, **kw)
+  local = dict(quant=args.local_quant, seed=args.seed)
+  variants = {s: built[s] if s in built else
+              make_variant(s, **kw, **(local if parse_spec(s)["kind"] == "local" else {})) for s in args.variant}
+  judge = openai_judge(args.judge_url, args.judge_model) if args.judge_url else None
+  rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
+  result = run_many(rows, variants, judge=judge, rewards=rewards, num_resamples=args.resamples, seed=args.seed)
+  command = "python -m fineflax.evals " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+  specs = {s: (f"RAG {rag.variants[s].kind} over {rag.variants[s].generator or args.generator}" if s in built else s)
+           for s in args.variant}
+  path = write_many_report(args.out, result, specs=specs, data=args.data,
+                           judge_desc=f"{args.judge_url}#{args.judge_model}" if judge else None, command=command)
   print(json.dumps(result["summary"], indent=2))
   print(f"report: {path}")
   return 0

@@ -108,3 +108,34 @@ def run_ab(rows: Sequence[dict], variant_a, variant_b, *, judge=None, rewards: S
     summary["judge"]["order_disagreements"] = sum(ex["judge"]["votes"][0] * ex["judge"]["votes"][1] < 0
                                                   for ex in per_example)
   return {"summary": summary, "examples": per_example}
+
+
+def run_many(rows: Sequence[dict], variants: dict, *, judge=None, rewards: Sequence[str] = (),
+             num_resamples: int = 10_000, seed: int = 0) -> dict:
+  """Several variants ({name: Variant}, the first is the baseline): each answers once; per variant the
+  mean and bootstrap CI of each metric; with a judge, each other variant against the baseline in both
+  orders (`judge_pair`: +1 the variant wins). {"summary": {"n", "baseline", "variants": {name: {"metrics",
+  "judge"?}}}, "examples"}."""
+  prompts = [r["prompt"] for r in rows]
+  names = list(variants)
+  answers = {name: variants[name](prompts) for name in names}
+  metrics = list(dict.fromkeys((["exact_match_lenient"] if all(r["reference"] is not None for r in rows) else [])
+                               + list(rewards)))
+  examples = [{"prompt": r["prompt"], "reference": r["reference"], "answers": {n: answers[n][i] for n in names}}
+              for i, r in enumerate(rows)]
+  summary = {"n": len(rows), "baseline": names[0], "variants": {n: {"metrics": {}} for n in names}}
+  for m in metrics:
+    for n in names:
+      values = score(m, rows, answers[n])
+      for ex, v in zip(examples, values):
+        ex.setdefault("metrics", {}).setdefault(m, {})[n] = v
+      summary["variants"][n]["metrics"][m] = mean_ci(values, num_resamples, seed)
+  if judge is not None:
+    for n in names[1:]:
+      outcomes = []
+      for r, ex in zip(rows, examples):
+        j = judge_lib.judge_pair(judge, r["prompt"], ex["answers"][n], ex["answers"][names[0]], r["reference"])
+        ex.setdefault("judge", {})[n] = j
+        outcomes.append(j["outcome"])
+      summary["variants"][n]["judge_vs_baseline"] = outcome_ci(outcomes, num_resamples, seed)
+  return {"summary": summary, "examples": examples}

@@ -79,3 +79,28 @@ def write_report(out_dir, result: dict, *, spec_a: str, spec_b: str, data: str, 
   atomic_write_text(out / "examples.jsonl", "".join(json.dumps(e, ensure_ascii=False) + "\n"
                                                     for e in result["examples"]))
   return atomic_write_text(out / "report.md", markdown(summary, spec_a, spec_b, data, judge_desc, command))
+
+
+def write_many_report(out_dir, result: dict, *, specs: dict, data: str, judge_desc: str | None,
+                      command: str) -> pathlib.Path:
+  """report.md (per-variant metrics, judge against the baseline), results.json, examples.jsonl."""
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  s = result["summary"]
+  metrics = list(next(iter(s["variants"].values()))["metrics"])
+  lines = ["# Evaluation of several variants", "", *[f"- {n}: `{spec}`" for n, spec in specs.items()],
+           f"- eval set: `{data}` ({s['n']} examples)", f"- judge: {f'`{judge_desc}`' if judge_desc else 'none'}",
+           f"- command: `{command}`", "", "## Per variant (mean [95% bootstrap CI])", "",
+           "| variant | " + " | ".join(metrics) + (" | judge vs " + s["baseline"] + ": win / tie / loss"
+                                                   if judge_desc else "") + " |",
+           "|---|" + "---|" * (len(metrics) + bool(judge_desc))]
+  for n, v in s["variants"].items():
+    j = v.get("judge_vs_baseline")
+    judge = (f" | {_ci(j['win'], True)} / {_ci(j['tie'], True)} / {_ci(j['loss'], True)}" if j else
+             (" | (baseline)" if judge_desc else ""))
+    lines.append(f"| {n} | " + " | ".join(_ci(v["metrics"][m]) for m in metrics) + judge + " |")
+  atomic_write_text(out / "results.json", json.dumps({"variants": specs, "data": data, "judge": judge_desc, **s},
+                                                     indent=2))
+  atomic_write_text(out / "examples.jsonl", "".join(json.dumps(e, ensure_ascii=False) + "\n"
+                                                    for e in result["examples"]))
+  return atomic_write_text(out / "report.md", "\n".join(lines) + "\n")

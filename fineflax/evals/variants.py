@@ -71,20 +71,25 @@ def load_local(source: str, adapter: str | None = None, *, quant: str = "none", 
 def local_variant(source: str, adapter: str | None = None, *, max_tokens: int = 256, temperature: float = 0.0,
                   quant: str = "none", batch_size: int = 16, dtype: str = "auto", seed: int = 0) -> Variant:
   """Base `source` (quantised per `quant` on the adapter's targets, or all linears) + optional PEFT adapter."""
+  loaded = load_local(source, adapter, quant=quant, dtype=dtype)
+  return lambda prompts: generate_answers(loaded, prompts, max_tokens=max_tokens, temperature=temperature,
+                                          batch_size=batch_size, seed=seed)
+
+
+def generate_answers(loaded, prompts, *, max_tokens: int, temperature: float, batch_size: int, seed: int) -> list[str]:
+  """Answers of a model `loaded` by `load_local` to chat prompts, `batch_size` at a time (batch i samples
+  with key PRNGKey(seed + i))."""
   import jax
 
   from fineflax.sampling import chat_prompt_ids, generate
-  params, config, tokenizer, lora, scale, jdtype = load_local(source, adapter, quant=quant, dtype=dtype)
-
-  def run(prompts):
-    texts = []
-    for i in range(0, len(prompts), batch_size):
-      ids = [chat_prompt_ids(tokenizer, m) for m in prompts[i:i + batch_size]]
-      out = generate(params, config, ids, max_new_tokens=max_tokens, temperature=temperature, tokenizer=tokenizer,
-                     lora=lora, lora_scale=scale, dtype=jdtype, rng=jax.random.PRNGKey(seed + i))
-      texts += list(out.texts)
-    return texts
-  return run
+  params, config, tokenizer, lora, scale, jdtype = loaded
+  texts = []
+  for i in range(0, len(prompts), batch_size):
+    ids = [chat_prompt_ids(tokenizer, m) for m in prompts[i:i + batch_size]]
+    out = generate(params, config, ids, max_new_tokens=max_tokens, temperature=temperature, tokenizer=tokenizer,
+                   lora=lora, lora_scale=scale, dtype=jdtype, rng=jax.random.PRNGKey(seed + i))
+    texts += list(out.texts)
+  return texts
 
 
 def make_variant(spec: str, **kwargs) -> Variant:

@@ -1,4 +1,5 @@
-"""Policies that drive a Search-R1 rollout: the sampler-backed one and a scripted one (tests, demonstrations).
+"""Policies that drive a Search-R1 rollout: the sampler-backed one, one over any LLM client with token-level
+`complete` (`fineflax.agents.llm`, the server's engine) and a scripted one (tests, demonstrations).
 
 Interface (`Policy`), over a fixed batch of rows:
   start(prompts)                      prompts: token lists; every row becomes ready
@@ -74,6 +75,40 @@ class SamplerPolicy:
     for b, t in tokens.items():
       self._lengths[b] += len(t)
       self._ready.add(b)
+
+
+class LLMPolicy:
+  """A `search_r1.policy.Policy` over an LLM client: each ready row's turn is one `llm.complete` of its
+  whole context (prompt, turns, appended tokens) with the turn's budget and stop strings; log-probs are
+  the client's raw ones (untempered) when it gives them."""
+
+  def __init__(self, llm, tokenizer, temperature=None):
+    self.llm, self.tok, self.temperature = llm, tokenizer, temperature
+    self.contexts: dict[int, list[int]] = {}
+    self._ready: set[int] = set()
+
+  def start(self, prompts):
+    self.contexts = {b: list(p) for b, p in enumerate(prompts)}
+    self._ready = set(self.contexts)
+
+  def decode(self, max_new_tokens, stop_strings):
+    turns = {}
+    for b in sorted(self._ready):
+      c = self.llm.complete(self.contexts[b], max_tokens=max_new_tokens, stop=list(stop_strings),
+                            temperature=self.temperature)
+      tokens = list(c.response_ids)
+      logprobs = list(c.raw_logprobs if c.raw_logprobs is not None else c.logprobs)[:len(tokens)]
+      text, _ = cut_at_stop(self.tok.decode(tokens, skip_special_tokens=True), stop_strings)
+      self.contexts[b] += tokens
+      turns[b] = Turn(tokens, logprobs, text, c.finish_reason)
+    self._ready.clear()
+    return turns
+
+  def append(self, tokens):
+    for b, t in tokens.items():
+      if len(t):
+        self.contexts[b] += list(t)
+        self._ready.add(b)
 
 
 class ScriptedPolicy:

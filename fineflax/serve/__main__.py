@@ -1,8 +1,9 @@
 """`python -m fineflax.serve --model SOURCE [--adapter NAME=PATH ...] [--quant nf4|int8|none] --port P`.
 
 An OpenAI-compatible chat server (see `fineflax.serve.app`) over one base model, optionally quantised,
-with PEFT LoRA adapters served in the same batches, a SQLite reward log and a bandit router for
-model="auto".
+with PEFT LoRA adapters served in the same batches, RAG variants over them (`--rag-config FILE`, or
+`--retriever` and `--rag` flags: `fineflax.rag.spec`), a SQLite reward log and a contextual bandit router
+for model="auto" (per request category, priors from the RAG config).
 """
 from __future__ import annotations
 
@@ -43,7 +44,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--reward-max", type=float, default=1.0,
                   help="largest reward /feedback accepts (rewards outside the range in the log are clipped)")
   ap.add_argument("--auto-variants", default=None,
-                  help="comma-separated variants model=auto routes among (default: base and adapters)")
+                  help="comma-separated variants model=auto routes among (default: base, adapters, RAG variants)")
+  ap.add_argument("--rag-config", default=None,
+                  help="JSON file of RAG variants, retrievers, categories and priors (fineflax.rag.spec)")
+  ap.add_argument("--rag", action="append", default=[], metavar="NAME:key=value,...",
+                  help="a RAG variant, e.g. naive_rag:retriever=dense,k=3,generator=alpha (repeatable)")
+  ap.add_argument("--retriever", action="append", default=[], metavar="NAME:key=value,...",
+                  help="a retriever, e.g. dense:kind=vector,corpus=kb.jsonl or web:url=http://h:p/retrieve")
+  ap.add_argument("--no-contextual", dest="contextual", action="store_false",
+                  help="route model=auto on overall statistics only (categories still logged and reported)")
+  ap.add_argument("--seed", type=int, default=None, help="the router's random seed (Thompson draws)")
   args = ap.parse_args(argv)
   if not args.reward_min < args.reward_max:
     ap.error(f"--reward-min {args.reward_min:g} --reward-max {args.reward_max:g}: need min < max")
@@ -61,12 +71,17 @@ class UsageError(ValueError):
 
 
 def check_args(args: argparse.Namespace):
-  """(model config, {name: (lora, lora config)}, base name, auto variants) from the model's metadata and
-  the adapter files alone, before any weight is loaded; a bad --model, --adapter, --name or
-  --auto-variants raises UsageError naming it."""
+  """(model config, {name: (lora, lora config)}, base name, auto variants, RagConfig | None) from the
+  model's metadata, the adapter files and the RAG declarations alone, before any weight is loaded; a bad
+  --model, --adapter, --name, --auto-variants, --rag-config, --rag or --retriever raises UsageError naming it."""
   from fineflax.lora import import_peft
   from fineflax.lora.peft_io import peft_files
   from fineflax.models import load_config
+  from fineflax.rag.spec import RagConfigError, from_args
+  try:
+    rag = from_args(args.rag_config, args.rag, args.retriever)
+  except RagConfigError as e:
+    raise UsageError(str(e)) from None
   for spec in args.adapter:  # the files first: reading the model's metadata can take seconds
     try:
       peft_files(spec.split("=", 1)[1])
@@ -88,13 +103,23 @@ def check_args(args: argparse.Namespace):
   base = args.name or pathlib.Path(str(args.model).rstrip("/")).stem
   if base in adapters:
     raise UsageError(f"--adapter {base}=...: the name is the base model's (rename it or pass --name)")
-  variants = [base, *adapters]
+  for name, v in rag.variants.items():
+    if name in adapters or name in (base, "auto"):
+      raise UsageError(f"RAG variant {name}: the name is taken by a served model")
+    if v.generator is not None and v.generator != base and v.generator not in adapters:
+      raise UsageError(f"RAG variant {name}: generator={v.generator!r} is not served (served: "
+                       f"{[base, *adapters]})")
+  known = [base, *adapters, *rag.variants]
+  variants = known
   if args.auto_variants:
     variants = [v.strip() for v in args.auto_variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v != base and v not in adapters]
+    unknown = [v for v in variants if v not in known]
     if unknown:
-      raise UsageError(f"--auto-variants: unknown {unknown}; known: {[base, *adapters]}")
-  return config, adapters, base, variants
+      raise UsageError(f"--auto-variants: unknown {unknown}; known: {known}")
+  unknown = [v for v in rag.priors if v not in variants]
+  if unknown:
+    raise UsageError(f"priors for {unknown}: not among the variants model=auto routes ({variants})")
+  return config, adapters, base, variants, (rag if rag.variants else None)
 
 
 def build(args: argparse.Namespace, checked=None):
@@ -106,19 +131,21 @@ def build(args: argparse.Namespace, checked=None):
   from fineflax.serve.app import Server, create_app
   from fineflax.serve.engine import Engine
   from fineflax.serve.feedback import FeedbackLog
-  from fineflax.serve.router import Router
+  from fineflax.serve.rag import RagRuntime
+  from fineflax.serve.router import ContextualRouter
 
-  _, adapters, base, variants = checked or check_args(args)
+  _, adapters, base, variants, rag = checked or check_args(args)
   params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
   if tokenizer is None:
     raise UsageError(f"--model {args.model}: no tokenizer found; the server needs one")
   engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
                   dtype=resolve_dtype(args.dtype), chunk=args.chunk)
   log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
-  router = Router(variants, kind=args.router).load(log.reward_sums())
+  router = ContextualRouter(variants, kind=args.router, seed=args.seed, contextual=args.contextual,
+                            priors=rag.priors if rag else None).load(log.reward_sums(by_category=True))
   server = Server(engine, base_name=base, log=log, router=router, api_key=args.api_key,
                   max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
-                  max_n=args.max_n)
+                  max_n=args.max_n, rag=RagRuntime.build(rag) if rag else None)
   return server, create_app(server)
 
 
@@ -144,7 +171,8 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   port = sock.getsockname()[1]
-  print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} on "
+  rag = sorted(server.rag.variants) if server.rag else []
+  print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} + RAG {rag} on "
         f"http://{args.host}:{port}/v1 (log {args.log})", file=sys.stderr, flush=True)
   uvicorn.Server(uvicorn_config(app, args.host, port, keep_alive_timeout=args.keep_alive_timeout,
                                 idle_timeout=args.idle_timeout)).run(sockets=[sock])

@@ -1,13 +1,21 @@
 """The HTTP API (Starlette): OpenAI chat completions, models, feedback and reward statistics.
 
   POST /v1/chat/completions   OpenAI chat completions (stream = server-sent chat.completion.chunk events,
-                              then `data: [DONE]`); model = the base name, an adapter name or "auto"
-                              (the bandit router picks; the response's `model` names the variant)
-  GET  /v1/models             the base, the adapters and "auto"
+                              then `data: [DONE]`); model = the base name, an adapter name, a RAG variant
+                              or "auto" (the bandit router picks, per category when the request has one;
+                              the response's `model` names the variant)
+  GET  /v1/models             the base, the adapters, the RAG variants and "auto"
   POST /feedback              {"id", "reward", "comment"?} -> {"feedback_id", "variant"}; unknown id: 404;
                               reward not a finite number in the log's range (--reward-min/max): 400
-  GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI; router state
+  GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
+                              category); router state
+  GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
   GET  /health                {"status": "ok", "active_rows", "waiting"}
+
+RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
+their generator (base or adapter) answers the context messages through the same engine path (streaming,
+n, log-probs); an agentic variant runs the Search-R1 loop on a worker thread (n = 1; a stream sends its
+answer as one delta). Each logged response holds its question, category, passages and input messages.
 
 Every error is a JSON {"error": {...}} with a 4xx status (5xx only for engine failures); the server keeps
 serving, and a request's bad parameter only ever fails that request. With an API key, every route but
@@ -33,6 +41,8 @@ from starlette.routing import Route
 
 from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
 
+from fineflax.rag.agents import context_messages, question_of, retrieve, run_agentic
+from fineflax.rag.retrievers import passage_record
 from fineflax.sampling.chat import chat_prompt_ids
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
@@ -49,12 +59,22 @@ class Server:
   """The app's state: engine, names, log, router and limits (see `create_app`)."""
 
   def __init__(self, engine, *, base_name, log, router, api_key=None, max_body_bytes=1 << 20,
-               max_tokens_limit=1024, max_n=8, max_prompt_chars=None):
+               max_tokens_limit=1024, max_n=8, max_prompt_chars=None, rag=None):
     self.engine, self.base_name, self.log, self.router = engine, base_name, log, router
     self.api_key, self.max_body_bytes = api_key, int(max_body_bytes)
     self.max_tokens_limit, self.max_n = int(max_tokens_limit), int(max_n)
     self.max_prompt_chars = int(max_prompt_chars or engine.context * longest_token_chars(engine.tokenizer))
-    self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}
+    self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}  # name -> adapter
+    self.rag = rag  # fineflax.serve.rag.RagRuntime or None
+    for name, v in (rag.variants.items() if rag else ()):
+      generator = v.generator or base_name
+      if name in self.variants or name == "auto":
+        raise ValueError(f"RAG variant {name}: the name is taken by a served model")
+      if generator not in self.variants:
+        raise ValueError(f"RAG variant {name}: generator={generator!r} is not served (served: "
+                         f"{sorted(self.variants)})")
+    self.variants.update({name: self.variants[v.generator or base_name] for name, v in
+                          (rag.variants.items() if rag else ())})
 
   # -- helpers -----------------------------------------------------------------------------------
   def check_auth(self, request: Request):
@@ -73,9 +93,9 @@ class Server:
     except ValueError as e:
       raise P.ApiError(400, str(e)) from None
 
-  def resolve(self, model: str) -> str:
+  def resolve(self, model: str, category: str | None = None) -> str:
     if model == "auto":
-      return self.router.choose()
+      return self.router.choose(category)
     if model not in self.variants:
       raise P.ApiError(404, f"model {model!r} not found; available: {sorted(self.variants) + ['auto']}",
                        "model", "model_not_found")
@@ -105,8 +125,19 @@ class Server:
     body = await self.read_json(request)
     req = await run_in_threadpool(P.parse_chat_request, body, max_tokens_limit=self.max_tokens_limit,
                                   max_n=self.max_n)
-    variant = self.resolve(req.model)
-    prompt = await run_in_threadpool(self.prompt_ids, req.messages)
+    question = question_of(req.messages)
+    category = self.rag.category(req.category, question) if self.rag else req.category
+    variant = self.resolve(req.model, category)
+    rag = self.rag.variants.get(variant) if self.rag else None
+    record = {"category": category}
+    messages = req.messages
+    if rag is not None:
+      if rag.kind == "agentic_rag":
+        return await self._agentic(request, req, body, variant, rag, question, record)
+      hits = await run_in_threadpool(retrieve, rag, self.rag.retrievers.get(rag.retriever), question)
+      messages = context_messages(rag, req.messages, hits)
+      record.update(question=question, passages=[passage_record(h) for h in hits], input=messages)
+    prompt = await run_in_threadpool(self.prompt_ids, messages)
     room = self.engine.context - len(prompt)
     max_tokens = req.max_tokens if req.max_tokens is not None else min(self.max_tokens_limit, room)
     if max_tokens > room or room < 1:
@@ -124,11 +155,37 @@ class Server:
     settings = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": max_tokens,
                 "stop": list(req.stop), "seed": req.seed, "n": req.n}
     ctx = dict(rid=rid, created=created, variant=variant, body=body, req=req, settings=settings,
-               prompt_len=len(prompt))
-    if req.stream:
+               prompt_len=len(prompt), record=record)
+    return await self._respond(request, job, queue, ctx)
+
+  async def _respond(self, request, job, queue, ctx):
+    if ctx["req"].stream:
       return StreamingResponse(self._stream(job, queue, ctx), media_type="text/event-stream",
-                               headers={"x-fineflax-variant": variant})
+                               headers={"x-fineflax-variant": ctx["variant"]})
     return await self._complete(request, job, queue, ctx)
+
+  async def _agentic(self, request, req, body, variant, rag, question, record):
+    """The Search-R1 loop on a worker thread (module docstring), answered through `_respond`."""
+    from fineflax.serve.rag import EngineLLM
+    if req.n != 1:
+      raise P.ApiError(400, f"n={req.n}: the agentic variant {variant!r} answers with n = 1", "n")
+    llm = EngineLLM(self.engine, self.variants[variant], req.temperature, req.seed)
+    budget = min(req.max_tokens or self.max_tokens_limit, self.engine.context // 2)
+    try:
+      out = await run_in_threadpool(run_agentic, rag, self.rag.retrievers[rag.retriever], question, llm,
+                                    self.engine.tokenizer, temperature=req.temperature,
+                                    max_response_tokens=budget)
+    except (ValueError, RuntimeError) as e:
+      raise P.ApiError(500, f"agentic variant {variant!r} failed: {e}") from None
+    record.update(question=question, passages=out.passages, input=out.input, trace=out.rollout.trace)
+    queue, completion = asyncio.Queue(), len(out.rollout.tokens)
+    queue.put_nowait(("delta", 0, out.answer, []))
+    queue.put_nowait(("done", 0, "stop" if out.rollout.finish == "answer" else "length", completion))
+    settings = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": budget, "stop": [],
+                "seed": req.seed, "n": 1}
+    ctx = dict(rid=f"chatcmpl-{uuid.uuid4().hex}", created=P.now(), variant=variant, body=body, req=req,
+               settings=settings, prompt_len=out.prompt_tokens, record=record)
+    return await self._respond(request, Job(prompt=[], emit=None), queue, ctx)
 
   async def _complete(self, request, job, queue, ctx):
     texts, entries, reasons, counts = [""] * job.n, [[] for _ in range(job.n)], [None] * job.n, [0] * job.n
@@ -193,7 +250,8 @@ class Server:
     rows = [{"id": ctx["rid"] if i == 0 else f"{ctx['rid']}/{i}", "created": ctx["created"],
              "variant": ctx["variant"], "request": ctx["body"], "messages": ctx["req"].messages,
              "answer": texts[i], "settings": ctx["settings"], "choice": i, "prompt_tokens": ctx["prompt_len"],
-             "completion_tokens": counts[i], "finish_reason": reasons[i]} for i in range(len(texts))]
+             "completion_tokens": counts[i], "finish_reason": reasons[i], **ctx["record"]}
+            for i in range(len(texts))]
     await run_in_threadpool(self.log.add_responses, rows)
 
   async def feedback(self, request: Request):
@@ -209,16 +267,22 @@ class Server:
     if comment is not None and not isinstance(comment, str):
       raise P.ApiError(400, f"comment={comment!r}: expected a string", "comment")
     try:
-      fid, variant = await run_in_threadpool(self.log.add_feedback, body["id"], reward, comment)
+      fid, variant, category = await run_in_threadpool(self.log.add_feedback_in_context, body["id"], reward,
+                                                       comment)
     except UnknownResponse:
       raise P.ApiError(404, f"no response with id {body['id']!r} in the log", "id", "response_not_found")
-    self.router.update(variant, reward)
+    self.router.update(variant, reward, category)
     return JSONResponse({"feedback_id": fid, "id": body["id"], "variant": variant})
 
   async def stats(self, request: Request):
     self.check_auth(request)
     variants = await run_in_threadpool(self.log.stats)
-    return JSONResponse({"variants": variants, "router": self.router.snapshot()})
+    categories = await run_in_threadpool(self.log.category_stats)
+    return JSONResponse({"variants": variants, "categories": categories, "router": self.router.snapshot()})
+
+  async def leaderboard(self, request: Request):
+    self.check_auth(request)
+    return JSONResponse({"leaderboard": await run_in_threadpool(self.log.leaderboard)})
 
   async def health(self, request: Request):
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
@@ -251,6 +315,7 @@ def create_app(server: Server) -> Starlette:
             Route("/v1/models", _guard(server.models), methods=["GET"]),
             Route("/feedback", _guard(server.feedback), methods=["POST"]),
             Route("/rl/stats", _guard(server.stats), methods=["GET"]),
+            Route("/rl/leaderboard", _guard(server.leaderboard), methods=["GET"]),
             Route("/health", _guard(server.health), methods=["GET"])]
   app = Starlette(routes=routes, lifespan=lifespan)
   app.state.server = server

@@ -1,6 +1,8 @@
 """OpenAI chat-completions wire format: request validation and response / chunk objects.
 
-Extension (as vLLM's): `ignore_eos: true` decodes through EOS up to max_tokens (for benchmarks).
+Extensions: `ignore_eos: true` decodes through EOS up to max_tokens (for benchmarks, as vLLM's);
+`category: str` (1-64 characters) names the request's category for contextual routing of model="auto"
+(and the per-category statistics); without it the server's classifier, if any, gives one.
 
 A bad field raises `ApiError(status, message, param)`, answered as
 {"error": {"message", "type", "param", "code"}} with that HTTP status; type is OpenAI's:
@@ -38,6 +40,7 @@ class ChatRequest:
   include_usage: bool = False
   logprobs: bool = False
   ignore_eos: bool = False
+  category: str | None = None
 
 
 def _number(body, key, default, lo, hi, lo_open=False):
@@ -113,6 +116,9 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
   if top_logprobs not in (None, 0):
     raise ApiError(400, f"top_logprobs={top_logprobs!r}: not supported (only the sampled token's logprob)",
                    "top_logprobs")
+  category = body.get("category")
+  if category is not None and (not isinstance(category, str) or not 1 <= len(category) <= 64):
+    raise ApiError(400, f"category={category!r:.80}: expected a string of 1-64 characters", "category")
   opts = body.get("stream_options") or {}
   if not isinstance(opts, dict):
     raise ApiError(400, f"stream_options={opts!r}: expected an object", "stream_options")
@@ -121,7 +127,7 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
       top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), max_tokens=max_tokens, stop=stop,
       n=_int(body, "n", 1, 1, max_n), seed=seed, stream=bool(body.get("stream", False)),
       include_usage=bool(opts.get("include_usage", False)), logprobs=bool(body.get("logprobs", False)),
-      ignore_eos=bool(body.get("ignore_eos", False)))
+      ignore_eos=bool(body.get("ignore_eos", False)), category=category)
 
 
 def logprob_content(tokenizer, entries) -> list[dict]:
