@@ -21,18 +21,28 @@ from fineflax.engine.decode import cast_params, decode_loop, hidden_states
 from fineflax.engine.processors import RowFilters, sample_rows
 
 
-def row_bucket(n: int) -> int:
-  """Rows of a device call: n rounded up to a power of two."""
-  return 1 << max(int(n) - 1, 0).bit_length()
+def row_bucket(n: int, minimum: int = 1) -> int:
+  """Rows of a device call: max(n, minimum) rounded up to a power of two."""
+  return 1 << max(max(int(n), int(minimum)) - 1, 0).bit_length()
+
+
+def geometric_bucket(n: int, steps: int) -> int:
+  """n rounded up to the next integer of the form 2^k * (1 + j / steps), j = 0 .. steps - 1: at most
+  (1 + 1 / steps) x n, `steps` sizes per doubling."""
+  n = max(int(n), 1)
+  p = 1 << (n - 1).bit_length()  # smallest power of two >= n
+  half = p // 2
+  for j in range(1, steps):
+    if half * j % steps == 0 and half + half * j // steps >= n:
+      return half + half * j // steps
+  return p
 
 
 def page_bucket(n: int, limit: int | None = None) -> int:
-  """Pages read per row: n rounded up to the next 2^k or 3 * 2^(k-1) (at most 1.5x the pages needed,
-  two programs per doubling), capped at `limit`."""
-  n = max(int(n), 1)
-  p = 1 << (n - 1).bit_length()  # smallest power of two >= n
-  out = 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
-  return out if limit is None else min(out, max(int(limit), n))
+  """Pages read per row: n rounded up to the next 2^k or 3 * 2^(k-1) (`geometric_bucket` with 2 steps:
+  at most 1.5x the pages needed, two programs per doubling), capped at `limit`."""
+  out = geometric_bucket(n, 2)
+  return out if limit is None else min(out, max(int(limit), max(int(n), 1)))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))

@@ -35,6 +35,7 @@ streams tokens after each chunk, `cancel(seq)` frees a sequence's row and pages 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import Callable, Sequence as Seq
@@ -134,7 +135,7 @@ class Engine:
                max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
-               prepared: bool = False):
+               prepared: bool = False, min_row_bucket: int | None = None):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -142,7 +143,9 @@ class Engine:
     tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
     prepared=True: `params` come from `engine.decode.prepare_decode_params` for this impl already.
     lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
-    `Request.adapter` (`engine.adapters.stack_adapters`); not both."""
+    `Request.adapter` (`engine.adapters.stack_adapters`); not both. min_row_bucket: device calls run at
+    least this many rows (padding rows cost nothing where a step reads the weights anyway; fewer row
+    buckets, fewer compiled programs); None: `default_min_row_bucket()`."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
@@ -161,6 +164,8 @@ class Engine:
       raise ValueError("attention='pallas': this jax has no jax.experimental.pallas.ops.gpu.paged_attention")
     self.attention = attention
     self.max_rows, self.page_size = int(max_rows), int(page_size)
+    floor = default_min_row_bucket() if min_row_bucket is None else int(min_row_bucket)
+    self.min_row_bucket = min(max(floor, 1), device.row_bucket(self.max_rows))
     self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
     self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
     self.max_pages_per_row = max_pages_per_row
@@ -359,7 +364,7 @@ class Engine:
     return True
 
   def _prefill_call(self, batch: list[Sequence], width: int) -> None:
-    b = device.row_bucket(len(batch))
+    b = device.row_bucket(len(batch), self.min_row_bucket)
     tokens = np.zeros((b, width), np.int32)
     positions = np.zeros((b, width), np.int32)
     valid = np.zeros((b, width), bool)
@@ -403,7 +408,7 @@ class Engine:
       copies += self.pages.grow(s.id, end)
       ends.append(end)
     self._copy(copies)
-    b = device.row_bucket(len(rows))
+    b = device.row_bucket(len(rows), self.min_row_bucket)
     table = self._table(rows, b, max(ends))
     e = -(-max(max(len(s.eos) for s in rows), 1) // 4) * 4
     pad = b - len(rows)
@@ -460,7 +465,7 @@ class Engine:
     number of programs compiled."""
     import concurrent.futures
     widths = {self._table_width(n) for n in range(1, max_len + self.page_size, self.page_size)}
-    keys = [(device.row_bucket(r), w, eos_width, filters) for r in sorted(set(rows)) for w in sorted(widths)]
+    keys = [(device.row_bucket(r, self.min_row_bucket), w, eos_width, filters) for r in sorted(set(rows)) for w in sorted(widths)]
     keys = [k for k in dict.fromkeys(keys) if (self._signature, *k) not in _PROGRAMS]
     workers = threads or max(1, min(len(keys), (os.cpu_count() or 2) // 2))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -470,7 +475,9 @@ class Engine:
   def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
     """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
     key = (self._signature, b, width, e, filters)
-    if key not in _PROGRAMS:
+    if key in _PROGRAMS:
+      _PROGRAMS.move_to_end(key)
+    else:
       i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
       f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
@@ -481,9 +488,9 @@ class Engine:
           self.params, self.pool, i32(b, width), state, self.lora, scale, config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size).compile()
-      self.programs.add(key)
-      while len(_PROGRAMS) > MAX_PROGRAMS:  # oldest first: a long process (a test session) stays bounded
-        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+      while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
+        _PROGRAMS.popitem(last=False)
+    self.programs.add(key)
     return _PROGRAMS[key]
 
   def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
@@ -544,8 +551,17 @@ class Engine:
 
 # Compiled decode chunks by (engine signature: statics and argument shapes, rows, table width, eos width,
 # filters), shared by engines of the same model and pool shape (a new engine does not compile them again).
-_PROGRAMS: dict = {}
-MAX_PROGRAMS = 64  # compiled decode chunks kept (insertion order; the oldest is dropped first)
+# Least recently used first out: an RL run alternates sampled rollouts and greedy evaluations, whose
+# programs together outnumbered a first-in-first-out bound of 64 and were compiled again after every
+# evaluation (Search-R1 on an H200, 2026-11-27).
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+MAX_PROGRAMS = 512  # compiled decode chunks kept (a chunk's executable is host code, not device memory)
+
+
+def default_min_row_bucket(backend: str | None = None) -> int:
+  """8 on accelerators (a decode step of up to 8 rows reads the same weights in about the same time: rows
+  1, 2, 4 and 8 share one program), 1 on CPU (compute-bound: padding rows cost their share)."""
+  return 1 if (backend or jax.default_backend()) == "cpu" else 8
 
 
 def _shapes(tree) -> tuple:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from fineflax.engine import Engine, Request
 from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.engine.device import geometric_bucket
 from fineflax.engine.pages import pages_for
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
@@ -47,12 +48,24 @@ def uses_static_cache(cache: str, mesh) -> bool:
   return cache == "static" or (mesh is not None and mesh.devices.size > 1)
 
 
-def engine_pool_pages(lengths: Sequence[int], page_size: int) -> int:
+_RECENT_POOLS: list[int] = []  # pool sizes of the latest engines, newest first (engine_pool_pages)
+
+
+def engine_pool_pages(lengths: Sequence[int], page_size: int, slack: float = 1.25) -> int:
   """Pool pages for sequences of at most these lengths decoded at once without sharing (each one page
-  more for a copy on write, plus the trash page), rounded up (`bucket`) so calls of similar sizes reuse
-  one compiled program."""
+  more for a copy on write, plus the trash page): the smallest of the last 8 sizes this process used that
+  holds the need with at most `slack` x to spare, else the need rounded up to one of 8 sizes per doubling
+  (`geometric_bucket`, at least 16). The pool's shape is part of every compiled program's signature: RL
+  steps whose prompts differ a little keep one pool and their programs (before: a multiple of 256 pages,
+  crossed from one step to the next by the prompts' lengths, and all programs compiled again)."""
   need = sum(pages_for(n, page_size) + 1 for n in lengths) + 1
-  return bucket(need, minimum=16, multiple=256)
+  fits = [p for p in _RECENT_POOLS if need <= p <= slack * need]
+  size = min(fits) if fits else geometric_bucket(max(need, 16), 8)
+  if size in _RECENT_POOLS:
+    _RECENT_POOLS.remove(size)
+  _RECENT_POOLS.insert(0, size)
+  del _RECENT_POOLS[8:]
+  return size
 
 
 class SamplerSession:
