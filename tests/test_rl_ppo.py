@@ -183,7 +183,8 @@ def test_ppo_job_runs_with_mini_and_micro_batches(tiny_smol, tmp_path):
   from fineflax.jobs.resolve import load_config
   over = {"model.source": tiny_smol, "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 64,
           "eval_batch_size": 4, "rl.group_size": 2, "rl.mini_batch_size": 1, "rl.micro_batch_tokens": 160,
-          "rl.skip_grad_bound": 1e6, "optimizer.learning_rate": 1e-2}
+          "rl.skip_grad_bound": 1e6, "optimizer.learning_rate": 1e-2,
+          "rl.mask_truncated": False}  # 8-token completions are all cut: they must enter the loss here
   c = load_config("configs/grpo_arith.py:ppo,smoke", [f"{k}={v}" for k, v in over.items()])
   job = rl_job.RLJob(c)
   before = jax.tree.map(np.asarray, job.learner.state)
