@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fineflax import lora as lora_lib
-from fineflax.models import forward_hidden
 from fineflax.rl.losses import aggregate, masked_mean
+from fineflax.rl.step import completion_hidden
 from fineflax.train.grad_accum import apply_gradients, make_micro_grad
 from fineflax.train.optim import make_optimizer
 
@@ -134,12 +134,8 @@ def response_mask(batch: dict) -> np.ndarray:
 def critic_values(params, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
   """V [B, N] (float32) at the positions predicting the completion tokens (every position of a packed
   micro-batch, `fineflax.rl.micro`)."""
-  n, s = batch["completion"].shape[1], batch["tokens"].shape[1]
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
-                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"),
-                     lora=params["lora"], lora_scale=lora_scale, remat=remat, dtype=dtype)
-  if "segment_ids" not in batch:
-    h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+  h = completion_hidden(params["lora"], base, batch, model_config=model_config, lora_scale=lora_scale,
+                        remat=remat, dtype=dtype)
   head = params["head"]
   return jnp.einsum("bth,h->bt", h.astype(jnp.float32), head["kernel"][:, 0]) + head["bias"][0]
 

@@ -25,6 +25,17 @@ from fineflax.rl.objectives import get_objective
 from fineflax.train.grad_accum import apply_gradients
 
 
+def completion_hidden(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
+  """Final-norm hidden states [B, N, H] at the positions predicting the completion tokens (every position
+  of a packed micro-batch, whose fields are laid out that way already)."""
+  n = batch["completion"].shape[1]
+  s = batch["tokens"].shape[1]
+  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"), lora=lora,
+                     lora_scale=lora_scale, remat=remat, dtype=dtype)
+  return h if "segment_ids" in batch else jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+
+
 def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
                     logits_chunk=256, temperature=1.0):
   """(logp [B, N], entropy [B, N]) of the completion tokens under softmax(logits / temperature).
@@ -33,13 +44,8 @@ def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="n
   loss differentiates is the distribution the samples came from (as TRL and verl do); logits are
   h @ W, so h / T gives logits / T exactly.
   """
-  n = batch["completion"].shape[1]
-  s = batch["tokens"].shape[1]
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
-                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"), lora=lora,
-                     lora_scale=lora_scale, remat=remat, dtype=dtype)
-  if "segment_ids" not in batch:  # packed rows are laid out by predicting position already
-    h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+  h = completion_hidden(lora, base, batch, model_config=model_config, lora_scale=lora_scale, remat=remat,
+                        dtype=dtype)
   if temperature != 1.0:
     h = h / jnp.asarray(temperature, h.dtype)
   return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
