@@ -96,7 +96,7 @@ def search_r1_sections(config):
 def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, objective="grpo"):
   """The settings every RL objective shares; objective-specific ones come with their preset."""
   config.rl = r = ml_collections.ConfigDict()
-  r.objective = objective  # an entry of fineflax.rl.objectives.OBJECTIVES: grpo, luffy or exgrpo
+  r.objective = objective  # an entry of fineflax.rl.objectives.OBJECTIVES: grpo, luffy, exgrpo or ppo
   r.prompts_per_step = prompts_per_step  # questions per rollout batch
   r.group_size = group_size  # rows per question (G), off-policy rows included
   r.max_new_tokens = max_new_tokens  # completion budget per row
@@ -118,6 +118,20 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   r.dynamic_sampling = False  # DAPO: drop zero-variance groups and refill
   r.max_refill_rounds = 2  # extra rollout rounds allowed for refilling
   r.sft_steps = 0  # leading SFT steps on the demonstrations, then RL (fineflax/rl/sft_phase.py)
+  r.mini_batch_size = 0  # prompts per optimizer step (verl ppo_mini_batch_size, whole groups): prompts_per_step /
+  #   mini_batch_size steps per rollout batch and iteration; 0 = prompts_per_step (one step)
+  r.micro_batch_tokens = 0  # token budget per device per micro-batch of the update (verl ppo_max_token_len_per_gpu
+  #   with use_dynamic_bsz): rows packed by length, gradients accumulated; 0 = off (one padded pass)
+  r.skip_grad_bound = 0.0  # ExGRPO: a step whose global grad norm exceeds this (or is not finite) applies no
+  #   update and logs skipped=1 (0 = off)
+  return config
+
+
+def train(config, micro_batch_tokens=0):
+  """How SFT / distillation steps run (fineflax.train)."""
+  config.train = ml_collections.ConfigDict()
+  config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
+  #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches
   return config
 
 
@@ -137,6 +151,24 @@ def exgrpo_section(rl, beta=0.1, sigma=1.0, threshold=0.35, share=0.5, max_per_q
   rl.exgrpo.threshold = threshold  # replay once the batch solve rate passes this
   rl.exgrpo.share = share  # share of each batch's questions taken from the buffer
   rl.exgrpo.max_per_question = max_per_question  # stored correct trajectories per question
+  return rl
+
+
+def ppo_section(rl, critic="lora", critic_lr=1e-5, critic_warmup_steps=0, cliprange_value=0.5, gamma=1.0, lam=1.0,
+                kl_in_reward=True, kl_coef=0.001, kl_penalty="kl", value_loss_coef=1.0):
+  rl.ppo = ml_collections.ConfigDict()
+  rl.ppo.critic = critic  # value model: lora (its own LoRA + value head [H, 1] on the base) or full (a trainable copy)
+  rl.ppo.critic_lr = critic_lr  # critic AdamW peak learning rate (verl critic.optim.lr)
+  rl.ppo.critic_warmup_steps = critic_warmup_steps  # critic learning-rate warmup steps (verl critic.optim
+  #   lr_warmup_steps_ratio x total steps); the rest of the schedule is config.optimizer's
+  rl.ppo.cliprange_value = cliprange_value  # value clip around the old values (verl critic.cliprange_value)
+  rl.ppo.gamma = gamma  # GAE discount (verl algorithm.gamma)
+  rl.ppo.lam = lam  # GAE lambda (verl algorithm.lam)
+  rl.ppo.kl_in_reward = kl_in_reward  # subtract kl_coef * KL(old || ref) per policy token from the reward
+  #   (verl apply_kl_penalty, fixed kl_ctrl); rl.beta stays the k3 KL loss
+  rl.ppo.kl_coef = kl_coef  # verl algorithm.kl_ctrl.kl_coef
+  rl.ppo.kl_penalty = kl_penalty  # KL estimate in the reward: kl, abs, mse or low_var_kl (verl algorithm.kl_penalty)
+  rl.ppo.value_loss_coef = value_loss_coef  # scale of the critic's loss (it has its own optimizer)
   return rl
 
 
@@ -164,7 +196,13 @@ def _exgrpo(c):  # ExGRPO: replay of past successes once the solve rate passes 0
   exgrpo_section(c.rl)
 
 
-RL_PRESETS = {"grpo": _grpo, "dapo": _dapo, "dr_grpo": _dr_grpo, "luffy": _luffy, "exgrpo": _exgrpo}
+def _ppo(c):  # PPO with a LoRA critic and GAE (Search-R1's train_ppo.sh / verl defaults): token-mean, clip 0.2
+  c.rl.update(objective="ppo", agg_mode="token-mean", epsilon_high=0.2, dynamic_sampling=False)
+  ppo_section(c.rl)
+
+
+RL_PRESETS = {"grpo": _grpo, "dapo": _dapo, "dr_grpo": _dr_grpo, "luffy": _luffy, "exgrpo": _exgrpo,
+              "ppo": _ppo}
 
 
 def apply_presets(config, arg: str, presets: dict):

@@ -116,3 +116,17 @@ def test_stop_requested_catches_sigterm():
     assert not stop
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop and stop.signal_name == "SIGTERM"
+
+
+def test_sft_with_micro_batch_tokens_packs_the_step_and_the_loss_falls(tiny_source, tmp_path):
+  """train.micro_batch_tokens: two data batches a step re-packed into 96-token rows (lora dropout on:
+  one key per micro-batch); a budget below data.max_length is refused at start."""
+  from fineflax.config_checks import ConfigError
+  from fineflax.jobs import sft
+  c = _config(tiny_source, num_steps=8, **{"train.micro_batch_tokens": 96, "data.grad_accum": 2})
+  summary = sft.run(c, str(tmp_path))
+  assert summary["status"] == "completed" and summary["step"] == 8
+  losses = _losses(str(tmp_path))
+  assert np.mean([losses[s] for s in (7, 8)]) < np.mean([losses[s] for s in (1, 2)]) - 0.5
+  with pytest.raises(ConfigError, match=r"config.train.micro_batch_tokens=32: 0 \(off\) or at least data.max_length=64"):
+    sft.run(_config(tiny_source, **{"train.micro_batch_tokens": 32}), str(tmp_path / "refused"))

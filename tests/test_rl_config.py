@@ -7,7 +7,7 @@ import pytest
 
 from fineflax.config_checks import ConfigError
 from fineflax.jobs.resolve import load_config
-from fineflax.rl.config import ExGRPOConfig, LuffyConfig, RLConfig
+from fineflax.rl.config import SECTIONS, ExGRPOConfig, LuffyConfig, RLConfig
 
 pytestmark = pytest.mark.fast  # the fast tier of main's tests/conftest.py (13 s on 2 cores)
 
@@ -22,7 +22,7 @@ def test_every_declared_field_holds_the_config_value(spec):
   rl = RLConfig.from_config(c.rl)
   values = c.rl.to_dict()
   for f in dataclasses.fields(RLConfig):
-    if f.name in ("luffy", "exgrpo"):
+    if f.name in SECTIONS:
       section = getattr(rl, f.name)
       assert (section is None) == (f.name not in values), f.name
       if section is not None:
@@ -38,7 +38,7 @@ def test_every_declared_field_holds_the_config_value(spec):
     ({"top_p": 0.0}, "config.rl.top_p=0.0: must be in (0.0, 1.0]"),
     ({"dual_clip": 0.5}, "config.rl.dual_clip=0.5: 0 (off) or a constant > 1"),
     ({"sft_steps": -1}, "config.rl.sft_steps=-1: an integer >= 0 (0 = no SFT phase)"),
-    ({"objective": "ppo"}, "config.rl.objective='ppo': choose one of 'grpo', 'luffy', 'exgrpo'"),
+    ({"objective": "trpo"}, "config.rl.objective='trpo': choose one of 'grpo', 'luffy', 'exgrpo', 'ppo'"),
     ({"objective": "luffy"}, "config.rl.luffy is missing: objective 'luffy' needs its section"),
     ({"objective": "luffy", "group_size": 4, "luffy": LuffyConfig(n_off=4)},
      "config.rl.luffy.n_off=4: LUFFY needs 1 <= n_off < group_size=4"),

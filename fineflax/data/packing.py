@@ -87,3 +87,33 @@ def assemble(rows: Sequence[Sequence[Sequence_]], width: int, pad_id: int) -> di
       batch["segment_ids"][r, sl] = s
       at += n
   return batch
+
+
+def repack(batches: Sequence[dict], width: int, rows_multiple: int, pad_id: int) -> list[dict]:
+  """The sequences of `batches` (batch dicts of this module, one segment or several a row) packed again,
+  whole, first-fit by decreasing length into rows of `width` tokens; the rows grouped `rows_multiple` at a
+  time (one per device) into micro-batches [rows_multiple, width] (the last filled with empty rows).
+  A sequence longer than `width` is an error naming config.train.micro_batch_tokens."""
+  seqs = []
+  for batch in batches:
+    seg = np.asarray(batch["segment_ids"])
+    for r in range(seg.shape[0]):
+      for s in np.unique(seg[r][seg[r] > 0]):
+        at = np.flatnonzero(seg[r] == s)
+        seqs.append(tuple(np.asarray(batch[k])[r, at] for k in ("tokens", "targets", "loss_mask")))
+  longest = max((len(s[0]) for s in seqs), default=0)
+  if longest > width:
+    raise ValueError(f"config.train.micro_batch_tokens={width}: a sequence holds {longest} tokens; the budget "
+                     "must be at least data.max_length")
+  fill: list[int] = []
+  rows: list[list] = []
+  for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0])):
+    r = first_fit(fill, len(seqs[i][0]), width)
+    if r < 0:
+      fill.append(0)
+      rows.append([])
+      r = len(fill) - 1
+    fill[r] += len(seqs[i][0])
+    rows[r].append(seqs[i])
+  rows += [[] for _ in range(-len(rows) % rows_multiple or (0 if rows else rows_multiple))]
+  return [assemble(rows[i:i + rows_multiple], width, pad_id) for i in range(0, len(rows), rows_multiple)]

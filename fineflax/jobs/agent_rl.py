@@ -162,6 +162,11 @@ def validate(config) -> RLConfig:
   if obj.off_policy is not None:
     raise ConfigError(f"config.rl.objective={config.rl.objective!r} adds off-policy rows ({obj.off_policy}), "
                       "which agent rollouts do not have; choose an on-policy objective such as 'grpo'")
+  if obj.critic:
+    raise ConfigError(f"config.rl.objective={config.rl.objective!r} (a critic and GAE over each row) is not "
+                      "supported for agent transitions; choose an objective such as 'grpo'")
+  require(config, "rl.mini_batch_size", lambda v: v in (0, rl.prompts_per_step),
+          "must be 0 (one step a batch: agent groups hold varying numbers of transitions)")
   for key, why in (("dynamic_sampling", "agent groups are not refilled"),
                    ("mask_truncated", "not supported for agent calls"),
                    ("overlong_buffer", "not supported for agent calls")):

@@ -9,8 +9,9 @@ import jax
 from clu import metrics as clu_metrics
 
 from fineflax import lora as lora_lib
-from fineflax.config_checks import one_of, positive_int
+from fineflax.config_checks import lookup, non_negative_int, one_of, positive_int, require
 from fineflax.data import build_mixture, load_sources, make_batch_iterator
+from fineflax.data.packing import repack
 from fineflax.data.iterator import pad_id_of
 from fineflax.jobs import resolve
 from fineflax.sampling.answer import answer
@@ -18,7 +19,7 @@ from fineflax.train.loop import Hooks, train_loop
 from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
 from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
 from fineflax.train.optim import make_optimizer, make_schedule
-from fineflax.train.sft_step import make_sft_fns, stack_micro_batches
+from fineflax.train.sft_step import make_sft_fns, make_sft_micro_step, stack_micro_batches
 from fineflax.train.state import init_state
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
@@ -49,6 +50,11 @@ def validate(config) -> None:
   from fineflax.data.schemas import SCHEMAS
   for key in ("data.batch_size", "data.max_length", "data.grad_accum", "data.eval_batches"):
     positive_int(config, key)
+  require(config, "train.micro_batch_tokens", *non_negative_int(" (0 = data.grad_accum padded batches)"))
+  tokens = lookup(config, "train.micro_batch_tokens", 0)
+  if tokens and tokens < config.data.max_length:
+    require(config, "train.micro_batch_tokens", lambda v: False,
+            f"0 (off) or at least data.max_length={config.data.max_length} (a whole sequence)")
   one_of(config, "data.truncation", ("right", "left", "drop"))
   one_of(config, "data.on_bad_row", ("error", "skip"))
   one_of(config, "data.schema", ("auto", *SCHEMAS))
@@ -83,9 +89,17 @@ def run(config, workdir: str | None) -> dict:
     print(f"\n[before] {config.sample_prompt}\n{sample()}\n", flush=True)
   throughput = {"t": time.time(), "tokens": 0.0}
 
+  micro_tokens = lookup(config, "train.micro_batch_tokens", 0)  # packed micro-batches (fineflax.data.packing.repack)
+  micro_fn = make_sft_micro_step(optimizer, model_config=model_config, lora_scale=scale,
+                                 lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
+                                 logits_chunk=config.model.logits_chunk) if micro_tokens else None
+
   def step(state, step: int):
-    batch = stack_micro_batches([next(batches) for _ in range(config.data.grad_accum)], pad_id)
-    state, metrics = train_fn(state, base, shard_batch(batch, mesh, batch_axis=1))
+    grouped = [next(batches) for _ in range(config.data.grad_accum)]
+    if micro_fn is not None:
+      state, metrics = micro_fn(state, base, repack(grouped, micro_tokens, mesh.devices.size, pad_id), mesh)
+    else:
+      state, metrics = train_fn(state, base, shard_batch(stack_micro_batches(grouped, pad_id), mesh, batch_axis=1))
     metrics = jax.device_get(metrics)
     throughput["tokens"] += float(metrics["tokens"])
     scalars = {"train_loss": float(metrics["loss"]),

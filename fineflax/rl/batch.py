@@ -59,7 +59,7 @@ def pad_rows(batch: dict, multiple: int) -> dict:
     return batch
   out = {k: np.concatenate([np.asarray(v), np.repeat(np.asarray(v)[:1], extra, axis=0)])
          for k, v in batch.items()}
-  for k in ("mask", "advantages", "is_off_policy"):
+  for k in ("mask", "advantages", "is_off_policy", "response_mask"):
     if k in out:
       out[k][b:] = 0
   out["num_rows"] = np.float32(b)

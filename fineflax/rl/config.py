@@ -57,7 +57,41 @@ class ExGRPOConfig:
     check("rl.exgrpo.max_per_question", self.max_per_question, *positive_integer())
 
 
-SECTIONS = {"luffy": LuffyConfig, "exgrpo": ExGRPOConfig}
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+  """PPO's critic and rewards (`config.rl.ppo`, `fineflax.rl.ppo`; defaults of Search-R1's train_ppo.sh /
+  verl's ppo_trainer.yaml): critic "lora" (its own LoRA + value head on the base; "full": a trainable copy,
+  needs full-parameter training), its AdamW peak lr and warmup steps, value clip, GAE gamma / lam, the KL
+  penalty in the reward (verl apply_kl_penalty, fixed kl_ctrl), the value loss coefficient."""
+  critic: str = "lora"
+  critic_lr: float = 1e-5
+  critic_warmup_steps: int = 0
+  cliprange_value: float = 0.5
+  gamma: float = 1.0
+  lam: float = 1.0
+  kl_in_reward: bool = True
+  kl_coef: float = 0.001
+  kl_penalty: str = "kl"
+  value_loss_coef: float = 1.0
+
+  def __post_init__(self):
+    from fineflax.rl.ppo import KL_PENALTIES
+    check("rl.ppo.critic", self.critic, *choice(("lora", "full")))
+    if self.critic == "full":
+      raise ConfigError("config.rl.ppo.critic='full': a full-parameter critic needs full-parameter training "
+                        "(issue 31 item 1), not available in this build; use 'lora'")
+    check("rl.ppo.critic_lr", self.critic_lr, *interval(0.0, INF, lo_open=True))
+    check("rl.ppo.critic_warmup_steps", self.critic_warmup_steps, *non_negative_int())
+    check("rl.ppo.cliprange_value", self.cliprange_value, *interval(0.0, INF, lo_open=True))
+    check("rl.ppo.gamma", self.gamma, *interval(0.0, 1.0))
+    check("rl.ppo.lam", self.lam, *interval(0.0, 1.0))
+    check("rl.ppo.kl_in_reward", self.kl_in_reward, lambda v: isinstance(v, bool), "true or false")
+    check("rl.ppo.kl_coef", self.kl_coef, *interval(0.0, INF))
+    check("rl.ppo.kl_penalty", self.kl_penalty, *choice(KL_PENALTIES))
+    check("rl.ppo.value_loss_coef", self.value_loss_coef, *interval(0.0, INF, lo_open=True))
+
+
+SECTIONS = {"luffy": LuffyConfig, "exgrpo": ExGRPOConfig, "ppo": PPOConfig}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +99,9 @@ class RLConfig:
   """Rollouts (prompts_per_step questions x group_size rows, max_new_tokens, temperature, top_p,
   dense_rollouts), the loss (objective, clip, epsilon_low/high, dual_clip, beta (KL), entropy_coef,
   agg_mode, advantage_scale), num_iterations updates per batch, DAPO (mask_truncated, overlong_buffer,
-  dynamic_sampling with max_refill_rounds), sft_steps leading SFT steps; the objective's section."""
+  dynamic_sampling with max_refill_rounds), sft_steps leading SFT steps; the update's batching
+  (mini_batch_size prompts per optimizer step, micro_batch_tokens per device per micro-batch:
+  `fineflax.rl.minibatch`), skip_grad_bound (ExGRPO); the objective's section."""
   objective: str = "grpo"
   prompts_per_step: int = 1
   group_size: int = 2
@@ -87,8 +123,12 @@ class RLConfig:
   dynamic_sampling: bool = False
   max_refill_rounds: int = 2
   sft_steps: int = 0
+  mini_batch_size: int = 0
+  micro_batch_tokens: int = 0
+  skip_grad_bound: float = 0.0
   luffy: LuffyConfig | None = None
   exgrpo: ExGRPOConfig | None = None
+  ppo: PPOConfig | None = None
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # keys not declared above
 
   @classmethod
@@ -110,7 +150,18 @@ class RLConfig:
     check("rl.advantage_scale", self.advantage_scale, *choice(SCALES))
     for key in ("prompts_per_step", "max_new_tokens", "num_iterations"):
       check(f"rl.{key}", getattr(self, key), *positive_integer())
-    check("rl.group_size", self.group_size, lambda v: isinstance(v, int) and v >= 2, "group advantages need >= 2")
+    if entry.critic:  # GAE advantages: one rollout a prompt is enough (Search-R1's PPO)
+      check("rl.group_size", self.group_size, *positive_integer())
+    else:
+      check("rl.group_size", self.group_size, lambda v: isinstance(v, int) and v >= 2, "group advantages need >= 2")
+    check("rl.mini_batch_size", self.mini_batch_size,
+          lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == 0 or (v <= self.prompts_per_step
+                                                                                  and self.prompts_per_step % v == 0)),
+          f"0 (= prompts_per_step) or a divisor of prompts_per_step={self.prompts_per_step}")
+    check("rl.micro_batch_tokens", self.micro_batch_tokens,
+          lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == 0 or v > self.max_new_tokens),
+          f"0 (off) or a token budget above max_new_tokens={self.max_new_tokens} (a prompt and its completion)")
+    check("rl.skip_grad_bound", self.skip_grad_bound, *interval(0.0, INF))
     check("rl.temperature", self.temperature, *interval(0.0, INF, lo_open=True))
     check("rl.top_p", self.top_p, *interval(0.0, 1.0, lo_open=True))
     check("rl.epsilon_low", self.epsilon_low, *interval(0.0, 1.0, hi_open=True))

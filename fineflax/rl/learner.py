@@ -11,7 +11,8 @@ functions, the policy that rolls out, and the update.
   policy(lora)                 base + that LoRA with the run's sampling settings (`fineflax.rl.policy`)
   collect(lora, env, ...)      one step's scored groups (`fineflax.rl.collect.collect`) with the sources
   groups_batch(groups)         the update batch of the kept groups (group advantages, `fineflax.rl.update`)
-  update(state, batch)         old/ref log-probs, then rl.num_iterations updates -> (state, metrics)
+  update(state, batch)         old/ref log-probs, then rl.num_iterations updates -> (state, metrics); with
+                               mini-/micro-batches or PPO's critic through `plan` (`fineflax.rl.minibatch`)
   sft_update(state, batch)     one SFT step on demonstrations (the SFT phase, `fineflax.rl.sft_phase`)
 
 `state` holds the train state the run starts from (replicated over the mesh); the loop passes states in
@@ -29,6 +30,8 @@ from fineflax import lora as lora_lib
 from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.collect import Groups, collect, kept_groups
 from fineflax.rl.config import RLConfig
+from fineflax.rl.minibatch import UpdatePlan
+from fineflax.rl.ppo import Critic
 from fineflax.rl.policy import Policy
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
@@ -55,8 +58,12 @@ class Learner:
     self.scale = lora_lib.lora_scale(self.lora_cfg)
     self.optimizer = make_optimizer(config.optimizer)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
-                                             loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=self.fwd_kwargs)
+                                             loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=self.fwd_kwargs,
+                                             skip_grad_bound=rl.skip_grad_bound)
     self.state = init_state(lora, self.optimizer, config.seed)
+    self.critic = Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs) if self.objective.critic else None
+    if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
+      self.state["critic"] = self.critic.init(self.base, self.model_config, self.lora_cfg, config.seed)
     if mesh is not None:
       self.state = replicate(self.state, mesh)
 
@@ -99,10 +106,20 @@ class Learner:
                         pad_id=self.pad_id, max_new_tokens=rl.max_new_tokens,
                         advantage_scale=rl.advantage_scale, fields=self.objective.batch_fields)
 
+  @functools.cached_property
+  def plan(self) -> UpdatePlan | None:
+    """The update in mini-/micro-batches (`fineflax.rl.minibatch`) when rl.mini_batch_size splits the batch,
+    rl.micro_batch_tokens is set or the objective has a critic; None: one step per iteration (rl_update)."""
+    rl = self.rl
+    if not (rl.mini_batch_size not in (0, rl.prompts_per_step) or rl.micro_batch_tokens or self.critic):
+      return None
+    return UpdatePlan(rl, optimizer=self.optimizer, objective=rl.objective, loss_kwargs=self.objective.kwargs(rl),
+                      fwd_kwargs=self.fwd_kwargs, logp_fn=self.logp_fn, pad_id=self.pad_id, critic=self.critic)
+
   def update(self, state, batch: dict):
     """(new state, metrics of the last update): `fineflax.rl.update.rl_update` on this learner's base."""
     return rl_update(state, self.base, batch, step_fn=self.step_fn, logp_fn=self.logp_fn, beta=self.rl.beta,
-                     num_iterations=self.rl.num_iterations, mesh=self.mesh)
+                     num_iterations=self.rl.num_iterations, mesh=self.mesh, plan=self.plan)
 
   @functools.cached_property
   def sft_fn(self):

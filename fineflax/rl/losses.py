@@ -12,6 +12,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "sum")
@@ -28,10 +29,11 @@ def _per_token(advantages: jnp.ndarray, like: jnp.ndarray) -> jnp.ndarray:
   return a
 
 
-def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-  """sum(x * m) / max(sum(m), 1): a masked mean that is 0, not NaN, for an empty mask."""
+def masked_mean(x: jnp.ndarray, mask: jnp.ndarray, count=None) -> jnp.ndarray:
+  """sum(x * m) / max(sum(m), 1): a masked mean that is 0, not NaN, for an empty mask. `count` replaces
+  sum(m) (the token count of the whole batch when x, m are one micro-batch of it)."""
   m = jnp.asarray(mask, jnp.float32)
-  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
+  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m) if count is None else count, 1.0)
 
 
 def clipped_surrogate(logp, old_logp, advantages, mask, epsilon_low: float = 0.2,
@@ -115,7 +117,7 @@ def exgrpo_replay_weight(logp, recorded_logp, beta: float = 0.1):
 
 # ----------------------------------------------------------------------------- aggregation
 
-def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None, num_rows=None):
+def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None, num_rows=None, weights=None):
   """Scalar loss from [B, T] per-token losses (verl `agg_loss`; L = per_token_loss, m = mask).
 
   "token-mean"              sum_bt L·m / sum_bt m                          (DAPO)
@@ -127,9 +129,14 @@ def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None, nu
   max_len defaults to T. Empty rows / an empty batch give 0, not NaN (verl: 1e-8 guard).
   num_rows (default B) is the B of the seq-mean modes: a batch padded with all-masked rows to split
   evenly over devices passes its real row count, so the padding changes nothing.
+  weights [B, T] (`token_weights` of the whole (mini-)batch, laid out like L): the loss is sum_bt L·m·w,
+  every mode being a weighted token sum; a micro-batch holding part of the tokens then gives its share of
+  the whole batch's loss, and the shares add up to it (`mode` is already in the weights).
   """
   m = jnp.asarray(mask, jnp.float32)
   lm = per_token_loss * m
+  if weights is not None:
+    return jnp.sum(lm * weights)
   b, t = m.shape
   norm = float(t if max_len is None else max_len)
   row_mean = jnp.mean if num_rows is None else (lambda x: jnp.sum(x) / num_rows)
@@ -146,29 +153,59 @@ def aggregate(per_token_loss, mask, mode: str, max_len: Optional[int] = None, nu
   raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
 
 
+def token_weights(mask, mode: str, max_len: Optional[int] = None, num_rows=None) -> np.ndarray:
+  """float32 [B, T] weights w with aggregate(L, mask, mode, max_len, num_rows) == sum_bt L·m·w (NumPy,
+  on the host, from the mask of the whole (mini-)batch before it is cut into micro-batches).
+
+  token-mean 1 / max(sum m, 1);  seq-mean-token-mean 1 / (B · max(sum_t m_b, 1));
+  seq-mean-token-sum 1 / B;  seq-mean-token-sum-norm 1 / (B · max_len);  sum 1 / max_len
+  (B = num_rows, default the rows of mask; max_len default T).
+  """
+  m = np.asarray(mask, np.float32)
+  b, t = m.shape
+  rows = float(b if num_rows is None else num_rows)
+  norm = float(t if max_len is None else max_len)
+  if mode == "token-mean":
+    w = np.full_like(m, 1.0 / max(float(m.sum()), 1.0))
+  elif mode == "seq-mean-token-mean":
+    w = np.broadcast_to(1.0 / (rows * np.maximum(m.sum(-1, keepdims=True), 1.0)), m.shape)
+  elif mode == "seq-mean-token-sum":
+    w = np.full_like(m, 1.0 / rows)
+  elif mode == "seq-mean-token-sum-norm":
+    w = np.full_like(m, 1.0 / (rows * norm))
+  elif mode == "sum":
+    w = np.full_like(m, 1.0 / norm)
+  else:
+    raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+  return np.ascontiguousarray(w, np.float32)
+
+
 # ----------------------------------------------------------------------------- full objectives
 
 def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len,
-            num_rows=None):
+            num_rows=None, weights=None, num_tokens=None):
   """loss = aggregate(pg + beta·kl_k3, agg_mode) - entropy_coef · token-mean(H).
 
   The entropy bonus is always a masked token mean, whatever `agg_mode` (LUFFY's released code:
   `entropy_loss = masked_mean(entropy, response_mask)`); metrics are masked token means.
+  A micro-batch of a larger batch passes that batch's normalisers: `weights` (`token_weights`, for the
+  aggregation) and `num_tokens` (its mask's token count, for the entropy mean), so the micro-batches'
+  losses add up to the whole batch's.
   """
   per_token = pg_per_token
   metrics = dict(pg_stats)
-  metrics["pg_loss"] = aggregate(pg_per_token, mask, agg_mode, max_len, num_rows)
+  metrics["pg_loss"] = aggregate(pg_per_token, mask, agg_mode, max_len, num_rows, weights)
   if beta:
     if ref_logp is None:
       raise ValueError(f"beta={beta} needs ref_logp")
     kl = kl_k3(logp, ref_logp)
     per_token = per_token + beta * kl
     metrics["kl"] = masked_mean(kl, mask)
-  loss = aggregate(per_token, mask, agg_mode, max_len, num_rows)
+  loss = aggregate(per_token, mask, agg_mode, max_len, num_rows, weights)
   if entropy_coef:
     if entropy is None:
       raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy")
-    loss = loss - entropy_coef * masked_mean(entropy, mask)
+    loss = loss - entropy_coef * masked_mean(entropy, mask, num_tokens)
   if entropy is not None:
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), mask)
   metrics["loss"] = loss
@@ -178,7 +215,7 @@ def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, en
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float = 0.2,
               epsilon_high: float = 0.2, dual_clip: Optional[float] = None, beta: float = 0.0,
               entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-              max_len: Optional[int] = None, clip: bool = True, num_rows=None):
+              max_len: Optional[int] = None, clip: bool = True, num_rows=None, weights=None, num_tokens=None):
   """GRPO / DAPO / Dr. GRPO objective -> (scalar loss, metrics).
 
   per token: l = -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) [dual clip]   (or -r·A when clip=False)
@@ -190,7 +227,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float 
     pg, stats = clipped_surrogate(logp, old_logp, advantages, mask, epsilon_low, epsilon_high, dual_clip)
   else:
     pg, stats = unclipped_surrogate(logp, old_logp, advantages, mask)
-  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows)
+  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows,
+                 weights, num_tokens)
 
 
 def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float = 0.1,
@@ -198,7 +236,7 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
                on_policy_clip: bool = True, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                dual_clip: Optional[float] = None, ref_logp=None, beta: float = 0.0,
                entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-               max_len: Optional[int] = None, num_rows=None):
+               max_len: Optional[int] = None, num_rows=None, weights=None, num_tokens=None):
   """LUFFY mixed-policy objective (Yan et al. 2025) -> (scalar loss, metrics).
 
   rows with is_off_policy [B] False: on-policy surrogate (clipped, or -r·A when on_policy_clip=False
@@ -216,7 +254,8 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
     on, stats = unclipped_surrogate(logp, old_logp, advantages, mask)
   shape = (off_policy_behaviour_logp is None) if shape_off_policy is None else shape_off_policy
   off = policy_shaping_loss(logp, advantages, gamma, off_policy_behaviour_logp, shape)
-  is_off = jnp.asarray(is_off_policy, bool)[:, None]
+  is_off = jnp.asarray(is_off_policy, bool)
+  is_off = is_off[:, None] if is_off.ndim == 1 else is_off  # [B] per row, or [B, T] per token (packed rows)
   pg = jnp.where(is_off, off, on)
   m = jnp.asarray(mask, jnp.float32)
   off_mask = m * is_off
@@ -224,7 +263,8 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
   stats["off_policy_prob"] = masked_mean(jnp.exp(jax.lax.stop_gradient(logp)), off_mask)
   stats["off_pg_loss"] = masked_mean(off, off_mask)
   stats["on_pg_loss"] = masked_mean(on, m * (1.0 - is_off))
-  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows)
+  return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows,
+                 weights, num_tokens)
 
 
 def exgrpo_loss(logp, old_logp, recorded_logp, advantages, mask, is_replayed, *, replay_beta: float = 0.1,

@@ -5,7 +5,8 @@ Adding an objective = one `Objective` entry here + its loss function in `finefla
 Every loss is called as loss(logp, entropy, batch, **kwargs(config.rl)) -> (scalar, metrics), where
 logp / entropy [B, N] are the current policy's, and batch holds the common fields of
 `fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0; num_rows when the
-batch was padded to split over devices) plus `batch_fields`.
+batch was padded to split over devices; loss_weights / num_tokens in a micro-batch: `norms`) plus
+`batch_fields`. In a packed micro-batch (`fineflax.rl.micro`) every field is per token [R, T].
 `off_policy` names the rows the RL job adds to each group: "guidance" (LUFFY: `rl.luffy.n_off`
 demonstrations) or "replay" (ExGRPO: one stored trajectory per replayed question). The settings are
 checked by `fineflax.rl.config.RLConfig` (its section's own dataclass, then the entry's `check`).
@@ -27,6 +28,7 @@ class Objective:
   off_policy: str | None = None  # None | "guidance" | "replay"
   section: str | None = None  # config.rl subsection with the objective's own fields
   check: Callable[[Any], None] = lambda rl: None  # cross-field checks of the RLConfig (fineflax.rl.config)
+  critic: bool = False  # PPO: a value model, GAE advantages per token (fineflax.rl.ppo, fineflax.rl.minibatch)
 
 
 def common_kwargs(rl) -> dict:
@@ -35,20 +37,27 @@ def common_kwargs(rl) -> dict:
               beta=rl.beta, entropy_coef=rl.entropy_coef, agg_mode=rl.agg_mode, max_len=rl.max_new_tokens)
 
 
+def norms(batch) -> dict:
+  """The normalisers a loss reads from its batch: num_rows (rows before padding), and for a micro-batch
+  the whole (mini-)batch's `loss_weights` / `num_tokens` (`fineflax.rl.micro`)."""
+  return dict(num_rows=batch.get("num_rows"), weights=batch.get("loss_weights"),
+              num_tokens=batch.get("num_tokens"))
+
+
 def _grpo(logp, entropy, batch, **kw):
   return grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"], batch["mask"],
-                   entropy=entropy, num_rows=batch.get("num_rows"), **kw)
+                   entropy=entropy, **norms(batch), **kw)
 
 
 def _luffy(logp, entropy, batch, **kw):
   return luffy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"], batch["is_off_policy"],
-                    ref_logp=batch.get("ref_logp"), entropy=entropy, num_rows=batch.get("num_rows"), **kw)
+                    ref_logp=batch.get("ref_logp"), entropy=entropy, **norms(batch), **kw)
 
 
 def _exgrpo(logp, entropy, batch, **kw):
   return exgrpo_loss(logp, batch["old_logp"], batch["behaviour_logp"], batch["advantages"], batch["mask"],
                      batch["is_off_policy"], ref_logp=batch.get("ref_logp"), entropy=entropy,
-                     num_rows=batch.get("num_rows"), **kw)
+                     **norms(batch), **kw)
 
 
 def _check_luffy(rl) -> None:
@@ -66,6 +75,9 @@ OBJECTIVES: dict[str, Objective] = {
     "exgrpo": Objective(_exgrpo, ("is_off_policy", "behaviour_logp"),
                         lambda rl: dict(common_kwargs(rl), replay_beta=rl.exgrpo.beta, on_policy_clip=rl.clip),
                         off_policy="replay", section="exgrpo"),
+    # PPO (Search-R1): the clipped surrogate with GAE advantages [B, N] of the critic; raw rewards in the batch
+    "ppo": Objective(_grpo, ("rewards",), lambda rl: dict(common_kwargs(rl), clip=rl.clip), section="ppo",
+                     critic=True),
 }
 
 

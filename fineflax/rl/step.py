@@ -9,6 +9,8 @@ Batch (NumPy/jax arrays; B sequences, S = P + N tokens: left-padded prompt of wi
   advantages [B]          group-normalised advantages
   is_off_policy [B]       LUFFY trace / ExGRPO replayed row (uses the shaping loss); optional
   behaviour_logp [B, N]   recorded log-probs of off-policy/replayed rows; optional
+A packed micro-batch (`fineflax.rl.micro`) holds rows of several sequences instead ([R, T], with
+segment_ids): every per-token field is laid out at the position whose hidden state predicts the token.
 """
 from __future__ import annotations
 
@@ -16,11 +18,22 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fineflax.models import forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp_and_entropy
 from fineflax.rl.objectives import get_objective
+from fineflax.train.grad_accum import apply_gradients
+
+
+def completion_hidden(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
+  """Final-norm hidden states [B, N, H] at the positions predicting the completion tokens (every position
+  of a packed micro-batch, whose fields are laid out that way already)."""
+  n = batch["completion"].shape[1]
+  s = batch["tokens"].shape[1]
+  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+                     attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"), lora=lora,
+                     lora_scale=lora_scale, remat=remat, dtype=dtype)
+  return h if "segment_ids" in batch else jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
 
 
 def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
@@ -31,12 +44,8 @@ def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="n
   loss differentiates is the distribution the samples came from (as TRL and verl do); logits are
   h @ W, so h / T gives logits / T exactly.
   """
-  n = batch["completion"].shape[1]
-  s = batch["tokens"].shape[1]
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
-                     attention_mask=batch["attention_mask"], lora=lora, lora_scale=lora_scale,
-                     remat=remat, dtype=dtype)
-  h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
+  h = completion_hidden(lora, base, batch, model_config=model_config, lora_scale=lora_scale, remat=remat,
+                        dtype=dtype)
   if temperature != 1.0:
     h = h / jnp.asarray(temperature, h.dtype)
   return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
@@ -50,18 +59,17 @@ def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs:
   return get_objective(objective).loss(logp, entropy, batch, **loss_kwargs)
 
 
-def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs):
-  """One optimizer update of the LoRA pytree on `rl_loss`; the frozen base gets no gradient."""
+def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs, skip_grad_bound=0.0):
+  """One optimizer update of the LoRA pytree on `rl_loss`; the frozen base gets no gradient
+  (`apply_gradients`: a step over `skip_grad_bound` leaves LoRA and moments unchanged)."""
   (loss, metrics), grads = jax.value_and_grad(
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
       has_aux=True)(state["lora"], base, batch)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  return {"step": state["step"] + 1, "lora": optax.apply_updates(state["lora"], updates),
-          "opt_state": opt_state, "rng": state["rng"]}, metrics
+  lora, opt_state, m = apply_gradients(state["lora"], state["opt_state"], grads, optimizer, skip_grad_bound)
+  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state), dict(metrics, **m)
 
 
-def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
+def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0):
   """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]).
 
   The state is not donated: it is small (LoRA + optimizer moments), and the loop keeps the previous
@@ -69,6 +77,7 @@ def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dic
   """
   get_objective(objective)
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
-                                   loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs))
+                                   loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs,
+                                   skip_grad_bound=skip_grad_bound))
   logp = jax.jit(functools.partial(completion_logp, **fwd_kwargs))
   return step, logp

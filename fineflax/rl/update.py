@@ -24,13 +24,19 @@ from fineflax.rl.batch import build_rl_batch, pad_ragged, pad_rows, round_up
 
 def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, max_new_tokens: int,
                  advantage_scale: str, fields: tuple[str, ...]) -> dict:
-  """The batch of `fineflax.rl.step` for the kept groups (without old/ref log-probs)."""
+  """The batch of `fineflax.rl.step` for the kept groups (without old/ref log-probs). An objective whose
+  fields hold "rewards" (PPO) gets the raw rewards [B] and its advantages later from its critic (zeros
+  here: `fineflax.rl.ppo`)."""
   sel = np.flatnonzero(np.repeat(keep_groups, group_size))
   kept = R.take(rows, sel)
   batch = build_rl_batch(kept["prompt"], kept["completion"], kept["loss_mask"], pad_id=pad_id,
                          completion_width=round_up(max_new_tokens, 32))
-  batch["advantages"] = np.asarray(group_advantages(np.asarray(rewards)[sel], group_size,
-                                                    scale=advantage_scale), np.float32)
+  if "rewards" in fields:
+    batch["rewards"] = np.asarray(rewards, np.float32)[sel]
+    batch["advantages"] = np.zeros(len(sel), np.float32)
+  else:
+    batch["advantages"] = np.asarray(group_advantages(np.asarray(rewards)[sel], group_size,
+                                                      scale=advantage_scale), np.float32)
   batch["is_off_policy"] = np.asarray(kept["off_policy"], bool)
   if "behaviour_logp" in fields:
     batch["behaviour_logp"] = pad_ragged(kept["behaviour_logp"], batch["completion"].shape[1])
@@ -48,11 +54,14 @@ def shard_update_batch(batch: dict, mesh) -> dict:
           for k, v in batch.items()}
 
 
-def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None):
+def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None, plan=None):
   """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
 
   With `mesh` the batch is split over its devices first (`shard_update_batch`); `state` and `base` are
-  expected placed already (`fineflax.mesh.replicate` / `shard_params`)."""
+  expected placed already (`fineflax.mesh.replicate` / `shard_params`). With `plan` (mini-/micro-batches
+  or PPO's critic: `fineflax.rl.minibatch.UpdatePlan`) the plan does the whole update instead."""
+  if plan is not None:
+    return plan.update(state, base, batch, mesh=mesh)
   if mesh is not None:
     batch = shard_update_batch(batch, mesh)
   batch = dict(batch, old_logp=logp_fn(state["lora"], base, batch)[0])

@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fineflax.mesh import shard_batch
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
+from fineflax.train.grad_accum import accumulate, apply_gradients, make_micro_grad
 from fineflax.train.state import State
 
 
@@ -36,6 +38,13 @@ def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, 
                               batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
+
+
+def sft_share(lora, base, batch, **loss_kwargs):
+  """(sum NLL of one micro-batch / the whole step's loss-token count `num_loss_tokens`, metrics): its share
+  of the step's mean NLL (`fineflax.train.grad_accum`; `dropout_rng` in the batch when dropout is on)."""
+  nll, _ = sft_nll(lora, base, batch, dropout_rng=batch.get("dropout_rng"), **loss_kwargs)
+  return nll / batch["num_loss_tokens"], {}
 
 
 def _num_tokens(batch) -> jnp.ndarray:
@@ -71,6 +80,35 @@ def eval_step(lora, base, batch, **loss_kwargs):
   """(sum NLL, number of loss tokens) of one micro-batch [B, T], no dropout."""
   loss_kwargs = dict(loss_kwargs, lora_dropout=0.0)
   return sft_nll(lora, base, batch, **loss_kwargs)
+
+
+def _sft_apply(state, grads, rng, *, optimizer):
+  lora, opt_state, m = apply_gradients(state["lora"], state["opt_state"], grads, optimizer)
+  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state, rng=rng), m
+
+
+def make_sft_micro_step(optimizer, **loss_kwargs):
+  """step(state, base, micro_batches, mesh=None) -> (state, metrics): one update on the token-weighted
+  mean NLL of host micro-batches of packed rows ([D, T] each, `fineflax.data.packing.repack`; split over
+  the mesh's devices here), the gradient accumulated over them (`fineflax.train.grad_accum`: one compiled
+  micro-step for any count). Metrics as `sft_step`'s."""
+  micro = make_micro_grad(functools.partial(sft_share, **dict(loss_kwargs, causal_prefix=False)),
+                          weight_key="loss_mask")
+  apply = jax.jit(functools.partial(_sft_apply, optimizer=optimizer))
+
+  def step(state, base, micro_batches, mesh=None):
+    n = sum(float(mb["loss_mask"].sum()) for mb in micro_batches)
+    tokens = sum(float(mb["attention_mask"].sum()) for mb in micro_batches)
+    rng, step_rng = jax.random.split(state["rng"])
+    keys = jax.random.split(step_rng, len(micro_batches))
+    place = (lambda mb: shard_batch(mb, mesh)) if mesh is not None else (lambda mb: mb)
+    mbs = [dict(place(mb), num_loss_tokens=np.float32(max(n, 1.0)), dropout_rng=keys[i])
+           for i, mb in enumerate(micro_batches)]
+    grads, m = accumulate(micro, state["lora"], base, mbs)
+    state, m2 = apply(state, grads, rng)
+    return state, {"loss": m["loss"], "loss_tokens": n, "tokens": tokens, "grad_norm": m2["grad_norm"]}
+
+  return step
 
 
 def make_sft_fns(optimizer, **loss_kwargs):

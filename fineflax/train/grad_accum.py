@@ -1,0 +1,91 @@
+"""Gradient accumulation over micro-batches, and the optimizer update that may skip a step.
+
+  micro = make_micro_grad(loss_fn)                                   # one jitted micro-step
+  grads, metrics = accumulate(micro, trainable, frozen, micro_batches)
+  trainable, opt_state, m = apply_gradients(trainable, opt_state, grads, optimizer, skip_grad_bound)
+
+loss_fn(trainable, frozen, mb) -> (scalar loss, metrics dict). Each micro-batch's loss must already be
+its share of the whole batch's loss (normalised by the whole batch: `fineflax.rl.losses.token_weights`,
+a token count of the whole batch), so that by linearity of the gradient
+  grad(loss of the batch) = sum_k grad(loss_k)   exactly (up to float summation order).
+The micro-step is one compiled program, run in a Python loop for any number of micro-batches of the same
+shape; gradients are summed in float32. Metrics: the keys in `additive` (losses, normalised by the whole
+batch) are summed; the others (masked means over a micro-batch's tokens) are averaged with weights
+sum(mb[weight_key]), which gives the whole batch's masked mean for masks over those tokens.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+ADDITIVE = ("loss", "pg_loss", "vf_loss")
+
+
+def _micro_grad(acc, trainable, frozen, mb, *, loss_fn, weight_key: str, additive: tuple[str, ...]):
+  """acc + (grads of loss_fn on mb, its metrics weighted as the module docstring says)."""
+  (loss, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(trainable, frozen, mb)
+  w = jnp.sum(jnp.asarray(mb[weight_key], jnp.float32))
+  metrics = dict(metrics, loss=loss)
+  new = {"grads": jax.tree.map(lambda x: x.astype(jnp.float32), g),
+         "metrics": {k: v if k in additive else v * w for k, v in metrics.items()}, "weight": w}
+  return jax.tree.map(jnp.add, acc, new)
+
+
+class MicroGrad:
+  """The jitted micro-step `step(acc, trainable, frozen, mb) -> acc` (acc donated) of `loss_fn`."""
+
+  def __init__(self, loss_fn, *, weight_key: str = "mask", additive: tuple[str, ...] = ADDITIVE):
+    self.loss_fn, self.additive = loss_fn, additive
+    self.step = jax.jit(functools.partial(_micro_grad, loss_fn=loss_fn, weight_key=weight_key,
+                                          additive=additive), donate_argnums=0)
+
+  def zeros(self, trainable, frozen, mb) -> dict:
+    """The empty accumulator: float32 zeros like `trainable` (same placement), zero metrics."""
+    def metrics(t, f, b):
+      (loss, m), _ = jax.value_and_grad(self.loss_fn, has_aux=True)(t, f, b)
+      return dict(m, loss=loss)
+    shapes = jax.eval_shape(metrics, trainable, frozen, mb)  # traced, not run
+    return {"grads": jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), trainable),
+            "metrics": {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()},
+            "weight": jnp.zeros((), jnp.float32)}
+
+
+def make_micro_grad(loss_fn, *, weight_key: str = "mask", additive: tuple[str, ...] = ADDITIVE) -> MicroGrad:
+  return MicroGrad(loss_fn, weight_key=weight_key, additive=additive)
+
+
+def accumulate(micro: MicroGrad, trainable, frozen, micro_batches):
+  """(sum of the micro-batches' gradients (float32, like `trainable`), metrics of the whole batch)."""
+  micro_batches = list(micro_batches)
+  if not micro_batches:
+    raise ValueError("accumulate needs at least one micro-batch")
+  acc = micro.zeros(trainable, frozen, micro_batches[0])
+  for mb in micro_batches:
+    acc = micro.step(acc, trainable, frozen, mb)
+  w = jnp.maximum(acc["weight"], 1e-8)
+  return acc["grads"], {k: v if k in micro.additive else v / w for k, v in acc["metrics"].items()}
+
+
+def apply_gradients(trainable, opt_state, grads, optimizer: optax.GradientTransformation,
+                    skip_grad_bound: float = 0.0):
+  """(trainable, opt_state, {"grad_norm"[, "skipped"]}) after one optimizer update on `grads`.
+
+  grad_norm is the global norm before any clipping. skip_grad_bound > 0 (ExGRPO's `skip_grad_bound`,
+  its mix_actor `_optimizer_step`): a step whose grad_norm exceeds the bound, or is not finite, applies
+  no update: parameters and optimizer state (moments, step count, hence the schedule's position) stay as
+  they were; `skipped` is 1.0 for it, else 0.0.
+  """
+  grad_norm = optax.tree.norm(grads)
+  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
+  updates, new_opt_state = optimizer.update(grads, opt_state, trainable)
+  new = optax.apply_updates(trainable, updates)
+  metrics = {"grad_norm": grad_norm}
+  if skip_grad_bound:
+    skip = ~(grad_norm <= skip_grad_bound)  # a NaN norm is skipped too
+    keep = lambda old, upd: jax.tree.map(lambda a, b: jnp.where(skip, a, b), old, upd)
+    new, new_opt_state = keep(trainable, new), keep(opt_state, new_opt_state)
+    metrics["skipped"] = skip.astype(jnp.float32)
+  return new, new_opt_state, metrics
