@@ -53,7 +53,7 @@ def test_unknown_key_and_wrong_type_are_one_line_errors():
     ("model.attention=flash", "config.model.attention='flash': choose one of 'auto', 'cudnn', 'xla'"),
     ("lora.targets=('qkv',)", "config.lora.targets=('qkv',): linear names"),
     ("rl.group_size=1", "config.rl.group_size=1: group advantages need >= 2"),
-    ("rl.objective=ppo", "config.rl.objective='ppo': choose one of 'grpo', 'luffy', 'exgrpo'"),
+    ("rl.objective=dpo", "config.rl.objective='dpo': choose one of 'grpo', 'luffy', 'exgrpo', 'ppo'"),
     ("rl.objective=luffy", "config.rl.luffy is missing"),
     ("rewards.nonexistent=1.0", "unknown config key config.rewards.nonexistent"),
 ])
