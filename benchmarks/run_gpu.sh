@@ -3,7 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 runner bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
-#                                          cudnn exgrpo masking agents serve pack
+#                                          cudnn exgrpo masking sr1speed agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
@@ -93,6 +93,24 @@ for stage in "$@"; do
               --extra-metrics solve_rate reward_mean replay_share buffer_questions buffer_retired \
               --set model.source=$GGUF num_steps=${STEPS:-120} eval_every=${EVAL_EVERY:-20} \
               model.remat=full model.logits_chunk=32 ;;
+    sr1speed) # engine programs in an RL run: Search-R1 masked + unmasked, seed 0, both on GPU 0 (as the issue-35
+            # stage runs 2 a GPU), 10 steps with evaluations at 0 and 10; per-step times and XLA compiles
+            for arm in masked unmasked; do
+              extra=""; [ $arm = unmasked ] && extra="--config.search.mask_info=false"
+              JAX_LOG_COMPILES=1 CUDA_VISIBLE_DEVICES=0 timeout -s TERM ${SPEED_TIMEOUT:-300} python3 launch.py \
+                --config configs/search_r1.py --workdir /root/work/sr1speed/$arm --config.seed=0 \
+                --config.model.source=$GGUF --config.num_steps=10 --config.eval_every=10 \
+                --config.model.remat=full --config.model.logits_chunk=32 $extra > "$OUT/sr1speed-$arm.log" 2>&1 &
+            done
+            wait
+            for arm in masked unmasked; do
+              echo "== $arm: compiles $(grep -c 'Finished XLA compilation' "$OUT/sr1speed-$arm.log")," \
+                "compile s $(grep -o 'Finished XLA compilation of .* in [0-9.]*' "$OUT/sr1speed-$arm.log" | awk '{s+=$NF} END {print s}')"
+              python3 -c "import sys; from fineflax.runs import load_history; h, done = load_history(sys.argv[1]); \
+print('finished' if done else 'cut', [(r['step'], round(r['time_s'], 1)) for r in h if 'time_s' in r])" \
+                /root/work/sr1speed/$arm 2>&1 | tail -1
+              grep -o 'Finished XLA compilation of jit([a-z_]*)' "$OUT/sr1speed-$arm.log" | sort | uniq -c | sort -rn | head -8
+            done ;;
     masking) python3 -m experiments.compare --config configs/search_r1.py --out /root/work/masking \
               --method masked= --method "unmasked=;search.mask_info=false" --seeds 0 1 2 3 \
               --per-gpu ${PER_GPU:-2} --run-timeout ${RUN_TIMEOUT:-420} --metric eval_em \
