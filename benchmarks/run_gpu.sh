@@ -3,7 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 runner bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
-#                                          cudnn exgrpo masking sr1speed agents serve pack
+#                                          cudnn exgrpo masking sr1speed sr1impl agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
@@ -110,6 +110,21 @@ for stage in "$@"; do
 print('finished' if done else 'cut', [(r['step'], round(r['time_s'], 1)) for r in h if 'time_s' in r])" \
                 /root/work/sr1speed/$arm 2>&1 | tail -1
               grep -o 'Finished XLA compilation of jit([a-z_]*)' "$OUT/sr1speed-$arm.log" | sort | uniq -c | sort -rn | head -8
+            done ;;
+    sr1impl) # decode impl and compile cost: Search-R1 masked, seed 0, 4 steps (evaluations at 0 and 4), the
+            # unrolled and the scan decoder side by side on GPU 0, each with its own empty compilation cache
+            for impl in unrolled scan; do
+              FINEFLAX_DECODE=$impl JAX_COMPILATION_CACHE_DIR=/root/jax-cache-$impl JAX_LOG_COMPILES=1 \
+              CUDA_VISIBLE_DEVICES=0 timeout -s TERM ${SPEED_TIMEOUT:-300} python3 launch.py \
+                --config configs/search_r1.py --workdir /root/work/sr1impl/$impl --config.seed=0 \
+                --config.model.source=$GGUF --config.num_steps=4 --config.eval_every=4 \
+                --config.model.remat=full --config.model.logits_chunk=32 > "$OUT/sr1impl-$impl.log" 2>&1 &
+            done
+            wait
+            for impl in unrolled scan; do
+              echo "== $impl:"; grep -o 'Finished XLA compilation of jit([a-z_]*) in [0-9.]*' "$OUT/sr1impl-$impl.log" | \
+                awk '{n[$5]++; s[$5]+=$NF} END {for (k in n) if (s[k] > 1) print "  ", k, n[k], "programs", s[k], "s"}'
+              grep -o 'eval_em[^,]*\|[0-9]*/4 \[[0-9:]*' "$OUT/sr1impl-$impl.log" | tail -6 | tr '\n' ' '; echo
             done ;;
     masking) python3 -m experiments.compare --config configs/search_r1.py --out /root/work/masking \
               --method masked= --method "unmasked=;search.mask_info=false" --seeds 0 1 2 3 \
