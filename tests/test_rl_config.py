@@ -39,6 +39,7 @@ def test_every_declared_field_holds_the_config_value(spec):
     ({"dual_clip": 0.5}, "config.rl.dual_clip=0.5: 0 (off) or a constant > 1"),
     ({"sft_steps": -1}, "config.rl.sft_steps=-1: an integer >= 0 (0 = no SFT phase)"),
     ({"objective": "trpo"}, "config.rl.objective='trpo': choose one of 'grpo', 'luffy', 'exgrpo', 'ppo'"),
+    ({"decode_impl": "fast"}, "config.rl.decode_impl='fast': choose one of 'scan', 'unrolled', 'auto'"),
     ({"objective": "luffy"}, "config.rl.luffy is missing: objective 'luffy' needs its section"),
     ({"objective": "luffy", "group_size": 4, "luffy": LuffyConfig(n_off=4)},
      "config.rl.luffy.n_off=4: LUFFY needs 1 <= n_off < group_size=4"),
@@ -67,3 +68,21 @@ def test_frozen_and_undeclared_keys_are_readable():
     rl.group_size = 8
   with pytest.raises(AttributeError, match="config.rl has no field 'nope'"):
     rl.nope
+
+
+@pytest.mark.fast
+def test_the_rollout_decoder_reaches_generate_and_search_r1_sessions(monkeypatch):
+  """rl.decode_impl and rl.dense_rollouts travel from the Policy to `generate` and to Search-R1's sessions."""
+  from fineflax.envs import search_r1 as env_mod
+  from fineflax.rl import policy as policy_mod
+  seen = {}
+  monkeypatch.setattr(policy_mod, "generate", lambda *a, **kw: seen.setdefault("generate", kw))
+  monkeypatch.setattr(env_mod, "rollout_batch", lambda *a, **kw: seen.setdefault("search_r1", kw))
+  policy = policy_mod.Policy("base", "cfg", "tok", None, 1.0, dense_base=True, decode_impl="unrolled")
+  policy.sample([[1, 2]])
+  env = env_mod.SearchR1Env.__new__(env_mod.SearchR1Env)
+  env.tok, env.search_fn, env.rollout_cfg = "tok", None, None
+  env.results(policy, [], rng=None)
+  for kw in seen.values():
+    assert kw["impl"] == "unrolled" and kw["dense_base"] is True
+  assert RLConfig().decode_impl == "scan"

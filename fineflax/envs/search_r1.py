@@ -124,7 +124,8 @@ class SearchR1Env(Env):
     return rollout_batch(policy.base, policy.model_config, self.tok, self.search_fn,
                          [q.question for q in items], self.rollout_cfg, lora=policy.lora,
                          lora_scale=policy.lora_scale, temperature=0.0 if greedy else policy.temperature,
-                         top_p=policy.top_p, rng=rng, dtype=policy.dtype, mesh=policy.mesh)
+                         top_p=policy.top_p, rng=rng, dtype=policy.dtype, mesh=policy.mesh,
+                         dense_base=policy.dense_base, impl=policy.decode_impl)
 
   def rollout(self, policy, items, rng, mask_truncated: bool = False):
     """(rows, examples): one multi-turn rollout per item."""

@@ -109,6 +109,7 @@ class RLConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   dense_rollouts: bool = False
+  decode_impl: str = "scan"
   num_iterations: int = 1
   clip: bool = True
   epsilon_low: float = 0.2
@@ -172,6 +173,7 @@ class RLConfig:
     check("rl.overlong_buffer", self.overlong_buffer, *non_negative_int(" (0 = off)"))
     check("rl.max_refill_rounds", self.max_refill_rounds, *non_negative_int())
     check("rl.sft_steps", self.sft_steps, *non_negative_int(" (0 = no SFT phase)"))
+    check("rl.decode_impl", self.decode_impl, *choice(("scan", "unrolled", "auto")))
     for key in ("clip", "dense_rollouts", "mask_truncated", "dynamic_sampling"):
       check(f"rl.{key}", getattr(self, key), lambda v: isinstance(v, bool), "true or false")
     if entry.section and getattr(self, entry.section, None) is None:

@@ -78,7 +78,7 @@ class Learner:
     """The policy of base + `lora` (None: the base alone) with the run's sampling settings."""
     rl = self.rl
     return Policy(self.base, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
-                  rl.top_p, rl.max_new_tokens, self.mesh, rl.dense_rollouts)
+                  rl.top_p, rl.max_new_tokens, self.mesh, rl.dense_rollouts, rl.decode_impl)
 
   @functools.cached_property
   def pad_id(self) -> int:

@@ -27,6 +27,7 @@ class Policy:
   max_new_tokens: int = 128
   mesh: Any = None  # rows and KV cache split over this mesh's devices (fineflax.mesh)
   dense_base: bool = False  # sample from a dense copy of a quantised base (SamplerSession(dense_base=...))
+  decode_impl: str = "auto"  # the decoder: scan, unrolled or auto (`fineflax.engine.decode.decode_impl`)
 
   @property
   def eos_id(self) -> int:
@@ -41,4 +42,4 @@ class Policy:
     return generate(self.base, self.model_config, prompts, max_new_tokens=self.max_new_tokens,
                     temperature=0.0 if greedy else self.temperature, top_p=self.top_p,
                     tokenizer=self.tokenizer, rng=rng, lora=self.lora, lora_scale=self.lora_scale,
-                    dtype=self.dtype, mesh=self.mesh, dense_base=self.dense_base)
+                    dtype=self.dtype, mesh=self.mesh, dense_base=self.dense_base, impl=self.decode_impl)

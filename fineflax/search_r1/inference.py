@@ -28,12 +28,13 @@ class ReasoningResult:
 
 def rollout_batch(params, config, tokenizer, search_fn, questions: Sequence[str], rollout: RolloutConfig, *,
                   lora=None, lora_scale: float = 1.0, temperature: float = 0.0, top_p: float = 1.0,
-                  rng=None, dtype=jnp.bfloat16, mesh=None) -> list[RolloutResult]:
+                  rng=None, dtype=jnp.bfloat16, mesh=None, dense_base: bool = False,
+                  impl: str | None = "auto") -> list[RolloutResult]:
   """Rollouts of base+LoRA (SamplerPolicy) for the questions, one row each, in one batch; with `mesh`
-  the rows and KV cache are split over its devices (`fineflax.sampling.SamplerSession`)."""
+  the rows and KV cache are split over its devices; dense_base / impl as `fineflax.sampling.SamplerSession`."""
   policy = SamplerPolicy(params, config, tokenizer, max_total_len=session_length(rollout),
                          temperature=temperature, top_p=top_p, rng=rng, lora=lora, lora_scale=lora_scale,
-                         dtype=dtype, mesh=mesh)
+                         dtype=dtype, mesh=mesh, dense_base=dense_base, impl=impl)
   prompts = [prompt_ids(tokenizer, q, rollout) for q in questions]
   return run_rollouts(policy, prompts, search_fn, tokenizer, rollout)
 
