@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
     assert len(m2["loss"].sharding.device_set) == 4
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["lora"], s2["lora"])
+                 s1["params"], s2["params"])
     # the unrolled layer loop (model.layer_loop) under the same mesh: same step
     import dataclasses
     train_u, _ = make_sft_fns(opt, model_config=dataclasses.replace(c, layer_loop="unrolled"), lora_scale=2.0)
@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent("""
                      shard_batch(batch, mesh, batch_axis=1))
     np.testing.assert_allclose(float(m1["loss"]), float(m3["loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["lora"], s3["lora"])
+                 s1["params"], s3["params"])
     print("OK", float(m1["loss"]))
 """)
 

@@ -98,7 +98,7 @@ def run(config, workdir: str | None) -> dict:
                    "teacher_sample_accuracy": float(np.mean(correct)), "step_time_s": time.time() - t0}
 
   def evaluate(state):
-    m = env.evaluate(student(state["lora"]), env.eval_items)
+    m = env.evaluate(student(state["params"]), env.eval_items)
     return {"eval_accuracy": m["eval_accuracy"], "eval_completion_length": m["eval_completion_length"]}
 
   teacher_eval = {}
@@ -116,5 +116,5 @@ def run(config, workdir: str | None) -> dict:
   extra = {**teacher_eval, "num_eval": len(env.eval_items)}
   if evals:
     extra.update(student_before=evals[0]["eval_accuracy"], student_after=evals[-1]["eval_accuracy"])
-  return finish_run(workdir, result, lambda: export_adapter(result.state["lora"], lora_cfg, model_config, config,
+  return finish_run(workdir, result, lambda: export_adapter(result.state["params"], lora_cfg, model_config, config,
                                                             workdir), **extra)

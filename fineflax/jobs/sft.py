@@ -98,7 +98,7 @@ def run(config, workdir: str | None) -> dict:
     return state, scalars
 
   hooks = Hooks(step=step, eval_metric="eval_loss" if eval_entries else "", eval_mode="min",
-                evaluate=lambda st: evaluate(eval_fn, st["lora"], base, config, tokenizer, mesh, eval_entries),
+                evaluate=lambda st: evaluate(eval_fn, st["params"], base, config, tokenizer, mesh, eval_entries),
                 meta=lambda: {"data": batches.state()}, restore_meta=lambda m: batches.restore(m["data"]),
                 postfix=("train_loss", "grad_norm"), loss_key="train_loss")
   result = train_loop(hooks, state, config, workdir, num_steps=opt_cfg.num_steps, desc="sft",
@@ -106,7 +106,7 @@ def run(config, workdir: str | None) -> dict:
   state = result.state
   extra = {"data": batches.summary()}  # rows read, skipped (first lines), dropped by reason, per source
   if config.sample_prompt and result.status == "completed":
-    extra["sample_after"] = sample(state["lora"])
+    extra["sample_after"] = sample(state["params"])
     print(f"\n[after] {config.sample_prompt}\n{extra['sample_after']}\n", flush=True)
-  return finish_run(workdir, result, lambda: export_adapter(state["lora"], lora_cfg, model_config, config,
+  return finish_run(workdir, result, lambda: export_adapter(state["params"], lora_cfg, model_config, config,
                                                             workdir), **extra)

@@ -117,7 +117,7 @@ class Learner:
 
   def fresh_moments(self, state) -> dict:
     """`state` with the optimizer moments re-initialised (RL after the SFT phase starts from its adapter)."""
-    return dict(state, opt_state=self.optimizer.init(state["lora"]))
+    return dict(state, opt_state=self.optimizer.init(state["params"]))
 
 
 def train_and_export(job, config, workdir: str, *, desc: str, **summary_extra) -> dict:
@@ -128,7 +128,7 @@ def train_and_export(job, config, workdir: str, *, desc: str, **summary_extra) -
   result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps, desc=desc,
                       eval_every=config.eval_every, eval_at_start=config.eval_at_start)
   learner.state = result.state
-  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
+  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["params"], learner.lora_cfg,
                                                                learner.model_config, config, workdir),
                        **summary_extra)
   return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,

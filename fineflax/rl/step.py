@@ -54,10 +54,10 @@ def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs
   """One optimizer update of the LoRA pytree on `rl_loss`; the frozen base gets no gradient."""
   (loss, metrics), grads = jax.value_and_grad(
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
-      has_aux=True)(state["lora"], base, batch)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
+      has_aux=True)(state["params"], base, batch)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  return {"step": state["step"] + 1, "lora": optax.apply_updates(state["lora"], updates),
+  return {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
           "opt_state": opt_state, "rng": state["rng"]}, metrics
 
 

@@ -55,7 +55,7 @@ def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iteratio
   expected placed already (`fineflax.mesh.replicate` / `shard_params`)."""
   if mesh is not None:
     batch = shard_update_batch(batch, mesh)
-  batch = dict(batch, old_logp=logp_fn(state["lora"], base, batch)[0])
+  batch = dict(batch, old_logp=logp_fn(state["params"], base, batch)[0])
   if beta:
     batch["ref_logp"] = logp_fn(None, base, batch)[0]
   for _ in range(num_iterations):

@@ -123,16 +123,16 @@ def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConf
 
 def distill_step(state, base, teacher: Teacher, batch, *, optimizer: optax.GradientTransformation,
                  **loss_kwargs):
-  """One optimizer update of the student's LoRA (state["lora"]) on `distill_loss`; pure, jit-able.
+  """One optimizer update of the student's trainable params (state["params"]) on `distill_loss`; pure, jit-able.
 
-  state = {"step", "lora", "opt_state", "rng"} as `fineflax.train.state.init_state`.
+  state = {"step", "params", "opt_state", "rng"} as `fineflax.train.state.init_state`.
   """
   (loss, metrics), grads = jax.value_and_grad(distill_loss, has_aux=True)(
-      state["lora"], base, teacher, batch, **loss_kwargs)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-  lora = optax.apply_updates(state["lora"], updates)
+      state["params"], base, teacher, batch, **loss_kwargs)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+  lora = optax.apply_updates(state["params"], updates)
   metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state), metrics
+  return dict(state, step=state["step"] + 1, params=lora, opt_state=opt_state), metrics
 
 
 def make_distill_fn(optimizer, *, model_config: ModelConfig, teacher_config: Optional[ModelConfig] = None,

@@ -51,20 +51,20 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
     grad_acc, nll_acc, n_acc = carry
     mb, key = xs
     (nll, n), g = jax.value_and_grad(
-        lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["lora"])
+        lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["params"])
     return (jax.tree.map(jnp.add, grad_acc, g), nll_acc + nll, n_acc + n), None
 
-  zeros = jax.tree.map(jnp.zeros_like, state["lora"])
+  zeros = jax.tree.map(jnp.zeros_like, state["params"])
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
   with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
     grads = jax.tree.map(lambda g: g / n, grads)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-    lora = optax.apply_updates(state["lora"], updates)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    lora = optax.apply_updates(state["params"], updates)
   metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
              "grad_norm": optax.tree.norm(grads)}
-  return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
+  return {"step": state["step"] + 1, "params": lora, "opt_state": opt_state, "rng": rng}, metrics
 
 
 def eval_step(lora, base, batch, **loss_kwargs):
