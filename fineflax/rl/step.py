@@ -21,11 +21,15 @@ import optax
 from fineflax.models import forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp_and_entropy
 from fineflax.rl.objectives import get_objective
+from fineflax.train.trainable import model_weights
 
 
-def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
+def completion_logp(trainable, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
                     logits_chunk=256, temperature=1.0):
   """(logp [B, N], entropy [B, N]) of the completion tokens under softmax(logits / temperature).
+
+  trainable / base: the LoRA on the frozen base (None: the base alone), or (base None) the full
+  parameters (`fineflax.train.trainable.model_weights`).
 
   Hidden state t predicts token t + 1. `temperature` is the rollout temperature: the policy that the
   loss differentiates is the distribution the samples came from (as TRL and verl do); logits are
@@ -33,13 +37,14 @@ def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="n
   """
   n = batch["completion"].shape[1]
   s = batch["tokens"].shape[1]
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+  params, lora = model_weights(trainable, base)
+  h = forward_hidden(params, model_config, batch["tokens"], positions=batch["positions"],
                      attention_mask=batch["attention_mask"], lora=lora, lora_scale=lora_scale,
                      remat=remat, dtype=dtype)
   h = jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
   if temperature != 1.0:
     h = h / jnp.asarray(temperature, h.dtype)
-  return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+  return chunked_token_logp_and_entropy(h, output_kernel(params, model_config, dtype, softcap_applied=True),
                                         batch["completion"], chunk=logits_chunk,
                                         logit_softcap=model_config.final_logit_softcapping)
 

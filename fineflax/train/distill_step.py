@@ -32,6 +32,7 @@ import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.decoder import project_logits
+from fineflax.train.trainable import model_weights
 
 
 class Teacher(NamedTuple):
@@ -100,12 +101,14 @@ def completion_hidden(params, config, tokens, attention_mask, positions, n: int,
   return jax.lax.dynamic_slice_in_dim(h, tokens.shape[1] - n - 1, n, axis=1)
 
 
-def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConfig, lora_scale: float,
+def distill_loss(trainable, base, teacher: Teacher, batch, *, model_config: ModelConfig, lora_scale: float,
                  tau: float = 1.0, top_k: int = 0, remat: str = "none", dtype=jnp.float32,
                  logits_chunk: int = 128):
-  """(token-mean forward KL over the completion mask, metrics) of the student base + `lora`."""
+  """(token-mean forward KL over the completion mask, metrics) of the student: base + the LoRA
+  `trainable`, or (base None) the full parameters `trainable` (`fineflax.train.trainable.model_weights`)."""
   n = batch["mask"].shape[1]
-  hs = completion_hidden(base, model_config, batch["tokens"], batch["attention_mask"], batch["positions"],
+  params, lora = model_weights(trainable, base)
+  hs = completion_hidden(params, model_config, batch["tokens"], batch["attention_mask"], batch["positions"],
                          n, lora=lora, lora_scale=lora_scale, remat=remat, dtype=dtype)
   t_tokens = batch.get("teacher_tokens", batch["tokens"])
   t_attn = batch.get("teacher_attention_mask", batch["attention_mask"])
@@ -113,7 +116,7 @@ def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConf
   ht = completion_hidden(teacher.params, teacher.config, t_tokens, t_attn, t_pos, n, lora=teacher.lora,
                          lora_scale=teacher.lora_scale, dtype=dtype)
   ht = jax.lax.stop_gradient(ht)
-  kl = chunked_kl(hs, output_kernel(base, model_config, dtype), ht,
+  kl = chunked_kl(hs, output_kernel(params, model_config, dtype), ht,
                   jax.lax.stop_gradient(output_kernel(teacher.params, teacher.config, dtype)),
                   tau=tau, top_k=top_k, chunk=logits_chunk)
   mask = batch["mask"].astype(jnp.float32)

@@ -16,23 +16,28 @@ import optax
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
 from fineflax.train.state import State
+from fineflax.train.trainable import model_weights
 
 
-def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
+def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
             dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256,
             causal_prefix: bool = False):
   """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T].
 
+  trainable / base: the LoRA on the frozen base, or (base None) the full parameters
+  (`fineflax.train.trainable.model_weights`).
+
   causal_prefix=True: the batch holds one right-padded sequence a row (`fineflax.data` without packing),
   so its segment_ids are ignored and attention is plain causal (`forward_hidden`): same loss, faster kernel.
   """
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+  params, lora = model_weights(trainable, base)
+  h = forward_hidden(params, model_config, batch["tokens"], positions=batch["positions"],
                      attention_mask=batch["attention_mask"],
                      segment_ids=None if causal_prefix else batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
                      dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
   with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
-    logp = chunked_token_logp(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+    logp = chunked_token_logp(h, output_kernel(params, model_config, dtype, softcap_applied=True),
                               batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
@@ -43,7 +48,8 @@ def _num_tokens(batch) -> jnp.ndarray:
 
 
 def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, **loss_kwargs):
-  """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. LoRA only."""
+  """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. state["params"] only
+  (the LoRA, or every parameter when base is None), summed over micro-batches in float32."""
   rng, step_rng = jax.random.split(state["rng"])
   num_micro = batch["tokens"].shape[0]
 
@@ -54,7 +60,7 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
         lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["params"])
     return (jax.tree.map(jnp.add, grad_acc, g), nll_acc + nll, n_acc + n), None
 
-  zeros = jax.tree.map(jnp.zeros_like, state["params"])
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state["params"])
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
