@@ -24,6 +24,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.rl.objectives import get_objective
     from fineflax.rl.step import make_rl_fns
     from fineflax.rl.update import rl_update
+    from fineflax.testing.batches import random_sft_batch
     from fineflax.train.checkpoint import Checkpointer
     from fineflax.train.optim import with_f32_state
     from fineflax.train.sft_step import make_sft_fns
@@ -52,13 +53,7 @@ SCRIPT = textwrap.dedent("""
     # --- SFT: one step on 2 x 2 devices == one step on one device
     train, _ = make_sft_fns(opt, model_config=c, lora_scale=1.0)
     rng = np.random.RandomState(0)
-    A, B, T = 2, 8, 16
-    batch = {"tokens": rng.randint(0, 256, (A, B, T)).astype(np.int32),
-             "targets": rng.randint(0, 256, (A, B, T)).astype(np.int32),
-             "loss_mask": (rng.rand(A, B, T) > 0.3).astype(np.float32),
-             "attention_mask": np.ones((A, B, T), np.int32),
-             "positions": np.tile(np.arange(T, dtype=np.int32), (A, B, 1)),
-             "segment_ids": np.ones((A, B, T), np.int32)}
+    batch = random_sft_batch(rng, (2, 8, 16), 256)  # 2 micro-batches of 8 rows x 16 tokens
     s1, m1 = train(init_state(params, opt, 0), None, batch)
     st = init_placed_state(params, opt, 0, mesh, full=True)
     split_in_halves(st["params"], "params")

@@ -167,8 +167,11 @@ def init_placed_state(params, optimizer, seed: int, mesh, full: bool) -> State:
 
 def pin_state(step_fn, state: State):
   """`step_fn(state, ...) -> (state, metrics)` jitted with out_shardings keeping the new state in the
-  shardings of `state` (sharding propagation alone may move a split array)."""
+  shardings of `state` (sharding propagation alone may move a split array). A fully replicated state
+  (LoRA) is left to propagation, which keeps it replicated: `step_fn` is returned as it is."""
   shardings = jax.tree.map(lambda x: x.sharding, state)
+  if all(s.is_fully_replicated for s in jax.tree.leaves(shardings)):
+    return step_fn
   return jax.jit(step_fn, out_shardings=(shardings, None))
 
 
