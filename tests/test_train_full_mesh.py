@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.train.optim import with_f32_state
     from fineflax.train.sft_step import make_sft_fns
     from fineflax.train.state import init_state
-    from fineflax.train.trainable import init_placed_state, pin_state, trainable_shardings
+    from fineflax.train.trainable import Trainable, init_placed_state, pin_state, trainable_shardings
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16, eos_token_ids=(1,))
@@ -82,9 +82,12 @@ SCRIPT = textwrap.dedent("""
     rb["is_off_policy"] = np.zeros(8, bool)
     kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=2)
     r1, n1 = rl_update(init_state(params, opt, 0), None, rb, reference=params, **kw)
-    st = init_placed_state(params, opt, 0, mesh, full=True)
+    tr = Trainable(params, None, params, True).place(mesh)  # full mode's start (split_model, same dtypes)
+    assert tr.reference is tr.params  # the frozen reference: the initial arrays themselves, no copy
+    split_in_halves(tr.params, "placed params")
+    st = init_placed_state(tr.params, opt, 0, mesh, full=True)
     kw4 = dict(kw, step_fn=pin_state(step, st))
-    r4, n4 = rl_update(st, None, rb, mesh=mesh, reference=st["params"], **kw4)
+    r4, n4 = rl_update(st, None, rb, mesh=mesh, reference=tr.reference, **kw4)
     assert n1["kl"] > 0, n1  # the second update moved away from the reference
     for k in ("loss", "pg_loss", "kl", "grad_norm"):
       np.testing.assert_allclose(n4[k], n1[k], rtol=1e-5, atol=1e-7, err_msg=k)
@@ -105,7 +108,7 @@ SCRIPT = textwrap.dedent("""
     split_in_halves(restored["opt_state"], "restored optimizer state")
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), r4, restored)
     ref2 = jax.tree.map(jax.device_put, params, trainable_shardings(params, m2, True))
-    _, on4 = rl_update(r4, None, rb, mesh=mesh, reference=st["params"], **kw4)
+    _, on4 = rl_update(r4, None, rb, mesh=mesh, reference=tr.reference, **kw4)
     _, on2 = rl_update(restored, None, rb, mesh=m2, reference=ref2, **dict(kw, step_fn=pin_state(step, restored)))
     np.testing.assert_allclose(on2["loss"], on4["loss"], rtol=1e-5)
     print("RESHARD OK", flush=True)

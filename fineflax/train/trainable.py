@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.config_checks import ConfigError, lookup, one_of
-from fineflax.mesh import fsdp_shardings, put
+from fineflax.mesh import fsdp_shardings, put, replicate, shard_params
 from fineflax.train.state import State, init_state
 
 TRAIN_PARAMS = ("lora", "full")
@@ -99,14 +99,15 @@ class Trainable:
     reference split over fsdp (every divisible array); a LoRA replicated. No mesh: unchanged."""
     if mesh is None:
       return self
-    if self.full:
-      params = jax.tree.map(put, self.params, trainable_shardings(self.params, mesh, True))
-      same = self.reference is self.params  # one set of arrays when the master dtype is the compute dtype
-      reference = params if same else (None if self.reference is None else jax.tree.map(
-          put, self.reference, trainable_shardings(self.reference, mesh, True)))
-      return dataclasses.replace(self, params=params, reference=reference)
-    from fineflax.mesh import replicate, shard_params
-    return dataclasses.replace(self, params=replicate(self.params, mesh), base=shard_params(self.base, mesh))
+    if not self.full:
+      return dataclasses.replace(self, params=replicate(self.params, mesh), base=shard_params(self.base, mesh))
+    split = lambda tree: jax.tree.map(put, tree, trainable_shardings(tree, mesh, True))
+    params = split(self.params)
+    if self.reference is None or self.reference is self.params:  # none, or the same arrays as the params
+      reference = None if self.reference is None else params
+    else:
+      reference = split(self.reference)
+    return dataclasses.replace(self, params=params, reference=reference)
 
   def weights(self, trainable):
     """(params, lora) the model reads for this job's trainable pytree `trainable` (`model_weights`);
