@@ -68,7 +68,7 @@ def run(spec: dict) -> dict:
     split.new_step()
     t0 = time.perf_counter()
     out = generate(base, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
-                   eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=state["lora"],
+                   eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=state["params"],
                    lora_scale=scale, dtype=dtype)  # returns NumPy arrays: synchronised
     t1 = time.perf_counter()
     rows = R.sampled_rows(prompts, out, mask_truncated=rl.mask_truncated)

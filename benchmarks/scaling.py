@@ -164,7 +164,7 @@ def grpo_worker(spec: dict) -> dict:
     nonlocal state
     t0 = time.perf_counter()
     out = generate(base, mc, rows_prompts, max_new_tokens=new, temperature=1.0, rng=jax.random.PRNGKey(i),
-                   lora=state["lora"], lora_scale=scale, dtype=dtype, eos_ids=(), mesh=mesh)
+                   lora=state["params"], lora_scale=scale, dtype=dtype, eos_ids=(), mesh=mesh)
     comps = [list(out.tokens[j, :out.lengths[j]]) for j in range(len(rows_prompts))]
     rows = R.make_rows(rows_prompts, comps, [[1.0] * len(c) for c in comps], [""] * len(comps),
                        off_policy=False)

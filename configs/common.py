@@ -36,6 +36,16 @@ def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
   return config
 
 
+def train(config, params="lora", master_dtype="bfloat16"):
+  """What the job trains (fineflax/train/trainable.py)."""
+  config.train = ml_collections.ConfigDict()
+  config.train.params = params  # lora (adapters on the frozen base, the default) or full (every parameter;
+  #   needs model.quant=none; params and AdamW state split over mesh.fsdp; the export is a merged HF folder)
+  config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, f32 AdamW moments) or float32
+  #   (f32 master params, computed in model.dtype)
+  return config
+
+
 def optimizer(config, num_steps, learning_rate, warmup_steps, end_lr_ratio=1.0, b2=0.99):
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.num_steps = num_steps  # optimizer updates

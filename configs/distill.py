@@ -37,6 +37,8 @@ def get_config(arg: str = ""):
 
   common.model(config, quant="nf4", logits_chunk=64)  # the student
   common.lora(config, r=4, alpha=8.0, dropout=0.0)  # the student's fresh adapter
+  common.train(config)  # what is trained: lora (default) or full
+  common.mesh(config)
   common.checkpoint(config, every=config.get_ref("eval_every"))
 
   config.teacher = ml_collections.ConfigDict()

@@ -14,6 +14,7 @@ def get_config():
 
   common.model(config, quant="nf4", logits_chunk=256)
   common.lora(config, r=16, alpha=32.0, dropout=0.05)
+  common.train(config)  # what is trained: lora (default) or full
 
   config.data = ml_collections.ConfigDict()
   config.data.sources = "arithmetic_messages.jsonl:1.0"  # "path[:weight],..."; bare names = bundled samples

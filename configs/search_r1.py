@@ -53,6 +53,7 @@ def get_config(arg: str = ""):
 
   common.model(config, quant="nf4", logits_chunk=128)
   common.lora(config, r=16, alpha=32.0, dropout=0.0)
+  common.train(config)  # what is trained: lora (default) or full
   common.checkpoint(config, every=config.get_ref("eval_every"))
   common.mesh(config)
 

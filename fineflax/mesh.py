@@ -60,10 +60,14 @@ def shard_batch(batch: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
   return out
 
 
-def _fsdp_spec(x, fsdp: int) -> P:
-  """Shard the largest dimension divisible by `fsdp` (replicate small or indivisible arrays)."""
+FROZEN_MIN_SHARD = 2 ** 16  # elements below which a frozen weight stays replicated (norms, biases)
+
+
+def _fsdp_spec(x, fsdp: int, min_size: int = FROZEN_MIN_SHARD) -> P:
+  """Shard the largest dimension divisible by `fsdp` (replicate arrays under `min_size` elements or
+  indivisible ones)."""
   shape = getattr(x, "shape", ())
-  if fsdp == 1 or np.prod(shape, dtype=np.int64) < 2 ** 16:
+  if fsdp == 1 or np.prod(shape, dtype=np.int64) < min_size:
     return P()
   for d in sorted(range(len(shape)), key=lambda i: -shape[i]):
     if shape[d] % fsdp == 0:
@@ -73,13 +77,20 @@ def _fsdp_spec(x, fsdp: int) -> P:
   return P()
 
 
-def shard_params(params, mesh: Mesh):
-  """device_put a frozen parameter pytree: big arrays split over "fsdp", the rest replicated.
+def fsdp_shardings(tree, mesh: Mesh, min_size: int = FROZEN_MIN_SHARD):
+  """The NamedSharding of each leaf of `tree` (arrays or shape structs): its largest dimension divisible
+  by the mesh's "fsdp" size split over "fsdp"; leaves under `min_size` elements or indivisible replicated."""
+  fsdp = mesh.shape["fsdp"]
+  return jax.tree.map(lambda x: NamedSharding(mesh, _fsdp_spec(x, fsdp, min_size)), tree)
+
+
+def shard_params(params, mesh: Mesh, min_size: int = FROZEN_MIN_SHARD):
+  """device_put a parameter pytree by `fsdp_shardings`: big arrays split over "fsdp", the rest replicated.
 
   Quantised tensors are pytrees too; their array leaves (codes, scales) are placed the same way.
+  Trainable full parameters pass min_size=0: every divisible array is split (no device holds a copy).
   """
-  fsdp = mesh.shape["fsdp"]
-  return jax.tree.map(lambda x: put(x, NamedSharding(mesh, _fsdp_spec(x, fsdp))), params)
+  return jax.tree.map(put, params, fsdp_shardings(params, mesh, min_size))
 
 
 def replicate(tree, mesh: Mesh):

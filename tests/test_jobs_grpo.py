@@ -110,7 +110,7 @@ def luffy_job(tiny_smol):
 def test_luffy_groups_hold_one_solver_trace(luffy_job):
   job = luffy_job
   train = generate_problems(3, "train", (1, 2), 0)
-  rows, examples = rollout_groups(job.env, job.learner.policy(job.learner.state["lora"]), train[:2], [None, None],
+  rows, examples = rollout_groups(job.env, job.learner.policy(job.learner.state["params"]), train[:2], [None, None],
                                   jax.random.PRNGKey(0), group_size=job.rl.group_size, guidance=job.guidance)
   K = job.rl.group_size
   assert len(rows["completion"]) == len(examples) == 2 * K
@@ -141,7 +141,7 @@ def test_assistant_prefix_is_prefilled_and_stripped_from_traces(tiny_smol):
 
 def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol):
   job = rl_job.RLJob(_config(tiny_smol, "exgrpo", **{"rl.exgrpo.threshold": 0.0}))
-  K, lora = job.rl.group_size, job.learner.state["lora"]
+  K, lora = job.rl.group_size, job.learner.state["params"]
   train = generate_problems(4, "train", (1, 2), 0)
   rows, _ = rollout_groups(job.env, job.learner.policy(lora), train[:2], [None, None], jax.random.PRNGKey(0),
                            group_size=K)
@@ -197,7 +197,7 @@ def test_dapo_dynamic_sampling_refills_only_while_groups_lack_variance(tiny_smol
   job = rl_job.RLJob(c)
   train, order = generate_problems(16, "train", (1, 2), 0), EpochOrder(16, 0)
   P, K = c.rl.prompts_per_step, c.rl.group_size
-  policy = job.learner.policy(job.learner.state["lora"])
+  policy = job.learner.policy(job.learner.state["params"])
   flat = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, c.rewards)  # reward 0
   assert len(flat.rows["completion"]) == 3 * P * K and flat.zero_var.all()
   varied = collect(job.env, policy, train, order, 0, jax.random.PRNGKey(0), c.rl, {"upper_share": 1.0})

@@ -34,21 +34,21 @@ def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
   job = rl_job.RLJob(c)
   tr = job.learner
   problems = generate_problems(2, "train", (1, 2), 0)
-  rows, _ = rollout_groups(job.env, tr.policy(tr.state["lora"]), problems, [None, None], jax.random.PRNGKey(0),
+  rows, _ = rollout_groups(job.env, tr.policy(tr.state["params"]), problems, [None, None], jax.random.PRNGKey(0),
                            group_size=c.rl.group_size)
   rewards = _upper_share(rows["text"])
   batch = build_rl_batch(rows["prompt"], rows["completion"], rows["loss_mask"], pad_id=tr.pad_id,
                          completion_width=round_up(c.rl.max_new_tokens, 32))
   batch["advantages"] = np.asarray(group_advantages(rewards, c.rl.group_size), np.float32)
   batch["is_off_policy"] = np.zeros(len(rewards), bool)
-  before = np.asarray(tr.logp_fn(tr.state["lora"], tr.base, batch)[0])
+  before = np.asarray(tr.logp_fn(tr.state["params"], tr.base, batch)[0])
   # the sampler's recorded log-probs are the (tempered) policy's log-probs of the same tokens
   for i, lp in enumerate(rows["rollout_logp"]):
     np.testing.assert_allclose(before[i, :len(lp)], lp, atol=2e-4)
   batch["old_logp"] = before
   for _ in range(3):  # the first update has learning rate 0 (warmup)
     tr.state, _ = tr.step_fn(tr.state, tr.base, batch)
-  after = np.asarray(tr.logp_fn(tr.state["lora"], tr.base, batch)[0])
+  after = np.asarray(tr.logp_fn(tr.state["params"], tr.base, batch)[0])
   delta = ((after - before) * batch["mask"]).sum(1)
   assert np.corrcoef(batch["advantages"], delta)[0, 1] > 0.8
   assert np.mean(np.sign(delta) == np.sign(batch["advantages"])) >= 0.8

@@ -117,7 +117,7 @@ def test_one_sft_step_unrolled_equals_scan_without_residual_stack_updates(kind, 
   assert abs(float(m_s["loss"]) - float(m_u["loss"])) <= 1e-6 * abs(float(m_s["loss"]))
   assert abs(float(m_s["grad_norm"]) - float(m_u["grad_norm"])) <= GRAD_RTOL * float(m_s["grad_norm"])
   errs = jax.tree.map(lambda a, b, a0: _rel(np.asarray(a) - np.asarray(a0), np.asarray(b) - np.asarray(a0)),
-                      s_s["lora"], s_u["lora"], lora)
+                      s_s["params"], s_u["params"], lora)
   assert max(jax.tree.leaves(errs)) < GRAD_RTOL, errs
   assert counts["unrolled"] == 0 and counts["scan"] > 0, counts
 

@@ -17,6 +17,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.train.sft_step import make_sft_fns
     from fineflax.train.state import init_state
     from fineflax.mesh import make_mesh, shard_batch, shard_params, replicate
+    from fineflax.testing.batches import random_sft_batch
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16)
@@ -27,13 +28,7 @@ SCRIPT = textwrap.dedent("""
     opt = optax.adamw(1e-2)
     train, _ = make_sft_fns(opt, model_config=c, lora_scale=2.0)
     rng = np.random.RandomState(0)
-    A, B, T = 2, 8, 16
-    batch = {"tokens": rng.randint(0, 256, (A, B, T)).astype(np.int32),
-             "targets": rng.randint(0, 256, (A, B, T)).astype(np.int32),
-             "loss_mask": (rng.rand(A, B, T) > 0.3).astype(np.float32),
-             "attention_mask": np.ones((A, B, T), np.int32),
-             "positions": np.tile(np.arange(T, dtype=np.int32), (A, B, 1)),
-             "segment_ids": np.ones((A, B, T), np.int32)}
+    batch = random_sft_batch(rng, (2, 8, 16), 256)  # 2 micro-batches of 8 rows x 16 tokens
     s1, m1 = train(init_state(lora, opt, 0), base, batch)
     mesh = make_mesh(data=2, fsdp=2)
     s2, m2 = train(replicate(init_state(lora, opt, 0), mesh), shard_params(base, mesh),
@@ -41,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     assert len(m2["loss"].sharding.device_set) == 4
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["lora"], s2["lora"])
+                 s1["params"], s2["params"])
     # the unrolled layer loop (model.layer_loop) under the same mesh: same step
     import dataclasses
     train_u, _ = make_sft_fns(opt, model_config=dataclasses.replace(c, layer_loop="unrolled"), lora_scale=2.0)
@@ -49,7 +44,7 @@ SCRIPT = textwrap.dedent("""
                      shard_batch(batch, mesh, batch_axis=1))
     np.testing.assert_allclose(float(m1["loss"]), float(m3["loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["lora"], s3["lora"])
+                 s1["params"], s3["params"])
     print("OK", float(m1["loss"]))
 """)
 

@@ -40,7 +40,7 @@ def old_path_step(config):
   env = make_env(config, tok)
   order = EpochOrder(len(env.train_items), config.seed)
   rng = jax.random.PRNGKey(config.seed + 7)
-  policy = Policy(base, model_config, tok, state["lora"], scale, dtype, rl.temperature, rl.top_p,
+  policy = Policy(base, model_config, tok, state["params"], scale, dtype, rl.temperature, rl.top_p,
                   rl.max_new_tokens, mesh, bool(rl.get("dense_rollouts", False)))
   g = collect(env, policy, env.train_items, order, 0, jax.random.fold_in(rng, 1), rl, config.rewards,
               guidance=guidance)
@@ -65,6 +65,6 @@ def test_one_learner_step_equals_the_former_inline_step(tiny_smol):
   assert old["off_policy_prob"] > 0  # the guidance rows entered the loss
   for key, value in old.items():
     np.testing.assert_allclose(new[key], value, rtol=1e-6, atol=1e-6, err_msg=key)
-  for a, b in zip(jax.tree.leaves(old_state["lora"]), jax.tree.leaves(new_state["lora"])):
+  for a, b in zip(jax.tree.leaves(old_state["params"]), jax.tree.leaves(new_state["params"])):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-6)
   assert int(new_state["step"]) == int(old_state["step"]) == 1

@@ -66,12 +66,12 @@ PARITY = textwrap.dedent("""
       kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=2)
       s1, m1 = rl_update(init_state(lora, opt, 0), base, batch, **kw)
       s4, m4 = rl_update(replicate(init_state(lora, opt, 0), mesh), base4, batch, mesh=mesh, **kw)
-      assert len(s4["lora"]["q"]["a"].sharding.device_set) == 4
+      assert len(s4["params"]["q"]["a"].sharding.device_set) == 4
       for k in ("loss", "pg_loss", "grad_norm"):
         np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=f"{rl.objective} {k}")
       jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5),
-                   s1["lora"], s4["lora"])
-      assert not np.allclose(np.asarray(s1["lora"]["q"]["b"]), np.asarray(lora["q"]["b"]))
+                   s1["params"], s4["params"])
+      assert not np.allclose(np.asarray(s1["params"]["q"]["b"]), np.asarray(lora["q"]["b"]))
       print(rl.objective, m1["loss"], m4["loss"], flush=True)
     from fineflax.sampling import generate
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]

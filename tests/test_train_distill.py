@@ -128,7 +128,7 @@ def test_gradients_reach_only_the_student_lora(base):
   assert int(state["step"]) == 6
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, base), base_before)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, teacher_lora), t_before)
-  assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(state["lora"]),
+  assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(state["params"]),
                                                     jax.tree.leaves(student_lora)))
 
 

@@ -25,7 +25,7 @@ def _state(seed=0):
 def test_checkpoint_round_trip(tmp_path):
   ckpt = Checkpointer(str(tmp_path / "c"))
   state = _state()
-  state["opt_state"] = optax.adamw(1e-3).update(state["lora"], state["opt_state"], state["lora"])[1]
+  state["opt_state"] = optax.adamw(1e-3).update(state["params"], state["opt_state"], state["params"])[1]
   meta = {"data": {"mixture": {"step": 17, "counts": [3, 4]}}, "note": "x"}
   assert ckpt.save(5, state, meta)
   restored, meta2 = Checkpointer(str(tmp_path / "c")).restore(_state(seed=1))
@@ -39,7 +39,7 @@ def test_saving_a_saved_step_again_keeps_the_first(tmp_path):
   assert ckpt.save(5, _state(1), {"n": 2})  # e.g. a stop request right after the periodic save
   restored, meta = ckpt.restore(_state(2))
   assert meta == {"n": 1}
-  np.testing.assert_array_equal(np.asarray(restored["lora"]["q"]["a"]), np.asarray(_state(0)["lora"]["q"]["a"]))
+  np.testing.assert_array_equal(np.asarray(restored["params"]["q"]["a"]), np.asarray(_state(0)["params"]["q"]["a"]))
 
 
 def test_keeps_last_n_and_best(tmp_path):
@@ -128,7 +128,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_step(tmp_path, cap
   ckpt = Checkpointer(str(tmp_path / "c"), keep_last=3)
   step, restored, meta = ckpt.restore_newest(_state(seed=9))
   assert (step, meta) == (2, {"step": 2})
-  np.testing.assert_array_equal(np.asarray(restored["lora"]["q"]["a"]), np.asarray(_state(2)["lora"]["q"]["a"]))
+  np.testing.assert_array_equal(np.asarray(restored["params"]["q"]["a"]), np.asarray(_state(2)["params"]["q"]["a"]))
   lines = [l for l in capsys.readouterr().out.splitlines() if "step 3" in l]
   assert len(lines) == 1 and str(tmp_path / "c") in lines[0] and "skipped" in lines[0]
   assert ("JSONDecodeError" if how == "garbage_json" else "manifest") in lines[0]
@@ -150,3 +150,13 @@ def test_no_restorable_checkpoint_is_one_clear_error(tmp_path):
   message = str(e.value)
   assert "\n" not in message and str(tmp_path / "c") in message and "step 2" in message and "step 1" in message
   assert Checkpointer(str(tmp_path / "empty")).restore_newest(_state()) is None
+
+
+def test_checkpoint_from_before_the_params_rename_restores(tmp_path):
+  """A state saved as {"lora", ...} (the name before "params") restores into today's {"params", ...}."""
+  old = _state(3)
+  old = {("lora" if k == "params" else k): v for k, v in old.items()}
+  assert Checkpointer(str(tmp_path / "c")).save(4, old, {"n": 1})
+  restored, meta = Checkpointer(str(tmp_path / "c")).restore(_state(0))
+  assert sorted(restored) == sorted(_state(0)) and meta == {"n": 1}
+  np.testing.assert_array_equal(np.asarray(restored["params"]["q"]["a"]), np.asarray(old["lora"]["q"]["a"]))

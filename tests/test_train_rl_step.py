@@ -75,7 +75,7 @@ def test_rl_step_changes_only_lora_and_lowers_loss(base, objective):
   loss_kwargs = dict(LOSS) if objective == "grpo" else dict(LOSS, gamma=0.1)
   optimizer = optax.sgd(0.05)
   step, _ = make_rl_fns(optimizer, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=FWD)
-  state = {"step": jnp.int32(0), "lora": lora, "opt_state": optimizer.init(lora),
+  state = {"step": jnp.int32(0), "params": lora, "opt_state": optimizer.init(lora),
            "rng": jax.random.PRNGKey(0)}
   base_before = jax.tree.map(np.array, base)
   lora_before = jax.tree.map(np.array, lora)
@@ -83,11 +83,11 @@ def test_rl_step_changes_only_lora_and_lowers_loss(base, objective):
                         fwd_kwargs=FWD)[0])
   for _ in range(3):
     state, _ = step(state, base, batch)
-  loss1 = float(rl_loss(state["lora"], base, batch, objective=objective, loss_kwargs=loss_kwargs,
+  loss1 = float(rl_loss(state["params"], base, batch, objective=objective, loss_kwargs=loss_kwargs,
                         fwd_kwargs=FWD)[0])
   assert loss1 < loss0 - 1e-4
   jax.tree.map(np.testing.assert_array_equal, base_before, jax.tree.map(np.array, base))
-  changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), lora_before, state["lora"])
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), lora_before, state["params"])
   assert all(jax.tree.leaves(changed))
 
 
@@ -139,7 +139,7 @@ def test_a_new_objective_is_one_table_entry_and_one_loss(base, monkeypatch):
   want = (-np.asarray(batch["advantages"])[:, None] * np.asarray(logp) * 2.0 * m).sum() / m.sum()
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   step, _ = make_rl_fns(optax.sgd(1e-2), objective="reinforce", loss_kwargs=obj.kwargs(rl), fwd_kwargs=FWD)
-  state = {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": optax.sgd(1e-2).init(lora),
+  state = {"step": jnp.zeros((), jnp.int32), "params": lora, "opt_state": optax.sgd(1e-2).init(lora),
            "rng": jax.random.PRNGKey(0)}
   new, metrics = step(state, base, batch)
   assert int(new["step"]) == 1 and np.isfinite(float(metrics["loss"]))

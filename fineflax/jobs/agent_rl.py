@@ -112,7 +112,7 @@ class AgentRLJob:
     qids = [int(self.order[(start + i) % len(self.order)]) for i in range(rl.prompts_per_step)]
     tasks = [self.train_tasks[q] for q in qids for _ in range(rl.group_size)]
     groups = [f"step{step}-task{q}" for q in qids for _ in range(rl.group_size)]
-    recs, sizes = self.rollouts(state["lora"], tasks, jax.random.fold_in(self.rng, step), "train", groups)
+    recs, sizes = self.rollouts(state["params"], tasks, jax.random.fold_in(self.rng, step), "train", groups)
     t_roll = time.time() - t0
     ts = [t for r in recs for t in rollout_transitions(r, a.credit, a.gamma)]
     if a.merge:  # calls that continue each other -> one row per rollout, inserted text masked
@@ -144,7 +144,7 @@ class AgentRLJob:
         "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll}
 
   def evaluate(self, state) -> dict:
-    recs, _ = self.rollouts(state["lora"], self.eval_tasks, self.rng, "eval", greedy=True)
+    recs, _ = self.rollouts(state["params"], self.eval_tasks, self.rng, "eval", greedy=True)
     r = np.array([x.reward if x.reward is not None else 0.0 for x in recs])
     calls = [sum(s.kind == "llm" for s in x.spans) for x in recs]
     return {"eval_accuracy": float(r.mean()), "eval_calls": float(np.mean(calls))}

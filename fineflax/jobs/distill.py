@@ -1,10 +1,13 @@
-"""Distillation job: the student's fresh LoRA (on its quantised base) learns a teacher's token distributions.
+"""Distillation job: the student's fresh LoRA (on its quantised base), or all its parameters
+(config.train.params="full"), learns a teacher's token distributions.
 
 Each step: the teacher samples completions to `prompts_per_step` training questions from its own prompt
 (with `distill.only_correct`, completions with a wrong answer get a zero mask: rejection-sampled KD);
 the student reads the same completions after its own prompt; one `distill_step` (forward KL, see
 fineflax/train/distill_step.py). Held-out greedy accuracy of the teacher and of the student before and after
-goes to summary.json; the adapter is exported in PEFT format. The loop (resume, evaluation of the student
+goes to summary.json; the adapter is exported in PEFT format (full training: a merged HF folder). On the
+mesh (config.mesh) the rows are split over every device, the bases over fsdp, full parameters and their
+optimizer state over fsdp (`fineflax.train.trainable`). The loop (resume, evaluation of the student
 every `eval_every` steps, checkpoints, stop handling) is `fineflax.train.loop`.
 """
 from __future__ import annotations
@@ -23,16 +26,19 @@ from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
 from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.policy import Policy
+from fineflax.rl.update import shard_update_batch
+from fineflax.mesh import make_mesh, replicate, shard_params
 from fineflax.train.distill_step import make_distill_fn
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
+from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
-from fineflax.train.state import init_state
+from fineflax.train.trainable import export_trained, init_placed_state, pin_state, split_model
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
 def setup_teacher(config, student_base, model_config, dtype):
-  """(params, model config, lora, lora scale) of the teacher (see configs/distill.py)."""
+  """(params, model config, lora, lora scale) of the teacher (see configs/distill.py); `student_base`:
+  the student's frozen base (full training: its frozen initial parameters)."""
   t = config.teacher
   if t.source:
     params, t_config, _ = load(t.source, dtype=dtype, with_tokenizer=False, quant=t.quant)
@@ -56,7 +62,15 @@ def run(config, workdir: str | None) -> dict:
   task, dc, tc = config.task, config.distill, config.teacher
   base, model_config, tok, lora_cfg, lora = setup_model(config)
   scale = lora_lib.lora_scale(lora_cfg)
-  t_params, t_config, t_lora, t_scale = setup_teacher(config, base, model_config, dtype)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp) if config.get("mesh") is not None else None
+  trainable = split_model(config, base, lora, keep_reference=not tc.source).place(mesh)
+  base = trainable.base  # None in full training
+  t_params, t_config, t_lora, t_scale = setup_teacher(config, base if base is not None else trainable.reference,
+                                                      model_config, dtype)
+  if mesh is not None and tc.source:
+    t_params = shard_params(t_params, mesh)
+  if mesh is not None and t_lora is not None:
+    t_lora = replicate(t_lora, mesh)
   t_system = tc.system_prompt or task.system_prompt
   optimizer = make_optimizer(config.optimizer)
   step_fn = make_distill_fn(optimizer, model_config=model_config, teacher_config=t_config,
@@ -70,9 +84,15 @@ def run(config, workdir: str | None) -> dict:
   rng = jax.random.PRNGKey(config.seed + 7)
   width = round_up(tc.max_new_tokens, 16)
   teacher = Policy(t_params, t_config, tok, t_lora, t_scale, dtype, tc.temperature or 1.0, 1.0,
-                   tc.max_new_tokens)
-  student = lambda lora_: Policy(base, model_config, tok, lora_, scale, dtype,
-                                 max_new_tokens=task.eval_max_new_tokens)
+                   tc.max_new_tokens, mesh)
+
+  def student(params) -> Policy:  # the student of these trainable params, with the evaluation budget
+    weights, lora_ = trainable.weights(params)
+    return Policy(weights, model_config, tok, lora_, scale, dtype, max_new_tokens=task.eval_max_new_tokens,
+                  mesh=mesh)
+  state = init_placed_state(trainable.params, optimizer, config.seed, mesh, trainable.full)
+  if mesh is not None:
+    step_fn = pin_state(step_fn, state)
   workdir = make_workdir(config, workdir)
 
   def step(state, i: int):
@@ -93,28 +113,31 @@ def run(config, workdir: str | None) -> dict:
                              width_multiple=16)
     batch = dict(s_batch, teacher_tokens=t_batch["tokens"], teacher_attention_mask=t_batch["attention_mask"],
                  teacher_positions=t_batch["positions"])
+    if mesh is not None:  # rows padded to the devices (mask 0) and split over them
+      batch = shard_update_batch(batch, mesh)
     state, metrics = step_fn(state, base, t_params, t_lora, batch)
     return state, {**{k: float(v) for k, v in jax.device_get(metrics).items()},
                    "teacher_sample_accuracy": float(np.mean(correct)), "step_time_s": time.time() - t0}
 
   def evaluate(state):
-    m = env.evaluate(student(state["lora"]), env.eval_items)
+    m = env.evaluate(student(state["params"]), env.eval_items)
     return {"eval_accuracy": m["eval_accuracy"], "eval_completion_length": m["eval_completion_length"]}
 
   teacher_eval = {}
   if config.eval_at_start:
     t_eval = teacher_env.evaluate(Policy(t_params, t_config, tok, t_lora, t_scale, dtype,
-                                         max_new_tokens=task.eval_max_new_tokens), teacher_env.eval_items)
+                                         max_new_tokens=task.eval_max_new_tokens, mesh=mesh), teacher_env.eval_items)
     teacher_eval = {"teacher_eval_accuracy": t_eval["eval_accuracy"]}
     print(f"teacher held-out accuracy {t_eval['eval_accuracy']:.3f}", flush=True)
   hooks = Hooks(step=step, evaluate=evaluate, eval_metric="eval_accuracy", loss_key="kl",
                 postfix=("kl", "teacher_sample_accuracy"))
-  result = train_loop(hooks, init_state(lora, optimizer, config.seed), config, workdir,
+  result = train_loop(hooks, state, config, workdir,
                       num_steps=config.num_steps, desc="distill", eval_every=config.eval_every,
                       eval_at_start=config.eval_at_start)
   evals = [h for h in result.history if "eval_accuracy" in h]
   extra = {**teacher_eval, "num_eval": len(env.eval_items)}
   if evals:
     extra.update(student_before=evals[0]["eval_accuracy"], student_after=evals[-1]["eval_accuracy"])
-  return finish_run(workdir, result, lambda: export_adapter(result.state["lora"], lora_cfg, model_config, config,
-                                                            workdir), **extra)
+  return finish_run(workdir, result, lambda: export_trained(trainable, result.state["params"], lora_cfg=lora_cfg,
+                                                            model_config=model_config, tokenizer=tok,
+                                                            config=config, workdir=workdir), **extra)

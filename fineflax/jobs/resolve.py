@@ -126,7 +126,7 @@ def _last_line(message: str) -> str:
 
 
 def validate_common(config) -> None:
-  """Bounded fields every job shares (model, LoRA, optimizer, checkpoints, cadence)."""
+  """Bounded fields every job shares (model, LoRA, what is trained, optimizer, checkpoints, cadence)."""
   from fineflax.models.dtype import DTYPE_CHOICES
   from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_POLICIES
   from fineflax.models.layer_loop import LAYER_LOOP_CHOICES
@@ -155,6 +155,8 @@ def validate_common(config) -> None:
   in_range(config, "optimizer.b2", 0.0, 1.0, hi_open=True)
   in_range(config, "optimizer.grad_clip", 0.0, float("inf"))
   require(config, "checkpoint.keep_best", lambda v: int(v) == v and v >= 0, "must be an integer >= 0")
+  from fineflax.train import trainable
+  trainable.validate(config)  # config.train: params, master_dtype; full needs model.quant=none
 
 
 def validate(config):

@@ -64,7 +64,7 @@ class RLJob:
     rl, learner = self.rl, self.learner
     items = [self.env.train_items[self.order[(step - 1) * rl.prompts_per_step + i]]
              for i in range(rl.prompts_per_step)]
-    rows = demonstration_rows(self.sft_guidance, self.env, learner.policy(state["lora"]), items)
+    rows = demonstration_rows(self.sft_guidance, self.env, learner.policy(state["params"]), items)
     mesh = learner.mesh
     batch = sft_batch(rows, pad_id=learner.pad_id, max_new_tokens=rl.max_new_tokens,
                       multiple=mesh.devices.size if mesh is not None else 1)
@@ -82,7 +82,7 @@ class RLJob:
     if self.sft_steps and step == self.sft_steps + 1:  # RL starts from the SFT adapter, fresh moments
       state = self.learner.fresh_moments(state)
     rl, t0 = self.rl, time.time()
-    g = self.learner.collect(state["lora"], self.env, self.env.train_items, self.order,
+    g = self.learner.collect(state["params"], self.env, self.env.train_items, self.order,
                              (step - 1) * rl.prompts_per_step, jax.random.fold_in(self.rng, step), self.config.rewards)
     t_roll = time.time() - t0
     on = ~np.asarray(g.rows["off_policy"])
@@ -104,7 +104,7 @@ class RLJob:
 
   def hooks(self) -> Hooks:
     def evaluate(state):
-      policy = self.learner.policy(state["lora"])
+      policy = self.learner.policy(state["params"])
       if hasattr(self.env, "evaluate_all"):  # held-out set and extra (out-of-distribution) sets
         return self.env.evaluate_all(policy)
       return self.env.evaluate(policy, self.env.eval_items)

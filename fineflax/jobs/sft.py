@@ -1,4 +1,5 @@
-"""SFT job: LoRA/QLoRA fine-tuning on chat data, with eval, checkpoints, TensorBoard and a PEFT export."""
+"""SFT job: LoRA/QLoRA or full-parameter (config.train.params) fine-tuning on chat data, with eval,
+checkpoints, TensorBoard and a PEFT export (full: a merged Hugging Face folder)."""
 from __future__ import annotations
 
 import math
@@ -16,11 +17,11 @@ from fineflax.data.iterator import pad_id_of
 from fineflax.jobs import resolve
 from fineflax.sampling.answer import answer
 from fineflax.train.loop import Hooks, train_loop
-from fineflax.mesh import make_mesh, replicate, shard_batch, shard_params
-from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
+from fineflax.mesh import make_mesh, shard_batch
+from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import make_sft_fns, make_sft_micro_step, stack_micro_batches
-from fineflax.train.state import init_state
+from fineflax.train.trainable import export_trained, init_placed_state, pin_state, split_model
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
@@ -30,7 +31,7 @@ def _batches(mixture, tokenizer, data_cfg):
                              truncation=data_cfg.truncation)
 
 
-def evaluate(eval_fn, lora, base, config, tokenizer, mesh, eval_entries) -> dict:
+def evaluate(eval_fn, params, base, config, tokenizer, mesh, eval_entries) -> dict:
   """Token-weighted eval loss and perplexity over the first `config.data.eval_batches` batches of the
   eval set (the same batches at every evaluation)."""
   if not eval_entries:
@@ -38,7 +39,7 @@ def evaluate(eval_fn, lora, base, config, tokenizer, mesh, eval_entries) -> dict
   it = _batches(build_mixture(eval_entries, seed=1234), tokenizer, config.data)
   avg = None
   for _ in range(config.data.eval_batches):
-    total, count = eval_fn(lora, base, shard_batch(next(it), mesh))
+    total, count = eval_fn(params, base, shard_batch(next(it), mesh))
     batch_avg = clu_metrics.Average(total=total, count=count)  # token-weighted mean NLL
     avg = batch_avg if avg is None else avg.merge(batch_avg)
   loss = float(avg.compute())
@@ -69,6 +70,9 @@ def run(config, workdir: str | None) -> dict:
   eval_entries = load_sources(config.data.eval_sources, config.data) if config.data.eval_sources else []
   dtype = compute_dtype(config)
   base, model_config, tokenizer, lora_cfg, lora = setup_model(config)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+  trainable = split_model(config, base, lora).place(mesh)  # LoRA + frozen base, or the full params
+  base = trainable.base  # None in full training
   scale = lora_lib.lora_scale(lora_cfg)
   opt_cfg = config.optimizer
   optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
@@ -76,17 +80,17 @@ def run(config, workdir: str | None) -> dict:
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
                                    logits_chunk=config.model.logits_chunk,
                                    causal_prefix=not config.data.packing)  # unpacked rows are right-padded
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
-  base = shard_params(base, mesh)
-  state = replicate(init_state(lora, optimizer, config.seed), mesh)
+  state = init_placed_state(trainable.params, optimizer, config.seed, mesh, trainable.full)
+  train_fn = pin_state(train_fn, state)
   batches = _batches(build_mixture(sources, seed=config.seed), tokenizer, config.data)
   pad_id = pad_id_of(tokenizer)
   workdir = make_workdir(config, workdir)  # after every input was read: a failed start leaves no folder
-  sample = lambda lora_=None: answer(base, model_config, tokenizer, config.sample_prompt, lora=lora_,
-                                     lora_scale=scale, dtype=dtype,
-                                     max_new_tokens=config.sample_max_new_tokens)
+  def sample(params) -> str:  # the answer of the model of these trainable params
+    weights, lora_ = trainable.weights(params)
+    return answer(weights, model_config, tokenizer, config.sample_prompt, lora=lora_, lora_scale=scale,
+                  dtype=dtype, max_new_tokens=config.sample_max_new_tokens)
   if config.sample_prompt and not os.path.exists(os.path.join(workdir, "checkpoints")):
-    print(f"\n[before] {config.sample_prompt}\n{sample()}\n", flush=True)
+    print(f"\n[before] {config.sample_prompt}\n{sample(state['params'])}\n", flush=True)
   throughput = {"t": time.time(), "tokens": 0.0}
 
   micro_tokens = lookup(config, "train.micro_batch_tokens", 0)  # packed micro-batches (fineflax.data.packing.repack)
@@ -112,7 +116,7 @@ def run(config, workdir: str | None) -> dict:
     return state, scalars
 
   hooks = Hooks(step=step, eval_metric="eval_loss" if eval_entries else "", eval_mode="min",
-                evaluate=lambda st: evaluate(eval_fn, st["lora"], base, config, tokenizer, mesh, eval_entries),
+                evaluate=lambda st: evaluate(eval_fn, st["params"], base, config, tokenizer, mesh, eval_entries),
                 meta=lambda: {"data": batches.state()}, restore_meta=lambda m: batches.restore(m["data"]),
                 postfix=("train_loss", "grad_norm"), loss_key="train_loss")
   result = train_loop(hooks, state, config, workdir, num_steps=opt_cfg.num_steps, desc="sft",
@@ -120,7 +124,8 @@ def run(config, workdir: str | None) -> dict:
   state = result.state
   extra = {"data": batches.summary()}  # rows read, skipped (first lines), dropped by reason, per source
   if config.sample_prompt and result.status == "completed":
-    extra["sample_after"] = sample(state["lora"])
+    extra["sample_after"] = sample(state["params"])
     print(f"\n[after] {config.sample_prompt}\n{extra['sample_after']}\n", flush=True)
-  return finish_run(workdir, result, lambda: export_adapter(state["lora"], lora_cfg, model_config, config,
-                                                            workdir), **extra)
+  return finish_run(workdir, result, lambda: export_trained(trainable, state["params"], lora_cfg=lora_cfg,
+                                                            model_config=model_config, tokenizer=tokenizer,
+                                                            config=config, workdir=workdir), **extra)

@@ -212,7 +212,14 @@ def export_merged(params: dict, lora: dict, cfg: LoraConfig, model_config: Model
   the adapters merged in (quantised kernels dequantised). `dtype` (default: each tensor's own) casts all."""
   check_lora(lora, model_config, cfg)
   merged = dequantize_params(merge_lora(params, lora, cfg, requantize=False))  # un-adapted kernels too
-  sd = state_dict_from_params(jax.device_get(merged), model_config)
+  return export_hf(merged, model_config, tokenizer, out_dir, dtype)
+
+
+def export_hf(params: dict, model_config: ModelConfig, tokenizer, out_dir: str | os.PathLike,
+              dtype=None) -> pathlib.Path:
+  """A transformers checkpoint folder (model.safetensors, config.json, tokenizer files) of dense `params`
+  (a fully trained model, or `export_merged`'s merge). `dtype` (default: each tensor's own) casts all."""
+  sd = state_dict_from_params(jax.device_get(params), model_config)
   if dtype is not None:
     sd = {k: np.asarray(v, dtype=np.dtype(dtype)) for k, v in sd.items()}
   out = pathlib.Path(out_dir)

@@ -1,5 +1,6 @@
-"""The learner of an RL run: frozen base + LoRA train state, the objective's jitted step and log-prob
-functions, the policy that rolls out, and the update.
+"""The learner of an RL run: the train state (LoRA on a frozen base, or every parameter:
+`fineflax.train.trainable`), the objective's jitted step and log-prob functions, the policy that rolls
+out, and the update.
 
   Learner(config, rl, mesh=None, guidance=None, replay=None)
     config       the run's ConfigDict (model, lora, optimizer, seed sections; `fineflax.train.model_setup`)
@@ -8,17 +9,20 @@ functions, the policy that rolls out, and the update.
     guidance / replay   the off-policy sources of the objective (`fineflax.rl.guidance.Guidance`, LUFFY;
                  `fineflax.rl.replay.Replay`, ExGRPO), read by `collect`
 
-  policy(lora)                 base + that LoRA with the run's sampling settings (`fineflax.rl.policy`)
-  collect(lora, env, ...)      one step's scored groups (`fineflax.rl.collect.collect`) with the sources
+  policy(params)               the model of those trainable params (base + that LoRA, or the full params
+                               themselves: no weight sync) with the run's sampling settings (`fineflax.rl.policy`)
+  collect(params, env, ...)    one step's scored groups (`fineflax.rl.collect.collect`) with the sources
   groups_batch(groups)         the update batch of the kept groups (group advantages, `fineflax.rl.update`)
-  update(state, batch)         old/ref log-probs, then rl.num_iterations updates -> (state, metrics); with
-                               mini-/micro-batches or PPO's critic through `plan` (`fineflax.rl.minibatch`)
+  update(state, batch)         old/ref log-probs (the reference: the base with LoRA off, or a frozen copy
+                               of the initial full params), then rl.num_iterations updates -> (state, metrics);
+                               with mini-/micro-batches or PPO's critic through `plan` (`fineflax.rl.minibatch`)
   sft_update(state, batch)     one SFT step on demonstrations (the SFT phase, `fineflax.rl.sft_phase`)
 
-`state` holds the train state the run starts from (replicated over the mesh); the loop passes states in
-and out of `update`, which is pure (the loop keeps the previous state when a step goes non-finite).
+`state` holds the train state the run starts from (placed on the mesh by `fineflax.train.trainable`:
+LoRA replicated, full params and moments split over fsdp); the loop passes states in and out of
+`update`, which is pure (the loop keeps the previous state when a step goes non-finite).
 `train_and_export(job, ...)` is the RL jobs' common end: the loop over the job's hooks, then the summary
-and the PEFT adapter.
+and the export (PEFT adapter, or the merged HF folder of full training).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import functools
 import numpy as np
 
 from fineflax import lora as lora_lib
+from fineflax.config_checks import ConfigError
 from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.collect import Groups, collect, kept_groups
 from fineflax.rl.config import RLConfig
@@ -35,12 +40,11 @@ from fineflax.rl.ppo import Critic
 from fineflax.rl.policy import Policy
 from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import rl_update, update_batch
-from fineflax.mesh import replicate, shard_params
 from fineflax.train.loop import train_loop
-from fineflax.train.model_setup import compute_dtype, export_adapter, setup_model
+from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
-from fineflax.train.state import init_state
+from fineflax.train.trainable import export_trained, init_opt_state, init_placed_state, pin_state, split_model
 from fineflax.train.workdir import finish_run
 
 
@@ -52,20 +56,26 @@ class Learner:
     self.guidance, self.replay = guidance, replay
     self.objective = rl.objective_entry
     self.dtype = compute_dtype(config)
-    self.base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
-    if mesh is not None:
-      self.base = shard_params(self.base, mesh)
+    base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
+    # full training keeps its initial params frozen for the KL reference and a PPO critic's base
+    self.trainable = split_model(config, base, lora,
+                                 keep_reference=rl.beta > 0 or bool(self.objective.critic)).place(mesh)
+    self.base = self.trainable.base  # None in full training
     self.scale = lora_lib.lora_scale(self.lora_cfg)
     self.optimizer = make_optimizer(config.optimizer)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=self.fwd_kwargs,
                                              skip_grad_bound=rl.skip_grad_bound)
-    self.state = init_state(lora, self.optimizer, config.seed)
+    self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
     self.critic = Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs) if self.objective.critic else None
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
-      self.state["critic"] = self.critic.init(self.base, self.model_config, self.lora_cfg, config.seed)
+      if rl.ppo.critic == "full" and config.model.quant != "none":
+        raise ConfigError(f"config.model.quant={config.model.quant!r}: config.rl.ppo.critic='full' trains a copy "
+                          "of a dense model; set config.model.quant=none or config.rl.ppo.critic=lora")
+      critic_base = self.base if self.base is not None else self.trainable.reference
+      self.state["critic"] = self.critic.init(critic_base, self.model_config, self.lora_cfg, config.seed)
     if mesh is not None:
-      self.state = replicate(self.state, mesh)
+      self.step_fn = pin_state(self.step_fn, self.state)
 
   @property
   def fwd_kwargs(self) -> dict:
@@ -74,18 +84,20 @@ class Learner:
     return dict(model_config=self.model_config, lora_scale=self.scale, remat=m.remat, dtype=self.dtype,
                 logits_chunk=m.logits_chunk, temperature=self.rl.temperature)
 
-  def policy(self, lora) -> Policy:
-    """The policy of base + `lora` (None: the base alone) with the run's sampling settings."""
+  def policy(self, params) -> Policy:
+    """The policy of the trainable `params` (base + that LoRA, None: the base alone; or the full
+    parameters themselves) with the run's sampling settings."""
     rl = self.rl
-    return Policy(self.base, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
+    weights, lora = self.trainable.weights(params)
+    return Policy(weights, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
                   rl.top_p, rl.max_new_tokens, self.mesh, rl.dense_rollouts, rl.decode_impl)
 
   @functools.cached_property
   def pad_id(self) -> int:
-    return self.policy(None).pad_id
+    return self.policy(self.state["params"]).pad_id
 
   def mean_entropy(self, lora, prompt, trajectories) -> np.ndarray:
-    """Mean token entropy of stored trajectories under base + `lora` (ExGRPO's trajectory selection)."""
+    """Mean token entropy of stored trajectories under the trainable `lora` (ExGRPO's trajectory selection)."""
     comps = [t.tokens.tolist() for t in trajectories]
     batch = build_rl_batch([prompt.tolist()] * len(comps), comps, [[1.0] * len(c) for c in comps],
                            pad_id=self.pad_id, completion_width=round_up(self.rl.max_new_tokens, 32))
@@ -119,34 +131,37 @@ class Learner:
   def update(self, state, batch: dict):
     """(new state, metrics of the last update): `fineflax.rl.update.rl_update` on this learner's base."""
     return rl_update(state, self.base, batch, step_fn=self.step_fn, logp_fn=self.logp_fn, beta=self.rl.beta,
-                     num_iterations=self.rl.num_iterations, mesh=self.mesh, plan=self.plan)
+                     num_iterations=self.rl.num_iterations, mesh=self.mesh, plan=self.plan,
+                     reference=self.trainable.reference)
 
   @functools.cached_property
   def sft_fn(self):
     """The jitted SFT step (`fineflax.train.sft_step`) with this learner's optimizer and forward settings."""
     fwd = self.fwd_kwargs
     fwd.pop("temperature")
-    return make_sft_fns(self.optimizer, **fwd)[0]
+    fn = make_sft_fns(self.optimizer, **fwd)[0]
+    return fn if self.mesh is None else pin_state(fn, self.state)
 
   def sft_update(self, state, batch: dict):
     """(new state, metrics) of one SFT step on `batch` (placed on the mesh by the caller)."""
     return self.sft_fn(state, self.base, batch)
 
   def fresh_moments(self, state) -> dict:
-    """`state` with the optimizer moments re-initialised (RL after the SFT phase starts from its adapter)."""
-    return dict(state, opt_state=self.optimizer.init(state["lora"]))
+    """`state` with the optimizer moments re-initialised (RL after the SFT phase starts from its params)."""
+    return dict(state, opt_state=init_opt_state(state["params"], self.optimizer, self.mesh, self.trainable.full))
 
 
 def train_and_export(job, config, workdir: str, *, desc: str, **summary_extra) -> dict:
   """`train_loop` over `job.hooks()` from `job.learner.state` for config.num_steps, then the run summary
-  and the adapter export (`finish_run`, `summary_extra` added to the summary); the RL jobs' result
+  and the export (`finish_run` with `export_trained`, `summary_extra` added to the summary); the RL jobs' result
   {history, workdir, job, summary, exit_code}. The learner keeps the final state."""
   learner = job.learner
   result = train_loop(job.hooks(), learner.state, config, workdir, num_steps=config.num_steps, desc=desc,
                       eval_every=config.eval_every, eval_at_start=config.eval_at_start)
   learner.state = result.state
-  summary = finish_run(workdir, result, lambda: export_adapter(learner.state["lora"], learner.lora_cfg,
-                                                               learner.model_config, config, workdir),
-                       **summary_extra)
+  export = lambda: export_trained(learner.trainable, learner.state["params"], lora_cfg=learner.lora_cfg,
+                                  model_config=learner.model_config, tokenizer=learner.tok, config=config,
+                                  workdir=workdir)
+  summary = finish_run(workdir, result, export, **summary_extra)
   return {"history": result.history, "workdir": workdir, "job": job, "summary": summary,
           "exit_code": result.exit_code}

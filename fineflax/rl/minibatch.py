@@ -45,8 +45,8 @@ def split_rows(batch: dict, rows: int) -> list[dict]:
 
 
 def _policy_apply(state, grads, *, optimizer, skip_grad_bound):
-  lora, opt_state, m = apply_gradients(state["lora"], state["opt_state"], grads, optimizer, skip_grad_bound)
-  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state), m
+  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer, skip_grad_bound)
+  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state), m
 
 
 class UpdatePlan:
@@ -80,18 +80,18 @@ class UpdatePlan:
     outs = [M.to_host(fn(mb)) for mb in mbs]
     return M.unpack(outs, layout) if layout is not None else outs[0][:rows]
 
-  def update(self, state, base, batch: dict, *, mesh=None):
+  def update(self, state, base, batch: dict, *, mesh=None, reference=None):
     rl, critic = self.rl, self.critic
     devices = mesh.devices.size if mesh is not None else 1
     batch = {k: np.asarray(v) for k, v in batch.items()}
     if critic is not None:
       batch["response_mask"] = response_mask(batch)
     # 2. old / ref log-probs and values under the state before any update
-    fields = {"old_logp": lambda mb: self.logp_fn(state["lora"], base, mb)[0]}
+    fields = {"old_logp": lambda mb: self.logp_fn(state["params"], base, mb)[0]}
     if self.needs_ref:
-      fields["ref_logp"] = lambda mb: self.logp_fn(None, base, mb)[0]
+      fields["ref_logp"] = lambda mb: self.logp_fn(reference, base, mb)[0]
     if critic is not None:
-      fields["values"] = lambda mb: critic.values(state["critic"]["params"], base, mb)
+      fields["values"] = lambda mb: critic.values(state["critic"]["params"], critic.base, mb)
     out = {k: [] for k in fields}
     for mini in split_rows(batch, self.rows):
       mbs, layout = self.micro_batches(mini, devices, mesh)
@@ -117,13 +117,13 @@ class UpdatePlan:
     for _ in range(rl.num_iterations):
       for mbs in minis:
         if critic is not None:
-          grads, m = accumulate(critic.micro, state["critic"]["params"], base, mbs)
+          grads, m = accumulate(critic.micro, state["critic"]["params"], critic.base, mbs)
           m.pop("loss")  # value_loss_coef * vf_loss
           new_critic, m2 = critic.apply(state["critic"], grads)
           state = dict(state, critic=new_critic)  # a new dict: the caller's state stays as it was
           for k, v in {**m, **m2}.items():
             metrics.setdefault(k, []).append(v)
-        grads, m = accumulate(self.micro, state["lora"], base, mbs)
+        grads, m = accumulate(self.micro, state["params"], base, mbs)
         state, m2 = self.apply(state, grads)
         for k, v in {**m, **m2}.items():
           metrics.setdefault(k, []).append(v)

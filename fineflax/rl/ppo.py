@@ -133,8 +133,10 @@ def response_mask(batch: dict) -> np.ndarray:
 
 def critic_values(params, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
   """V [B, N] (float32) at the positions predicting the completion tokens (every position of a packed
-  micro-batch, `fineflax.rl.micro`)."""
-  h = completion_hidden(params["lora"], base, batch, model_config=model_config, lora_scale=lora_scale,
+  micro-batch, `fineflax.rl.micro`): the critic's LoRA on `base` (params["lora"]) or its own whole model
+  (params["model"], base unused)."""
+  trainable, base = (params["model"], None) if "model" in params else (params["lora"], base)
+  h = completion_hidden(trainable, base, batch, model_config=model_config, lora_scale=lora_scale,
                         remat=remat, dtype=dtype)
   head = params["head"]
   return jnp.einsum("bth,h->bt", h.astype(jnp.float32), head["kernel"][:, 0]) + head["bias"][0]
@@ -159,14 +161,14 @@ def _critic_apply(critic, grads, *, optimizer):
 class Critic:
   """The value model of a PPO run: init, values, and one optimizer step accumulated over micro-batches.
 
-  state: {"params": {"lora": LoRA pytree, "head": {"kernel": [H, 1], "bias": [1]}}, "opt_state"}, kept as
-  the train state's "critic" entry (checkpointed with it).
+  state: {"params": {"lora": LoRA pytree (ppo.critic "lora") or "model": a float32 copy of the initial
+  model ("full", as verl's critic), "head": {"kernel": [H, 1], "bias": [1]}}, "opt_state"}, kept as the
+  train state's "critic" entry (checkpointed with it). `base`: the frozen weights a LoRA critic reads
+  (the policy's base, or in full training its frozen initial parameters), set by `init`.
   """
 
   def __init__(self, ppo, optimizer_cfg, *, fwd_kwargs: dict):
-    if ppo.critic != "lora":
-      raise NotImplementedError(f"config.rl.ppo.critic={ppo.critic!r}: a full-parameter critic needs "
-                                "full-parameter training (issue 31 item 1); use 'lora'")
+    self.kind, self.base = ppo.critic, None
     cfg = types.SimpleNamespace(**{k: optimizer_cfg[k] for k in optimizer_cfg.keys()})
     cfg.learning_rate, cfg.warmup_steps = ppo.critic_lr, ppo.critic_warmup_steps
     self.optimizer = make_optimizer(cfg)
@@ -178,9 +180,15 @@ class Critic:
     self.apply = jax.jit(functools.partial(_critic_apply, optimizer=self.optimizer))
 
   def init(self, base, model_config, lora_cfg, seed: int) -> dict:
-    """A fresh critic: LoRA as the policy's (another key), head N(0, 0.02) (HF's initializer_range), bias 0."""
+    """A fresh critic on the dense or quantised `base`: LoRA as the policy's (another key), or a float32
+    copy of a dense base ("full"); head N(0, 0.02) (HF's initializer_range), bias 0."""
     k_lora, k_head = jax.random.split(jax.random.PRNGKey(seed + 2))
-    params = {"lora": lora_lib.init_lora(base, model_config, lora_cfg, k_lora),
-              "head": {"kernel": 0.02 * jax.random.normal(k_head, (model_config.hidden_size, 1), jnp.float32),
-                       "bias": jnp.zeros((1,), jnp.float32)}}
+    head = {"kernel": 0.02 * jax.random.normal(k_head, (model_config.hidden_size, 1), jnp.float32),
+            "bias": jnp.zeros((1,), jnp.float32)}
+    if self.kind == "full":
+      f32 = lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.array(x)
+      params = {"model": jax.tree.map(f32, base), "head": head}
+    else:
+      self.base = base
+      params = {"lora": lora_lib.init_lora(base, model_config, lora_cfg, k_lora), "head": head}
     return {"params": params, "opt_state": self.optimizer.init(params)}

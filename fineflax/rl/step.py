@@ -23,32 +23,39 @@ from fineflax.models import forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp_and_entropy
 from fineflax.rl.objectives import get_objective
 from fineflax.train.grad_accum import apply_gradients
+from fineflax.train.trainable import model_weights
 
 
-def completion_hidden(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
+def completion_hidden(trainable, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32):
   """Final-norm hidden states [B, N, H] at the positions predicting the completion tokens (every position
-  of a packed micro-batch, whose fields are laid out that way already)."""
+  of a packed micro-batch, whose fields are laid out that way already); `trainable` / `base` as
+  `fineflax.train.trainable.model_weights`."""
   n = batch["completion"].shape[1]
   s = batch["tokens"].shape[1]
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+  params, lora = model_weights(trainable, base)
+  h = forward_hidden(params, model_config, batch["tokens"], positions=batch["positions"],
                      attention_mask=batch["attention_mask"], segment_ids=batch.get("segment_ids"), lora=lora,
                      lora_scale=lora_scale, remat=remat, dtype=dtype)
   return h if "segment_ids" in batch else jax.lax.dynamic_slice_in_dim(h, s - n - 1, n, axis=1)
 
 
-def completion_logp(lora, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
+def completion_logp(trainable, base, batch, *, model_config, lora_scale=1.0, remat="none", dtype=jnp.float32,
                     logits_chunk=256, temperature=1.0):
   """(logp [B, N], entropy [B, N]) of the completion tokens under softmax(logits / temperature).
+
+  trainable / base: the LoRA on the frozen base (None: the base alone), or (base None) the full
+  parameters (`fineflax.train.trainable.model_weights`).
 
   Hidden state t predicts token t + 1. `temperature` is the rollout temperature: the policy that the
   loss differentiates is the distribution the samples came from (as TRL and verl do); logits are
   h @ W, so h / T gives logits / T exactly.
   """
-  h = completion_hidden(lora, base, batch, model_config=model_config, lora_scale=lora_scale, remat=remat,
+  params, _ = model_weights(trainable, base)
+  h = completion_hidden(trainable, base, batch, model_config=model_config, lora_scale=lora_scale, remat=remat,
                         dtype=dtype)
   if temperature != 1.0:
     h = h / jnp.asarray(temperature, h.dtype)
-  return chunked_token_logp_and_entropy(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+  return chunked_token_logp_and_entropy(h, output_kernel(params, model_config, dtype, softcap_applied=True),
                                         batch["completion"], chunk=logits_chunk,
                                         logit_softcap=model_config.final_logit_softcapping)
 
@@ -60,13 +67,14 @@ def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs:
 
 
 def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs, skip_grad_bound=0.0):
-  """One optimizer update of the LoRA pytree on `rl_loss`; the frozen base gets no gradient
-  (`apply_gradients`: a step over `skip_grad_bound` leaves LoRA and moments unchanged)."""
+  """One optimizer update of state["params"] (LoRA, or the whole model when `base` is None) on `rl_loss`;
+  a frozen base gets no gradient (`apply_gradients`: a step over `skip_grad_bound` leaves the params and
+  moments unchanged)."""
   (loss, metrics), grads = jax.value_and_grad(
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
-      has_aux=True)(state["lora"], base, batch)
-  lora, opt_state, m = apply_gradients(state["lora"], state["opt_state"], grads, optimizer, skip_grad_bound)
-  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state), dict(metrics, **m)
+      has_aux=True)(state["params"], base, batch)
+  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer, skip_grad_bound)
+  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state), dict(metrics, **m)
 
 
 def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0):

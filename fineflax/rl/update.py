@@ -1,13 +1,15 @@
-"""From scored groups to LoRA updates: group advantages, the padded batch, old/ref log-probs, updates.
+"""From scored groups to updates of the trainable params (LoRA or full): group advantages, the padded
+batch, old/ref log-probs, updates.
 
   A = group_advantages(rewards of the kept groups, K, scale)            (fineflax.rl.advantages)
-  old_logp = logp of the completions under the current LoRA (before any update of this step)
-  ref_logp = logp under the base with LoRA off (only when beta > 0)
+  old_logp = logp of the completions under the current params (before any update of this step)
+  ref_logp = logp under the frozen reference (only when beta > 0): the base with LoRA off, or in full
+             training (`fineflax.train.trainable`) a frozen copy of the initial parameters
   then `num_iterations` jitted updates of the objective (fineflax.rl.step) on the same batch.
 
 On a device mesh (`fineflax.mesh`) the batch rows are split over every device (`shard_update_batch`)
-and the LoRA/optimizer state is replicated: the jitted functions compute the same global sums as on one
-device. Advantages are computed on the host over the whole batch before it is split, so a group may
+and the train state is placed by `fineflax.train.trainable` (LoRA replicated, full params split over
+fsdp): the jitted functions compute the same global sums as on one device. Advantages are computed on the host over the whole batch before it is split, so a group may
 straddle two shards without changing them.
 """
 from __future__ import annotations
@@ -54,19 +56,23 @@ def shard_update_batch(batch: dict, mesh) -> dict:
           for k, v in batch.items()}
 
 
-def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None, plan=None):
+def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None,
+              reference=None):
   """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
+
+  `reference`: the trainable argument of the KL reference's log-probs, logp_fn(reference, base, .):
+  None = the base with the LoRA off; in full training (base None) the frozen initial parameters.
 
   With `mesh` the batch is split over its devices first (`shard_update_batch`); `state` and `base` are
   expected placed already (`fineflax.mesh.replicate` / `shard_params`). With `plan` (mini-/micro-batches
   or PPO's critic: `fineflax.rl.minibatch.UpdatePlan`) the plan does the whole update instead."""
   if plan is not None:
-    return plan.update(state, base, batch, mesh=mesh)
+    return plan.update(state, base, batch, mesh=mesh, reference=reference)
   if mesh is not None:
     batch = shard_update_batch(batch, mesh)
-  batch = dict(batch, old_logp=logp_fn(state["lora"], base, batch)[0])
+  batch = dict(batch, old_logp=logp_fn(state["params"], base, batch)[0])
   if beta:
-    batch["ref_logp"] = logp_fn(None, base, batch)[0]
+    batch["ref_logp"] = logp_fn(reference, base, batch)[0]
   for _ in range(num_iterations):
     state, metrics = step_fn(state, base, batch)
   return state, {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from fineflax.train.distributed import barrier, is_writer
+from fineflax.train.state import LEGACY_KEYS
 
 
 class CheckpointUnreadable(ValueError):
@@ -71,8 +72,9 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         preservation_policy=pp.AnyPreservationPolicy(policies), enable_async_checkpointing=False,
         create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "meta"))
+    self.manager = ocp.CheckpointManager(  # handlers named up front: item_metadata reads a fresh manager
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
     self.unreadable: set[int] = set()  # steps restore_newest skipped (still on disk)
 
   def latest_step(self) -> int | None:
@@ -106,10 +108,29 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       return None
+    renamed = self._legacy_names(step, abstract_state)
+    if renamed:  # a checkpoint older than a state key's rename: restore it under its old name
+      abstract_state = {renamed.get(k, k): v for k, v in abstract_state.items()}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                              meta=ocp.args.JsonRestore()))
-    return out["state"], out["meta"]
+    state = out["state"]
+    if renamed:
+      back = {old: new for new, old in renamed.items()}
+      state = {back.get(k, k): v for k, v in state.items()}
+    return state, out["meta"]
+
+  def _legacy_names(self, step: int, abstract_state: Any) -> dict[str, str]:
+    """{new key: old key} for the keys of a dict state that `step` saved under their old names
+    (`fineflax.train.state.LEGACY_KEYS`, e.g. "lora" before "params"); {} for a current checkpoint."""
+    if not isinstance(abstract_state, dict):
+      return {}
+    try:
+      saved = set(self.manager.item_metadata(step)["state"].keys())
+    except Exception:  # noqa: BLE001 - no readable metadata: restore as is (and fail there, named)
+      return {}
+    return {new: old for old, new in LEGACY_KEYS.items()
+            if new in abstract_state and new not in saved and old in saved}
 
   def restore_newest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
     """(step, state, meta) of the newest step that restores; None if nothing is saved.

@@ -32,6 +32,7 @@ import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.decoder import project_logits
+from fineflax.train.trainable import model_weights
 
 
 class Teacher(NamedTuple):
@@ -100,12 +101,14 @@ def completion_hidden(params, config, tokens, attention_mask, positions, n: int,
   return jax.lax.dynamic_slice_in_dim(h, tokens.shape[1] - n - 1, n, axis=1)
 
 
-def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConfig, lora_scale: float,
+def distill_loss(trainable, base, teacher: Teacher, batch, *, model_config: ModelConfig, lora_scale: float,
                  tau: float = 1.0, top_k: int = 0, remat: str = "none", dtype=jnp.float32,
                  logits_chunk: int = 128):
-  """(token-mean forward KL over the completion mask, metrics) of the student base + `lora`."""
+  """(token-mean forward KL over the completion mask, metrics) of the student: base + the LoRA
+  `trainable`, or (base None) the full parameters `trainable` (`fineflax.train.trainable.model_weights`)."""
   n = batch["mask"].shape[1]
-  hs = completion_hidden(base, model_config, batch["tokens"], batch["attention_mask"], batch["positions"],
+  params, lora = model_weights(trainable, base)
+  hs = completion_hidden(params, model_config, batch["tokens"], batch["attention_mask"], batch["positions"],
                          n, lora=lora, lora_scale=lora_scale, remat=remat, dtype=dtype)
   t_tokens = batch.get("teacher_tokens", batch["tokens"])
   t_attn = batch.get("teacher_attention_mask", batch["attention_mask"])
@@ -113,7 +116,7 @@ def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConf
   ht = completion_hidden(teacher.params, teacher.config, t_tokens, t_attn, t_pos, n, lora=teacher.lora,
                          lora_scale=teacher.lora_scale, dtype=dtype)
   ht = jax.lax.stop_gradient(ht)
-  kl = chunked_kl(hs, output_kernel(base, model_config, dtype), ht,
+  kl = chunked_kl(hs, output_kernel(params, model_config, dtype), ht,
                   jax.lax.stop_gradient(output_kernel(teacher.params, teacher.config, dtype)),
                   tau=tau, top_k=top_k, chunk=logits_chunk)
   mask = batch["mask"].astype(jnp.float32)
@@ -123,16 +126,16 @@ def distill_loss(lora, base, teacher: Teacher, batch, *, model_config: ModelConf
 
 def distill_step(state, base, teacher: Teacher, batch, *, optimizer: optax.GradientTransformation,
                  **loss_kwargs):
-  """One optimizer update of the student's LoRA (state["lora"]) on `distill_loss`; pure, jit-able.
+  """One optimizer update of the student's trainable params (state["params"]) on `distill_loss`; pure, jit-able.
 
-  state = {"step", "lora", "opt_state", "rng"} as `fineflax.train.state.init_state`.
+  state = {"step", "params", "opt_state", "rng"} as `fineflax.train.state.init_state`.
   """
   (loss, metrics), grads = jax.value_and_grad(distill_loss, has_aux=True)(
-      state["lora"], base, teacher, batch, **loss_kwargs)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-  lora = optax.apply_updates(state["lora"], updates)
+      state["params"], base, teacher, batch, **loss_kwargs)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+  lora = optax.apply_updates(state["params"], updates)
   metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state), metrics
+  return dict(state, step=state["step"] + 1, params=lora, opt_state=opt_state), metrics
 
 
 def make_distill_fn(optimizer, *, model_config: ModelConfig, teacher_config: Optional[ModelConfig] = None,

@@ -162,7 +162,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
 
 def write_summary(workdir: str, result: LoopResult, **extra) -> dict:
   """WORKDIR/summary.json (atomic) and the closing lines every job prints: status, final metrics, time,
-  adapter, logs and checkpoints."""
+  adapter (or full model), logs and checkpoints."""
   last = next((h for h in reversed(result.history) if h.get("step") == result.step), {})
   final = {k: v for k, v in last.items() if k not in ("step", "time", "time_s")}
   summary = {"status": result.status, "step": result.step, "exit_code": result.exit_code,
@@ -176,7 +176,7 @@ def write_summary(workdir: str, result: LoopResult, **extra) -> dict:
   if final:
     lines.append("final: " + ", ".join(f"{k} {v:.4g}" for k, v in final.items()
                                        if isinstance(v, (int, float)) and not k.startswith("time")))
-  lines += [f"{k}: {summary[k]}" for k in ("adapter",) if k in summary]
+  lines += [f"{k}: {summary[k]}" for k in ("adapter", "model") if k in summary]
   lines += [f"logs: {summary['logs']} (metrics.jsonl; TensorBoard events: pip install tensorboard && "
             f"tensorboard --logdir {summary['logs']})", f"checkpoints: {summary['checkpoints']}"]
   print("\n" + "\n".join(lines), flush=True)

@@ -18,9 +18,13 @@ from fineflax.io import atomic_write_text
 # (model.layer_loop: the same arithmetic as a scan or an unrolled loop; absent in configs older than it)
 RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_batch_size", "log_every",
                      "checkpoint.*", "resume", "verbose", "sample_prompt", "sample_max_new_tokens",
-                     "mesh.*", "distributed.*", "model.layer_loop", "rl.dense_rollouts")
+                     "mesh.*", "distributed.*", "model.layer_loop", "rl.dense_rollouts", "rl.decode_impl")
+# keys added to the configs after runs were saved without them: {key: the value their absence meant}
+ADDED_KEYS = {"train.params": "lora", "train.master_dtype": "bfloat16", "train.micro_batch_tokens": 0,
+              "rl.mini_batch_size": 0, "rl.micro_batch_tokens": 0, "rl.skip_grad_bound": 0.0,
+              "rl.decode_impl": "auto"}
 RUN_OUTPUTS = ("checkpoints", "checkpoints.unreadable", "logs", "history.json", "summary.json", "adapter",
-               "config.json")
+               "model", "config.json")
 
 
 class ConfigChanged(ValueError):
@@ -67,6 +71,7 @@ def saved_form(config) -> dict:
 def config_diff(saved: dict, current: dict) -> list[tuple[str, object, object]]:
   """(key, saved value, current value) of every flattened key that differs and may not change."""
   a, b = flatten(saved), flatten(json.loads(json.dumps(current, default=str)))
+  a, b = {**ADDED_KEYS, **a}, {**ADDED_KEYS, **b}
   keys = sorted(set(a) | set(b))
   allowed = lambda k: any(fnmatch.fnmatchcase(k, p) for p in RESUMABLE_CHANGES)
   return [(k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys

@@ -18,23 +18,28 @@ from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
 from fineflax.train.grad_accum import accumulate, apply_gradients, make_micro_grad
 from fineflax.train.state import State
+from fineflax.train.trainable import model_weights
 
 
-def sft_nll(lora, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
+def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
             dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256,
             causal_prefix: bool = False):
   """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T].
 
+  trainable / base: the LoRA on the frozen base, or (base None) the full parameters
+  (`fineflax.train.trainable.model_weights`).
+
   causal_prefix=True: the batch holds one right-padded sequence a row (`fineflax.data` without packing),
   so its segment_ids are ignored and attention is plain causal (`forward_hidden`): same loss, faster kernel.
   """
-  h = forward_hidden(base, model_config, batch["tokens"], positions=batch["positions"],
+  params, lora = model_weights(trainable, base)
+  h = forward_hidden(params, model_config, batch["tokens"], positions=batch["positions"],
                      attention_mask=batch["attention_mask"],
                      segment_ids=None if causal_prefix else batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
                      dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
   with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
-    logp = chunked_token_logp(h, output_kernel(base, model_config, dtype, softcap_applied=True),
+    logp = chunked_token_logp(h, output_kernel(params, model_config, dtype, softcap_applied=True),
                               batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
   return -jnp.sum(logp * mask), jnp.sum(mask)
@@ -52,7 +57,8 @@ def _num_tokens(batch) -> jnp.ndarray:
 
 
 def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, **loss_kwargs):
-  """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. LoRA only."""
+  """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. state["params"] only
+  (the LoRA, or every parameter when base is None), summed over micro-batches in float32."""
   rng, step_rng = jax.random.split(state["rng"])
   num_micro = batch["tokens"].shape[0]
 
@@ -60,20 +66,20 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
     grad_acc, nll_acc, n_acc = carry
     mb, key = xs
     (nll, n), g = jax.value_and_grad(
-        lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["lora"])
+        lambda lo: sft_nll(lo, base, mb, dropout_rng=key, **loss_kwargs), has_aux=True)(state["params"])
     return (jax.tree.map(jnp.add, grad_acc, g), nll_acc + nll, n_acc + n), None
 
-  zeros = jax.tree.map(jnp.zeros_like, state["lora"])
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state["params"])
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
   with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
     grads = jax.tree.map(lambda g: g / n, grads)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["lora"])
-    lora = optax.apply_updates(state["lora"], updates)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
   metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
              "grad_norm": optax.tree.norm(grads)}
-  return {"step": state["step"] + 1, "lora": lora, "opt_state": opt_state, "rng": rng}, metrics
+  return {"step": state["step"] + 1, "params": params, "opt_state": opt_state, "rng": rng}, metrics
 
 
 def eval_step(lora, base, batch, **loss_kwargs):
@@ -83,8 +89,8 @@ def eval_step(lora, base, batch, **loss_kwargs):
 
 
 def _sft_apply(state, grads, rng, *, optimizer):
-  lora, opt_state, m = apply_gradients(state["lora"], state["opt_state"], grads, optimizer)
-  return dict(state, step=state["step"] + 1, lora=lora, opt_state=opt_state, rng=rng), m
+  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer)
+  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state, rng=rng), m
 
 
 def make_sft_micro_step(optimizer, **loss_kwargs):
@@ -104,7 +110,7 @@ def make_sft_micro_step(optimizer, **loss_kwargs):
     place = (lambda mb: shard_batch(mb, mesh)) if mesh is not None else (lambda mb: mb)
     mbs = [dict(place(mb), num_loss_tokens=np.float32(max(n, 1.0)), dropout_rng=keys[i])
            for i, mb in enumerate(micro_batches)]
-    grads, m = accumulate(micro, state["lora"], base, mbs)
+    grads, m = accumulate(micro, state["params"], base, mbs)
     state, m2 = apply(state, grads, rng)
     return state, {"loss": m["loss"], "loss_tokens": n, "tokens": tokens, "grad_norm": m2["grad_norm"]}
 

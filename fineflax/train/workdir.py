@@ -45,7 +45,9 @@ def saved_summary(workdir: str, step: int) -> dict:
 
 def finish_run(workdir: str, result: LoopResult, export, **extra) -> dict:
   """The run's summary: an already-complete run returns its saved summary and writes nothing; otherwise
-  `export()` (the adapter path) and `write_summary`."""
+  `export()` -> (summary key, path): ("adapter", PEFT folder) or ("model", merged HF folder)
+  (`fineflax.train.trainable.export_trained`), then `write_summary`."""
   if result.status == "already complete":
     return saved_summary(workdir, result.step)
-  return write_summary(workdir, result, adapter=export(), **extra)
+  key, path = export()
+  return write_summary(workdir, result, **{key: path}, **extra)

@@ -1,0 +1,124 @@
+"""Full-parameter training (config.train.params="full") on a 2x2 ("data", "fsdp") mesh of forced CPU devices:
+the SFT step and the RL update (beta > 0: the frozen reference copy) equal the one-device ones; params and
+optimizer state are split over fsdp (each device holds 1/fsdp of every array) and stay so after a step; a
+checkpoint written on 4 devices restores onto 2 with identical params and goes on alike.
+
+One subprocess: XLA_FLAGS must force 4 CPU devices before jax is imported.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from fineflax.models import ModelConfig, init_params
+    from fineflax.jobs.resolve import load_config
+    from fineflax.mesh import make_mesh, shard_batch
+    from fineflax.rl.batch import build_rl_batch
+    from fineflax.rl.objectives import get_objective
+    from fineflax.rl.step import make_rl_fns
+    from fineflax.rl.update import rl_update
+    from fineflax.testing.batches import random_sft_batch
+    from fineflax.train.checkpoint import Checkpointer
+    from fineflax.train.optim import with_f32_state
+    from fineflax.train.sft_step import make_sft_fns
+    from fineflax.train.state import init_state
+    from fineflax.train.trainable import Trainable, init_placed_state, pin_state, trainable_shardings
+    assert jax.device_count() == 4, jax.devices()
+    c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=16, eos_token_ids=(1,))
+    params = init_params(c, jax.random.PRNGKey(0))  # float32 master params, f32 compute: exact parity
+    # AdamW's first step moves a weight by lr * g / (|g| + eps): with eps = 1e-8 a gradient near 1e-8, whose
+    # last bits depend on the order of the sums (devices), moves by up to lr / 4 more or less; eps = 1e-6
+    # keeps that order noise under the 1e-5 tolerance (the gradients themselves agree to f32 rounding)
+    opt = with_f32_state(optax.chain(optax.clip_by_global_norm(1.0),
+                                     optax.adamw(1e-2, eps=1e-6, weight_decay=0.1)))
+    mesh = make_mesh(data=2, fsdp=2)
+    close = lambda a, b, what: jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=1e-5,
+                                                err_msg=what), a, b)
+
+    def split_in_halves(tree, what):  # every array: each device holds half of it (fsdp = 2)
+      for x in jax.tree.leaves(tree):
+        if x.ndim:
+          assert not x.sharding.is_fully_replicated, (what, x.shape, x.sharding)
+          assert all(s.data.size * 2 == x.size for s in x.addressable_shards), (what, x.shape)
+
+    # --- SFT: one step on 2 x 2 devices == one step on one device
+    train, _ = make_sft_fns(opt, model_config=c, lora_scale=1.0)
+    rng = np.random.RandomState(0)
+    batch = random_sft_batch(rng, (2, 8, 16), 256)  # 2 micro-batches of 8 rows x 16 tokens
+    s1, m1 = train(init_state(params, opt, 0), None, batch)
+    st = init_placed_state(params, opt, 0, mesh, full=True)
+    split_in_halves(st["params"], "params")
+    split_in_halves(st["opt_state"], "optimizer state")
+    mu = st["opt_state"][1][0].mu["layers"]["q"]["kernel"]  # AdamW's first moment: f32, split
+    assert mu.dtype == jnp.float32 and mu.addressable_shards[0].data.shape != mu.shape
+    s4, m4 = pin_state(train, st)(st, None, shard_batch(batch, mesh, batch_axis=1))
+    for k in ("loss", "grad_norm"):
+      np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, err_msg=k)
+    close(s1["params"], s4["params"], "sft params")
+    close(s1["opt_state"], s4["opt_state"], "sft optimizer state")
+    assert not np.allclose(np.asarray(s1["params"]["embed"]), np.asarray(params["embed"]))
+    split_in_halves(s4["params"], "params after the step")
+    split_in_halves(s4["opt_state"], "optimizer state after the step")
+    print("SFT OK", float(m1["loss"]), flush=True)
+
+    # --- RL (grpo, beta > 0): the KL reference is a frozen copy of the initial params
+    rl = load_config("configs/grpo_arith.py:smoke", ["rl.beta=0.04"]).rl
+    obj = get_objective(rl.objective)
+    step, logp = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
+                             fwd_kwargs=dict(model_config=c, lora_scale=1.0, temperature=0.7))
+    prompts = [list(rng.randint(2, 256, rng.randint(3, 9))) for _ in range(8)]
+    comps = [list(rng.randint(2, 256, rng.randint(2, 12))) for _ in range(8)]
+    rb = build_rl_batch(prompts, comps, [[1.0] * len(x) for x in comps], pad_id=0, completion_width=12)
+    rb["advantages"] = rng.randn(8).astype(np.float32)
+    rb["is_off_policy"] = np.zeros(8, bool)
+    kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=2)
+    r1, n1 = rl_update(init_state(params, opt, 0), None, rb, reference=params, **kw)
+    tr = Trainable(params, None, params, True).place(mesh)  # full mode's start (split_model, same dtypes)
+    assert tr.reference is tr.params  # the frozen reference: the initial arrays themselves, no copy
+    split_in_halves(tr.params, "placed params")
+    st = init_placed_state(tr.params, opt, 0, mesh, full=True)
+    kw4 = dict(kw, step_fn=pin_state(step, st))
+    r4, n4 = rl_update(st, None, rb, mesh=mesh, reference=tr.reference, **kw4)
+    assert n1["kl"] > 0, n1  # the second update moved away from the reference
+    for k in ("loss", "pg_loss", "kl", "grad_norm"):
+      np.testing.assert_allclose(n4[k], n1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    close(r1["params"], r4["params"], "rl params")
+    split_in_halves(r4["opt_state"], "rl optimizer state")
+    print("RL OK", n1["loss"], n1["kl"], flush=True)
+
+    # --- a checkpoint of the 4-device state restores onto 2 devices (fsdp = 2) and goes on alike
+    ck = Checkpointer(sys.argv[1])
+    assert ck.save(2, r4, {"job": {}})
+    ck.close()
+    m2 = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
+    like = init_placed_state(jax.tree.map(jnp.zeros_like, params), opt, 5, m2, full=True)
+    restored, _ = Checkpointer(sys.argv[1]).restore(like)
+    for x in jax.tree.leaves(restored):
+      assert x.sharding.device_set == set(jax.devices()[:2]), x.sharding
+    split_in_halves(restored["params"], "restored params")
+    split_in_halves(restored["opt_state"], "restored optimizer state")
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), r4, restored)
+    ref2 = jax.tree.map(jax.device_put, params, trainable_shardings(params, m2, True))
+    _, on4 = rl_update(r4, None, rb, mesh=mesh, reference=tr.reference, **kw4)
+    _, on2 = rl_update(restored, None, rb, mesh=m2, reference=ref2, **dict(kw, step_fn=pin_state(step, restored)))
+    np.testing.assert_allclose(on2["loss"], on4["loss"], rtol=1e-5)
+    print("RESHARD OK", flush=True)
+""")
+
+
+@pytest.mark.long
+def test_full_parameter_steps_on_a_2x2_mesh_equal_one_device_and_a_checkpoint_resumes_on_2(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt")], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=1200)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+  assert all(k in r.stdout for k in ("SFT OK", "RL OK", "RESHARD OK")), r.stdout
