@@ -129,11 +129,12 @@ def test_value_loss_equals_the_numpy_transcription_of_verl():
 
 
 @pytest.mark.fast
-def test_ppo_config_checks_and_the_full_critic_is_refused():
+def test_ppo_config_checks():
   rl = RLConfig.from_config({"objective": "ppo", "group_size": 1, "ppo": {"gamma": 0.99}})
   assert rl.ppo.gamma == 0.99 and rl.objective_entry.critic
-  with pytest.raises(ConfigError, match=r"config.rl.ppo.critic='full'"):
-    RLConfig.from_config({"objective": "ppo", "ppo": {"critic": "full"}})
+  assert RLConfig.from_config({"objective": "ppo", "group_size": 1, "ppo": {"critic": "full"}}).ppo.critic == "full"
+  with pytest.raises(ConfigError, match=r"config.rl.ppo.critic='half'"):
+    RLConfig.from_config({"objective": "ppo", "ppo": {"critic": "half"}})
   with pytest.raises(ConfigError, match=r"config.rl.ppo.kl_penalty='k9'"):
     RLConfig.from_config({"objective": "ppo", "ppo": {"kl_penalty": "k9"}})
   with pytest.raises(ConfigError, match=r"config.rl.ppo is missing"):
@@ -146,6 +147,37 @@ def test_ppo_config_checks_and_the_full_critic_is_refused():
     RLConfig.from_config({"max_new_tokens": 128, "micro_batch_tokens": 64})
   with pytest.raises(ConfigError, match=r"config.rl.skip_grad_bound=-1"):
     RLConfig.from_config({"skip_grad_bound": -1})
+
+
+def test_a_full_critic_starts_where_a_lora_critic_starts_and_trains_its_copy():
+  """A LoRA critic starts with B = 0, so its values are the base's: the full critic (a float32 copy of the
+  base with the same head) gives the same values; a step moves the copy's weights, not the base's."""
+  from fineflax.lora import LoraConfig
+  from fineflax.models import init_params
+  from fineflax.train.grad_accum import accumulate
+  from test_train_rl_step import CFG, FWD, _batch
+  base = init_params(CFG, jax.random.PRNGKey(0))
+  opt = dict(num_steps=10, learning_rate=0.0, warmup_steps=0, end_lr_ratio=1.0, weight_decay=0.0, b1=0.9,
+             b2=0.99, grad_clip=1.0)
+  kw = dict(critic_lr=5e-3, critic_warmup_steps=0, cliprange_value=0.5, value_loss_coef=1.0)
+  lora_c = P.Critic(types.SimpleNamespace(critic="lora", **kw), opt, fwd_kwargs=FWD)
+  full_c = P.Critic(types.SimpleNamespace(critic="full", **kw), opt, fwd_kwargs=FWD)
+  lora_s = lora_c.init(base, CFG, LoraConfig(r=4, alpha=8.0), seed=0)
+  full_s = full_c.init(base, CFG, LoraConfig(r=4, alpha=8.0), seed=0)
+  batch = {k: np.asarray(v) for k, v in _batch().items()}
+  batch["response_mask"] = P.response_mask(batch)
+  v_lora = np.asarray(lora_c.values(lora_s["params"], lora_c.base, batch))
+  v_full = np.asarray(full_c.values(full_s["params"], full_c.base, batch))
+  np.testing.assert_allclose(v_full, v_lora, atol=1e-5)
+  assert full_c.base is None and "lora" not in full_s["params"]
+  batch["values"] = v_full
+  batch["returns"] = (batch["response_mask"] * 1.5).astype(np.float32)
+  grads, _ = accumulate(full_c.micro, full_s["params"], full_c.base, [batch])
+  new, _ = full_c.apply(full_s, grads)
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new["params"]["model"], full_s["params"]["model"])
+  assert max(jax.tree.leaves(moved)) > 0
+  np.testing.assert_array_equal(np.asarray(jax.tree.leaves(base)[0]), np.asarray(jax.tree.leaves(
+      init_params(CFG, jax.random.PRNGKey(0)))[0]))  # the base itself is untouched
 
 
 def test_critic_steps_lower_the_value_loss_on_a_fixed_batch():

@@ -60,8 +60,8 @@ class ExGRPOConfig:
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
   """PPO's critic and rewards (`config.rl.ppo`, `fineflax.rl.ppo`; defaults of Search-R1's train_ppo.sh /
-  verl's ppo_trainer.yaml): critic "lora" (its own LoRA + value head on the base; "full": a trainable copy,
-  needs full-parameter training), its AdamW peak lr and warmup steps, value clip, GAE gamma / lam, the KL
+  verl's ppo_trainer.yaml): critic "lora" (its own LoRA + value head on the base) or "full" (a trainable
+  float32 copy of the model + value head, as verl's critic; needs model.quant=none), its AdamW peak lr and warmup steps, value clip, GAE gamma / lam, the KL
   penalty in the reward (verl apply_kl_penalty, fixed kl_ctrl), the value loss coefficient."""
   critic: str = "lora"
   critic_lr: float = 1e-5
@@ -77,9 +77,6 @@ class PPOConfig:
   def __post_init__(self):
     from fineflax.rl.ppo import KL_PENALTIES
     check("rl.ppo.critic", self.critic, *choice(("lora", "full")))
-    if self.critic == "full":
-      raise ConfigError("config.rl.ppo.critic='full': a full-parameter critic needs full-parameter training "
-                        "(issue 31 item 1), not available in this build; use 'lora'")
     check("rl.ppo.critic_lr", self.critic_lr, *interval(0.0, INF, lo_open=True))
     check("rl.ppo.critic_warmup_steps", self.critic_warmup_steps, *non_negative_int())
     check("rl.ppo.cliprange_value", self.cliprange_value, *interval(0.0, INF, lo_open=True))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fineflax.rl import micro as M

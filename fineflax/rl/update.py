@@ -57,7 +57,7 @@ def shard_update_batch(batch: dict, mesh) -> dict:
 
 
 def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None,
-              reference=None):
+              reference=None, plan=None):
   """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
 
   `reference`: the trainable argument of the KL reference's log-probs, logp_fn(reference, base, .):
