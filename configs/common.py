@@ -36,13 +36,15 @@ def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
   return config
 
 
-def train(config, params="lora", master_dtype="bfloat16"):
-  """What the job trains (fineflax/train/trainable.py)."""
+def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0):
+  """What the job trains (fineflax/train/trainable.py) and how SFT / distillation steps run (fineflax.train)."""
   config.train = ml_collections.ConfigDict()
   config.train.params = params  # lora (adapters on the frozen base, the default) or full (every parameter;
   #   needs model.quant=none; params and AdamW state split over mesh.fsdp; the export is a merged HF folder)
   config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, f32 AdamW moments) or float32
   #   (f32 master params, computed in model.dtype)
+  config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
+  #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches
   return config
 
 
@@ -138,14 +140,6 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   #   with use_dynamic_bsz): rows packed by length, gradients accumulated; 0 = off (one padded pass)
   r.skip_grad_bound = 0.0  # ExGRPO: a step whose global grad norm exceeds this (or is not finite) applies no
   #   update and logs skipped=1 (0 = off)
-  return config
-
-
-def train(config, micro_batch_tokens=0):
-  """How SFT / distillation steps run (fineflax.train)."""
-  config.train = ml_collections.ConfigDict()
-  config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
-  #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches
   return config
 
 

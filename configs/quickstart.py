@@ -30,7 +30,6 @@ def get_config():
 
   common.optimizer(config, num_steps=30, learning_rate=1e-3, warmup_steps=4, end_lr_ratio=0.1, b2=0.999)
   common.mesh(config)
-  common.train(config)
   common.checkpoint(config, every=15, keep_last=2, keep_best=1)
 
   config.log_every = 5  # steps between logged train metrics

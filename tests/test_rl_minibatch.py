@@ -138,9 +138,9 @@ def test_rl_step_with_skip_grad_bound_keeps_lora_and_counts_the_step(base):
   batch = dict(batch, old_logp=completion_logp(lora, base, batch, **FWD)[0])
   loss_kwargs = dict(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, entropy_coef=0.0, agg_mode="token-mean")
   opt = optax.adam(1e-2)
-  state = {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": opt.init(lora), "rng": jax.random.PRNGKey(0)}
+  state = {"step": jnp.zeros((), jnp.int32), "params": lora, "opt_state": opt.init(lora), "rng": jax.random.PRNGKey(0)}
   step, _ = make_rl_fns(opt, objective="grpo", loss_kwargs=loss_kwargs, fwd_kwargs=FWD, skip_grad_bound=1e-9)
   new, metrics = step(state, base, batch)
   assert float(metrics["skipped"]) == 1.0 and int(new["step"]) == 1
-  for a, b in zip(jax.tree.leaves(new["lora"]), jax.tree.leaves(lora)):
+  for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(lora)):
     np.testing.assert_array_equal(a, b)

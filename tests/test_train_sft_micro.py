@@ -48,7 +48,7 @@ def test_micro_batched_sft_step_equals_the_grad_accum_step():
   base = init_params(CFG, jax.random.PRNGKey(0))
   lora = _lora(base, b_scale=0.02)
   opt = optax.sgd(0.5)
-  state = {"step": jnp.zeros((), jnp.int32), "lora": lora, "opt_state": opt.init(lora), "rng": jax.random.PRNGKey(0)}
+  state = {"step": jnp.zeros((), jnp.int32), "params": lora, "opt_state": opt.init(lora), "rng": jax.random.PRNGKey(0)}
   kw = dict(model_config=CFG, lora_scale=2.0)
   batches = _batches()
   whole, _ = make_sft_fns(opt, **kw)
@@ -59,6 +59,6 @@ def test_micro_batched_sft_step_equals_the_grad_accum_step():
   np.testing.assert_allclose(float(m2["loss"]), float(m1["loss"]), rtol=1e-5)
   np.testing.assert_allclose(float(m2["grad_norm"]), float(m1["grad_norm"]), rtol=1e-5)
   assert m2["loss_tokens"] == float(m1["loss_tokens"]) and m2["tokens"] == float(m1["tokens"])
-  for a, b in zip(jax.tree.leaves(s2["lora"]), jax.tree.leaves(s1["lora"])):
+  for a, b in zip(jax.tree.leaves(s2["params"]), jax.tree.leaves(s1["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
   assert int(s2["step"]) == 1

@@ -2,14 +2,13 @@
 (every parameter trained, float32 master weights, bf16 compute: `fsdp_workers.py`, `torch_dtype =
 torch.float32 if self._is_actor`, MixedPrecision(param_dtype=bf16)) and its AdamW (betas (0.9, 0.999),
 weight_decay 1e-2, grad_clip 1.0, a constant lr after a linear warmup of lr_warmup_steps_ratio x steps)."""
-import ml_collections
+from configs import common
 
 
 def actor(config, *, params="full", master_dtype="float32"):
-  """config.train as verl's actor (issue 31's keys, read by the full-parameter trainer) and a dense bf16 base."""
-  config.train = ml_collections.ConfigDict()
-  config.train.params = params  # lora | full: every parameter trainable, sharded over mesh.fsdp
-  config.train.master_dtype = master_dtype  # bfloat16 | float32: f32 master parameters, bf16 compute (verl's actor)
+  """config.train as verl's actor (every parameter trained, sharded over mesh.fsdp, float32 master
+  parameters, bf16 compute) and a dense bf16 base."""
+  common.train(config, params=params, master_dtype=master_dtype)
   config.model.update(quant="none", dtype="bfloat16")  # full training: no quantised base; bf16 compute
   return config
 
