@@ -1,9 +1,13 @@
 """The papers' recipes at their own model shapes (issue 31 targets 1 and 2): one full-parameter RL step of
 LUFFY and of Search-R1's PPO with random weights of the published shapes, on every visible GPU.
 
-  python -m benchmarks.paper_scale --out DIR                          # both recipes, GPU defaults (< 8 min, 4 x H200)
-  python -m benchmarks.paper_scale --recipe luffy --out DIR --results # one recipe; also RESULTS.md "paper_scale"
+  python -m benchmarks.paper_scale --recipe luffy --out DIR --results          # one device call a recipe:
+  python -m benchmarks.paper_scale --recipe search_r1_ppo --out DIR --results  # rows of DIR/paper_scale.json kept
   python -m benchmarks.paper_scale --tiny --out DIR                   # CPU: tiny model on 2 forced host devices
+
+GPU defaults (sized for one 8-minute call a recipe on 4 x H200, not measured yet): luffy 16 prompts x 8 rows,
+prompts of 512 tokens, lengths median 1024 capped at 4096 (the paper: 128 x 8, cap 8192); search_r1_ppo 32
+prompts x 5 rollouts (the target's 512 x 5). Both recipes in one call share --budget seconds.
 
 Each recipe runs in its own subprocess (JAX without preallocation, so the peak is the step's own) and is
 the real run's pieces: the config of configs/papers/<paper>.py with the scale flags below, a
@@ -55,7 +59,7 @@ PAPER = {"luffy": dict(steps=500, prompts=128, group=8, gpus=8, model="Elliott/Q
                        setup="LUFFY: 500 steps x 128 prompts x 8 rows (7 + 1 trace), responses <= 8192, 8 x 80 GB"),
          "search_r1_ppo": dict(steps=1005, prompts=512, group=5, gpus=8, model="Qwen/Qwen2.5-7B",
                                setup="Search-R1 PPO: 1005 steps x 512 prompts x 5 rollouts, 8 x 80 GB")}
-GPU_DEFAULTS = {"luffy": dict(prompts=8, samples=8, median=1024, sigma=1.0, max_new_tokens=4096, prompt_len=512,
+GPU_DEFAULTS = {"luffy": dict(prompts=16, samples=8, median=1024, sigma=1.0, max_new_tokens=4096, prompt_len=512,
                               micro_batch_tokens=32768),
                 "search_r1_ppo": dict(prompts=32, samples=5, micro_batch_tokens=8 * (2048 + 2500))}
 TINY_DEFAULTS = {"luffy": dict(prompts=2, samples=4, median=8, sigma=1.0, max_new_tokens=16, prompt_len=8,
@@ -279,6 +283,15 @@ def write_outputs(out_dir: pathlib.Path, rows: list[dict], device: str, command:
   return md
 
 
+def earlier_rows(out_dir: pathlib.Path, recipes, tiny: bool) -> list[dict]:
+  """The rows of DIR/paper_scale.json of other recipes (same --tiny), so one call per recipe adds up."""
+  path = out_dir / "paper_scale.json"
+  if not path.exists():
+    return []
+  data = json.loads(path.read_text())
+  return [r for r in data["rows"] if r["recipe"] not in recipes] if data.get("tiny") == tiny else []
+
+
 def specs(args) -> list[dict]:
   out = []
   for recipe in args.recipe:
@@ -294,7 +307,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--recipe", nargs="+", choices=tuple(PAPER), default=list(PAPER))
   p.add_argument("--tiny", action="store_true", help=f"tiny widths on {TINY_DEVICES} forced CPU devices")
-  p.add_argument("--prompts", type=int, help="P prompts a step (default: luffy 8, search_r1_ppo 32)")
+  p.add_argument("--prompts", type=int, help="P prompts a step (default: luffy 16, search_r1_ppo 32)")
   p.add_argument("--samples", type=int, help="G rows a prompt (luffy: G-1 sampled + 1 trace; default 8 / 5)")
   p.add_argument("--median", type=int, help="luffy: median response tokens (default 1024)")
   p.add_argument("--sigma", type=float, help="luffy: log-normal sigma of the lengths (default 1.0)")
@@ -303,7 +316,8 @@ def main(argv=None) -> int:
   p.add_argument("--micro-batch-tokens", type=int, help="rl.micro_batch_tokens (default the paper's)")
   p.add_argument("--critic", choices=("full", "lora"), default="full", help="search_r1_ppo: the critic")
   p.add_argument("--steps", type=int, default=1, help="RL steps; the table shows the last (default 1)")
-  p.add_argument("--timeout", type=float, default=470.0, help="seconds per recipe")
+  p.add_argument("--budget", type=float, default=450.0,
+                 help="seconds for all recipes; each gets what is left (default 450: an 8-minute device call)")
   p.add_argument("--results", action="store_true", help="also write the paper_scale section of RESULTS.md")
   p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "paper_scale"))
   p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -315,14 +329,16 @@ def main(argv=None) -> int:
   device = f"CPU, {TINY_DEVICES} forced host devices" if args.tiny else gpu.device_name()
   env = (gpu.jax_env(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={TINY_DEVICES}")
          if args.tiny else gpu.jax_env())
-  rows, md = [], ""
+  out_dir, t_all = pathlib.Path(args.out), time.perf_counter()
+  rows, md = earlier_rows(out_dir, args.recipe, args.tiny), ""
   for spec in specs(args):
     t = time.perf_counter()
-    res = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env,
-                         timeout=args.timeout)
+    left = args.budget - (t - t_all)
+    res = ({"error": f"not run: {left:.0f} s of the {args.budget:.0f} s budget left"} if left < 30 else
+           gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env, timeout=left))
     rows.append(dict(recipe=spec["recipe"], spec=spec, **res) if "error" in res else summarize(spec, res))
     print(f"[paper_scale] {spec['recipe']}: {time.perf_counter() - t:.0f} s wall", file=sys.stderr, flush=True)
-    md = write_outputs(pathlib.Path(args.out), rows, device, command.strip(), args.tiny, args.results)
+    md = write_outputs(out_dir, rows, device, command.strip(), args.tiny, args.results)
   print(md)
   return 0 if all("error" not in r for r in rows) else 1
 
