@@ -6,6 +6,7 @@
 #                                          cudnn exgrpo masking sr1speed sr1impl agents serve pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
+#                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -197,6 +198,12 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
             done
             cp $D/*.log "$OUT/" ; for d in $D/*/; do cp $d/summary.json "$OUT/$(basename $d)_summary.json"; done ;;
     fits)   python3 -m benchmarks.scaling --out "$OUT/scaling" --only none --fits_fsdp ${FITS_FSDP:-2} ;;
+    psluffy) # issue 31 target 1: full-parameter LUFFY step, Qwen2.5-Math-7B shape, all visible GPUs (one call)
+            python3 -m benchmarks.paper_scale --recipe luffy --out "${PS_OUT:-benchmarks/out/paper_scale}" --results
+            cp -r "${PS_OUT:-benchmarks/out/paper_scale}" "$OUT/"; cp benchmarks/RESULTS.md "$OUT/" ;;
+    pssr1)  # issue 31 target 2: Search-R1 PPO step (full critic), Qwen2.5-7B shape; keeps psluffy's row
+            python3 -m benchmarks.paper_scale --recipe search_r1_ppo --out "${PS_OUT:-benchmarks/out/paper_scale}" --results
+            cp -r "${PS_OUT:-benchmarks/out/paper_scale}" "$OUT/"; cp benchmarks/RESULTS.md "$OUT/" ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     *) echo "unknown stage $stage"; exit 2 ;;
