@@ -26,8 +26,23 @@ def check_fit(config, device_memory_gb: float | None = None) -> None:
   """ConfigError naming the knob to change when the run's memory plan (`fineflax.jobs.memory_plan`) exceeds the
   visible devices' memory (or `device_memory_gb` each); nothing where that memory is unknown (CPU)."""
   from fineflax.jobs.memory_plan import check_plan
+  if device_bytes_of(device_memory_gb=device_memory_gb) is None:  # unknown (CPU): nothing to check, and the
+    return  # job's own checks (data, workdir, resume) come before anything reads the model's files
   inputs, device_bytes, _ = plan_for(config, device_memory_gb=device_memory_gb)
   check_plan(inputs, device_bytes)
+
+
+def device_bytes_of(devices: int | None = None, device_memory_gb: float | None = None) -> float | None:
+  """Memory of one device of the plan: `device_memory_gb` when given, unknown (None) when planning for
+  `devices` other devices, else the first visible device's reported limit (None on CPU)."""
+  import jax
+  from fineflax.jobs.memory_plan import GIB
+  if device_memory_gb:
+    return float(device_memory_gb) * GIB
+  if devices:
+    return None
+  stats = jax.devices()[0].memory_stats() or {}
+  return float(stats["bytes_limit"]) if "bytes_limit" in stats else None
 
 
 def plan_for(config, devices: int | None = None, device_memory_gb: float | None = None):
@@ -35,7 +50,7 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   the visible ones) of `device_memory_gb` each (default: the first visible device's limit when it reports
   one, and unknown when planning for other devices)."""
   import jax
-  from fineflax.jobs.memory_plan import GIB, inputs_from_config
+  from fineflax.jobs.memory_plan import inputs_from_config
   from fineflax.mesh import mesh_shape
   n = int(devices) if devices else jax.device_count()
   mesh_cfg = config.get("mesh") or {"data": -1, "fsdp": 1}
@@ -43,13 +58,7 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
     data, fsdp = mesh_shape(mesh_cfg["data"], mesh_cfg["fsdp"], n)
   except ValueError as e:
     raise ConfigError(f"config.mesh (data={mesh_cfg['data']}, fsdp={mesh_cfg['fsdp']}): {e}") from None
-  if device_memory_gb:
-    device_bytes = float(device_memory_gb) * GIB
-  elif devices:
-    device_bytes = None
-  else:
-    stats = jax.devices()[0].memory_stats() or {}
-    device_bytes = float(stats["bytes_limit"]) if "bytes_limit" in stats else None
+  device_bytes = device_bytes_of(devices, device_memory_gb)
   dev = jax.devices()[0]
   where = (f"{n} planned device(s)" if devices else f"{n} {dev.platform} device(s) "
            f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))")
