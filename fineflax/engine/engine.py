@@ -465,7 +465,8 @@ class Engine:
     number of programs compiled."""
     import concurrent.futures
     widths = {self._table_width(n) for n in range(1, max_len + self.page_size, self.page_size)}
-    keys = [(device.row_bucket(r, self.min_row_bucket), w, eos_width, filters) for r in sorted(set(rows)) for w in sorted(widths)]
+    keys = [(device.row_bucket(r, self.min_row_bucket), w, eos_width, filters)
+            for r in sorted(set(rows)) for w in sorted(widths)]
     keys = [k for k in dict.fromkeys(keys) if (self._signature, *k) not in _PROGRAMS]
     workers = threads or max(1, min(len(keys), (os.cpu_count() or 2) // 2))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:

@@ -32,7 +32,7 @@ from fineflax.rl.losses import token_weights
 from fineflax.rl.ppo import ppo_targets, response_mask
 from fineflax.rl.step import rl_loss
 from fineflax.rl.update import shard_update_batch
-from fineflax.train.grad_accum import accumulate, apply_gradients, make_micro_grad
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
 
 
 def split_rows(batch: dict, rows: int) -> list[dict]:
@@ -41,11 +41,6 @@ def split_rows(batch: dict, rows: int) -> list[dict]:
   rows = rows or b
   return [{k: (np.asarray(v)[i:i + rows] if np.ndim(v) else v) for k, v in batch.items()}
           for i in range(0, b, rows)]
-
-
-def _policy_apply(state, grads, *, optimizer, skip_grad_bound):
-  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer, skip_grad_bound)
-  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state), m
 
 
 class UpdatePlan:
@@ -57,8 +52,7 @@ class UpdatePlan:
     self.rows = rl.mini_batch_size * rl.group_size
     self.micro = make_micro_grad(functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs,
                                                    fwd_kwargs=fwd_kwargs))
-    self.apply = jax.jit(functools.partial(_policy_apply, optimizer=optimizer,
-                                           skip_grad_bound=rl.skip_grad_bound))
+    self.apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_grad_bound=rl.skip_grad_bound))
 
   @property
   def needs_ref(self) -> bool:

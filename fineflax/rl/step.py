@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from fineflax.models import forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp_and_entropy
 from fineflax.rl.objectives import get_objective
-from fineflax.train.grad_accum import apply_gradients
+from fineflax.train.grad_accum import step_state
 from fineflax.train.trainable import model_weights
 
 
@@ -73,15 +73,15 @@ def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs
   (loss, metrics), grads = jax.value_and_grad(
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
       has_aux=True)(state["params"], base, batch)
-  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer, skip_grad_bound)
-  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state), dict(metrics, **m)
+  state, m = step_state(state, grads, optimizer, skip_grad_bound)
+  return state, dict(metrics, **m)
 
 
 def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0):
   """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]).
 
-  The state is not donated: it is small (LoRA + optimizer moments), and the loop keeps the previous
-  state when a step produces a non-finite loss.
+  The state is not donated: the loop keeps the previous state when a step produces a non-finite loss
+  (small for LoRA; in full training a step briefly holds two copies of params and moments).
   """
   get_objective(objective)
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,

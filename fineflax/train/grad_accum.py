@@ -89,3 +89,11 @@ def apply_gradients(trainable, opt_state, grads, optimizer: optax.GradientTransf
     new, new_opt_state = keep(trainable, new), keep(opt_state, new_opt_state)
     metrics["skipped"] = skip.astype(jnp.float32)
   return new, new_opt_state, metrics
+
+
+def step_state(state, grads, optimizer: optax.GradientTransformation, skip_grad_bound: float = 0.0, **fields):
+  """(train state after one `apply_gradients` update of state["params"], step + 1 and `fields` replaced;
+  its metrics): the state update every step function ends with."""
+  params, opt_state, metrics = apply_gradients(state["params"], state["opt_state"], grads, optimizer,
+                                               skip_grad_bound)
+  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state, **fields), metrics

@@ -16,7 +16,7 @@ import optax
 from fineflax.mesh import shard_batch
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
-from fineflax.train.grad_accum import accumulate, apply_gradients, make_micro_grad
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
 from fineflax.train.state import State
 from fineflax.train.trainable import model_weights
 
@@ -88,11 +88,6 @@ def eval_step(lora, base, batch, **loss_kwargs):
   return sft_nll(lora, base, batch, **loss_kwargs)
 
 
-def _sft_apply(state, grads, rng, *, optimizer):
-  params, opt_state, m = apply_gradients(state["params"], state["opt_state"], grads, optimizer)
-  return dict(state, step=state["step"] + 1, params=params, opt_state=opt_state, rng=rng), m
-
-
 def make_sft_micro_step(optimizer, **loss_kwargs):
   """step(state, base, micro_batches, mesh=None) -> (state, metrics): one update on the token-weighted
   mean NLL of host micro-batches of packed rows ([D, T] each, `fineflax.data.packing.repack`; split over
@@ -100,7 +95,7 @@ def make_sft_micro_step(optimizer, **loss_kwargs):
   micro-step for any count). Metrics as `sft_step`'s."""
   micro = make_micro_grad(functools.partial(sft_share, **dict(loss_kwargs, causal_prefix=False)),
                           weight_key="loss_mask")
-  apply = jax.jit(functools.partial(_sft_apply, optimizer=optimizer))
+  apply = jax.jit(lambda state, grads, rng: step_state(state, grads, optimizer, rng=rng))
 
   def step(state, base, micro_batches, mesh=None):
     n = sum(float(mb["loss_mask"].sum()) for mb in micro_batches)
