@@ -15,7 +15,10 @@ reached (a method's `offset` shifts its steps: sft_rl's 50 SFT steps come first)
 (Student t over seeds) with the per-seed values; comparisons are paired by seed: the mean difference,
 the seeds where the first method is ahead, the paired t-test p and the exact sign-flip p
 (`fineflax.runs.paired_test`; with 4 seeds it cannot go below 0.125). "base model" is each seed's
-evaluation at step 0, before any update.
+evaluation at step 0, before any update. Where an experiment keeps the results of its runs from before
+issue 35's fixes (`previous`), the block ends with both side by side: per method and baseline, the
+metric at each file's own final step, and the change of the means (now - before; seeds are not paired
+across the two files).
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class Experiment:
   offset: dict = dataclasses.field(default_factory=dict)
   model_baselines: dict = dataclasses.field(default_factory=dict)  # results["baselines"] key -> label
   compared: tuple = ()
+  previous: str = ""  # the same experiment's results.json from before issue 35's fixes (the 2026-11-26 runs)
 
 
 NO_MODEL = {"constant": "constant answer (most frequent training answer)",
@@ -70,15 +74,19 @@ EXPERIMENTS = {e.name: e for e in (
                (("luffy", "rl"), ("luffy", "luffy_noshape"), ("luffy", "sft"), ("luffy", "sft_rl"), ("sft", "sft_rl")),
                "eval_accuracy", offset={"sft_rl": 50}, compared=tuple(list(LUFFY_SETS)[:4])),
     Experiment("exgrpo", "experiments/exgrpo/results.json", "ExGRPO vs GRPO, 1-2 op arithmetic",
-               {"grpo": "GRPO", "exgrpo": "ExGRPO"}, ARITH, (("exgrpo", "grpo"),), "eval_accuracy"),
+               {"grpo": "GRPO", "exgrpo": "ExGRPO"}, ARITH, (("exgrpo", "grpo"),), "eval_accuracy",
+               previous="experiments/exgrpo/results_before_issue35.json"),
     Experiment("grpo_arith", "experiments/exgrpo/results.json", "GRPO (grpo_arith defaults), 1-2 op arithmetic",
-               {"grpo": "GRPO"}, ARITH, (), "eval_accuracy"),
+               {"grpo": "GRPO"}, ARITH, (), "eval_accuracy",
+               previous="experiments/exgrpo/results_before_issue35.json"),
     Experiment("search_r1_masking", "experiments/search_r1_masking/results.json",
                "Search-R1 info-token masking", {"masked": "masked", "unmasked": "unmasked"}, SEARCH,
-               (("masked", "unmasked"),), "eval_em"),
+               (("masked", "unmasked"),), "eval_em",
+               previous="experiments/search_r1_masking/results_before_issue35.json"),
     Experiment("search_r1", "experiments/search_r1/results.json", "Search-R1 alone vs combined (LUFFY-guided)",
                {"search_r1": "Search-R1 alone (GRPO)", "combined": "combined (LUFFY-guided)"}, SEARCH,
-               (("combined", "search_r1"),), "eval_em_2hop", model_baselines=SEARCH_BASE),
+               (("combined", "search_r1"),), "eval_em_2hop", model_baselines=SEARCH_BASE,
+               previous="experiments/search_r1/results_before_issue35.json"),
 )}
 
 
@@ -217,6 +225,28 @@ def train_entropy(d: Data, window: int = 25) -> list[str]:
           "|---|---|---|", *lines]
 
 
+def before_after(d: Data, step: int) -> list[str]:
+  """Rows `label | before | now | change` for each method and baseline on the main metric and the
+  compared metrics: the `previous` results at their own final step against these at `step`."""
+  old = Data(dataclasses.replace(d.exp, results=d.exp.previous))
+  old_step = old.final_step(old.methods)
+  metrics = [d.exp.main_metric] + [m for m in (d.exp.compared or d.exp.metrics) if m != d.exp.main_metric]
+  lines = [f"Against the runs before issue 35's fixes (`{d.exp.previous}`, {old.res.get('device', '?')}, "
+           f"final step {old_step}; change = difference of the means):", "",
+           "| | metric | before | now | change |", "|---|---|---|---|---|"]
+  for metric in metrics:
+    rows = [(f"{d.exp.methods[m]}", old.at(m, old_step, metric) if m in old.methods else {}, d.at(m, step, metric))
+            for m in d.methods]
+    nb, ob = d.baselines(metric), old.baselines(metric)
+    rows += [(label, ob.get(label, {}), v) for label, v in nb.items() if label != "base model (step 0)"]
+    for label, before, now in rows:
+      change = (f"{sum(now.values()) / len(now) - sum(before.values()) / len(before):+.3f}"
+                if before and now else "-")
+      lines.append(f"| {label} | {d.exp.metrics[metric]} | {fmt(list(before.values()))} | "
+                   f"{fmt(list(now.values()))} | {change} |")
+  return lines
+
+
 def experiment_block(name: str) -> str:
   exp = EXPERIMENTS[name]
   d = Data(exp)
@@ -236,6 +266,8 @@ def experiment_block(name: str) -> str:
     out += ["", *train_entropy(d)]
   if res.get("no_model_baselines_note"):
     out += ["", f"No-model baselines: {res['no_model_baselines_note']}."]
+  if exp.previous and (ROOT / exp.previous).is_file():
+    out += ["", *before_after(d, step)]
   return "\n".join(out)
 
 

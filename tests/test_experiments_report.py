@@ -26,8 +26,8 @@ def test_a_hand_edited_block_is_caught(tmp_path, monkeypatch):
   assert edited != text
   (tmp_path / rel).parent.mkdir(parents=True)
   (tmp_path / rel).write_text(edited)
-  (tmp_path / "experiments" / "exgrpo" / "results.json").write_text(
-      (report.ROOT / "experiments" / "exgrpo" / "results.json").read_text())
+  for name in ("results.json", "results_before_issue35.json"):
+    (tmp_path / "experiments" / "exgrpo" / name).write_text((report.ROOT / "experiments" / "exgrpo" / name).read_text())
   monkeypatch.setattr(report, "ROOT", tmp_path)
   assert report.main(["--check", "--blocks", "exgrpo"]) == 1
   assert report.main(["--blocks", "exgrpo"]) == 0 and (tmp_path / rel).read_text() == text  # regenerated
@@ -59,3 +59,22 @@ def test_final_step_is_the_last_step_every_run_reached():
   step = luffy.final_step(luffy.methods)
   assert luffy.at("sft_rl", step, "eval_accuracy").keys() == luffy.at("rl", step, "eval_accuracy").keys()
   assert all(luffy.evals["sft_rl"][s][step + 50] for s in luffy.seeds)  # sft_rl: 50 SFT steps first
+
+
+def test_before_after_rows_are_the_difference_of_the_two_files_means():
+  exp = report.EXPERIMENTS["search_r1_masking"]
+  d = report.Data(exp)
+  step = d.final_step(d.methods)
+  lines = report.before_after(d, step)
+  now, old = (json.loads((report.ROOT / p).read_text()) for p in (exp.results, exp.previous))
+
+  def mean_at(res, method, metric):
+    last = min(max(e["step"] for e in run["evals"]) for runs in res["runs"].values() for run in runs.values())
+    vals = [e[metric] for run in res["runs"][method].values() for e in run["evals"] if e["step"] == last]
+    return sum(vals) / len(vals)
+
+  for method in ("masked", "unmasked"):
+    row = next(r for r in lines if r.startswith(f"| {method} | EM |"))
+    change = float(row.rsplit("|", 2)[1])
+    assert change == pytest.approx(mean_at(now, method, "eval_em") - mean_at(old, method, "eval_em"), abs=1e-3)
+  assert any(r.startswith("| masked | EM |") for r in lines) and "final step" in lines[0]
