@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from fineflax import lora as lora_lib
-from fineflax.envs.arithmetic import ArithmeticEnv, prompt_ids
+from fineflax.envs.arithmetic import ArithmeticEnv
 from fineflax.jobs import resolve
 from fineflax.models import load
 from fineflax.rewards.registry import score_completions
