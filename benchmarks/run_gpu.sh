@@ -7,6 +7,8 @@
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
+#                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
+#                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
 # and metrics JSON (run folders with checkpoints stay in /root/work).
 set -uo pipefail
@@ -206,6 +208,12 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
             cp -r "${PS_OUT:-benchmarks/out/paper_scale}" "$OUT/"; cp benchmarks/RESULTS.md "$OUT/" ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
+    par)    # one-GPU stages at once, each alone on its own GPU (a multi-GPU machine's time counts in full)
+            i=0; pids=()
+            for s in ${PAR//,/ }; do
+              CUDA_VISIBLE_DEVICES=$i OUT="$OUT" bash "$0" "$s" > "$OUT/par_$s.log" 2>&1 & pids+=($!); i=$((i + 1))
+            done
+            for p in "${pids[@]}"; do wait "$p"; done; tail -n 5 "$OUT"/par_*.log ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
