@@ -84,10 +84,20 @@ PARITY = textwrap.dedent("""
     from fineflax.sampling.session import SamplerSession
     sess = SamplerSession(base4, c, max_total_len=6, temperature=0.0, lora=replicate(lora, mesh),
                           lora_scale=2.0, dtype=jnp.float32, eos_ids=(), mesh=mesh)
-    sess.start(prompts)
-    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding  # rows split
+    sess.start(prompts)  # one engine per device, each with its own pool and one row here
+    pools = sess.cache
+    assert len(pools) == 4 and len({jax.tree.leaves(p)[0].devices().pop() for p in pools}) == 4, pools
     sess.decode(3)
-    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding
+    # sampled: row r draws with fold_in(rng, r) wherever it runs, so the split run equals one device
+    kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, lora_scale=2.0, dtype=jnp.float32, eos_ids=(),
+              rng=jax.random.PRNGKey(3))
+    many = [[5, 6, 7]] * 3 + [[8, 9], [10, 11, 12, 13], [14]] * 2  # a group of 3 stays on one device
+    a = generate(base, c, many, lora=lora, **kw)
+    b = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, **kw)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+    b2 = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, max_rows=4, **kw)  # 1 row a device
+    np.testing.assert_array_equal(a.tokens, b2.tokens)
     outs = []  # a multi-turn session (tool text appended between decodes, as Search-R1 does), split or not
     for params, lo, m in ((base, lora, None), (base4, replicate(lora, mesh), mesh)):
       s = SamplerSession(params, c, max_total_len=24, temperature=0.0, lora=lo, lora_scale=2.0,

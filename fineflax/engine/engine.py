@@ -26,7 +26,8 @@ top_p, key (token t of a sequence is drawn with fold_in(key, t): its samples do 
 beside it), eos ids, max_new_tokens, and the LoRA adapter: `Engine(adapters=[(lora, scale), ...])` stacks
 them (`engine.adapters`) and `Request(adapter=i)` picks one per row (None: the base), rows of different
 adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` applies one adapter to all.
-Not yet: a pool split over a mesh (sessions on several devices use the static sampler), preemption
+On a mesh of one process, `fineflax.sampling` runs one engine per device, rows split over them
+(`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
 (admission reserves each sequence's whole length instead), a prefix cache across requests.
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
@@ -38,6 +39,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import threading
 from typing import Callable, Sequence as Seq
 
 import jax
@@ -173,7 +175,8 @@ class Engine:
     self.pages = PageAllocator(num_pages, page_size)
     self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
     self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
-                       _shapes(self.params), _shapes(self.pool), _shapes(self.lora))
+                       _shapes(self.params), _shapes(self.pool), _shapes(self.lora),
+                       tuple(jax.tree.leaves(self.pool)[0].devices()))  # a program runs on its pool's device
     self.programs: set = set()  # keys of the compiled decode programs this engine used
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
@@ -476,23 +479,27 @@ class Engine:
   def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
     """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
     key = (self._signature, b, width, e, filters)
-    if key in _PROGRAMS:
-      _PROGRAMS.move_to_end(key)
-    else:
+    with _PROGRAMS_LOCK:  # engines of several devices run in threads (`sampling.replicas`)
+      program = _PROGRAMS.get(key)
+      if program is not None:
+        _PROGRAMS.move_to_end(key)
+    if program is None:
       i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
       f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
                "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
                "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
       scale = self.lora_scale if self.adapter_scales is None else f32(b, len(self.adapter_scales))
-      _PROGRAMS[key] = device.decode_chunk.lower(
+      program = device.decode_chunk.lower(
           self.params, self.pool, i32(b, width), state, self.lora, scale, config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size).compile()
-      while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
-        _PROGRAMS.popitem(last=False)
+      with _PROGRAMS_LOCK:
+        _PROGRAMS[key] = program
+        while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
+          _PROGRAMS.popitem(last=False)
     self.programs.add(key)
-    return _PROGRAMS[key]
+    return program
 
   def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
     s.status, s.budget = status, 0
@@ -556,6 +563,7 @@ class Engine:
 # programs together outnumbered a first-in-first-out bound of 64 and were compiled again after every
 # evaluation (Search-R1 on an H200, 2026-11-27).
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_LOCK = threading.Lock()
 MAX_PROGRAMS = 512  # compiled decode chunks kept (a chunk's executable is host code, not device memory)
 
 

@@ -1,5 +1,6 @@
 """`generate`: one call from prompts to completions, on the engine (continuous batching over a paged KV
-cache; `fineflax.engine`) or, for cache="static" and meshes of several devices, on the static session."""
+cache; `fineflax.engine`; on a mesh of one process, one engine per device: `replicas`) or, for
+cache="static" and meshes spanning several processes, on the static session."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -12,6 +13,7 @@ from fineflax.engine import Engine, Request
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
+from fineflax.sampling.replicas import assign_rows, on_devices, place, replica_devices
 from fineflax.sampling.session import engine_pool_pages, uses_static_cache
 
 
@@ -30,8 +32,9 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   rng: row r samples with key fold_in(rng, r) (paged; its draws do not depend on the other rows).
   max_rows: rows decoded at once (default all); with fewer, a finished row's place goes to the next prompt.
   Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
-  cache="static": the static-cache sampler (also used with a mesh of several devices, whose rows and
-  KV cache are split over its devices; the paged engine does not shard its pool yet).
+  mesh: a mesh of several devices of one process splits the rows over its devices, one engine each
+  (`replicas`; the same tokens as on one device); max_rows then counts over all of them.
+  cache="static": the static-cache sampler (also used with a mesh spanning several processes).
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
@@ -56,17 +59,43 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   rows = len(prompts) if max_rows is None else int(max_rows)
   if rows < 1:
     raise ValueError(f"max_rows={max_rows}: must be >= 1")
+  kw = dict(max_new_tokens=int(max_new_tokens), sc=sc, stop_strings=tuple(stop_strings), page_size=page_size,
+            chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora_scale=lora_scale, dtype=dtype,
+            impl=impl, attention=attention, dense_base=dense_base)
+  devices = replica_devices(mesh)
+  if not devices:
+    seqs = engine_rows(params, config, prompts, range(len(prompts)), rows, rng=rng, lora=lora, **kw)
+    return build_output(seqs, max_new_tokens, tokenizer)
+  parts = [p for p in assign_rows(prompts, len(devices), int(max_new_tokens)) if p]
+  per = -(-rows // len(parts))
+  outs = on_devices(devices[:len(parts)], lambda d, part: engine_rows(
+      place(params, d), config, [prompts[r] for r in part], part, min(per, len(part)), rng=place(rng, d),
+      lora=place(lora, d), **kw), parts)
+  seqs = [None] * len(prompts)
+  for part, out in zip(parts, outs):
+    for r, seq in zip(part, out):
+      seqs[r] = seq
+  return build_output(seqs, max_new_tokens, tokenizer)
+
+
+def engine_rows(params, config, prompts, row_ids, rows: int, *, max_new_tokens: int, sc: SamplingConfig,
+                rng, stop_strings, page_size, chunk_size, tokenizer, eos_ids, lora, lora_scale, dtype, impl,
+                attention, dense_base) -> list:
+  """The finished engine sequences of `prompts` decoded `rows` at a time on one engine (default device);
+  prompt i samples with key fold_in(rng, row_ids[i])."""
   groups = [g[i:i + rows] for g in group_identical(prompts) for i in range(0, len(g), rows)]
   concurrent = sorted((len(p) + max_new_tokens for p in prompts), reverse=True)[:rows]
   engine = Engine(params, config, max_rows=rows, num_pages=engine_pool_pages(concurrent, page_size),
                   page_size=page_size, chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora=lora,
                   lora_scale=lora_scale, dtype=dtype, impl=impl, attention=attention, dense_base=dense_base)
+  row_ids = list(row_ids)
   seqs = [None] * len(prompts)
   for group in groups:
-    requests = [Request(prompts[r], max_new_tokens=int(max_new_tokens), temperature=sc.temperature,
-                        top_k=sc.top_k, top_p=sc.top_p, key=None if rng is None else jax.random.fold_in(rng, r),
-                        stop_strings=tuple(stop_strings)) for r in group]
+    requests = [Request(prompts[r], max_new_tokens=max_new_tokens, temperature=sc.temperature,
+                        top_k=sc.top_k, top_p=sc.top_p,
+                        key=None if rng is None else jax.random.fold_in(rng, row_ids[r]),
+                        stop_strings=stop_strings) for r in group]
     for r, seq in zip(group, engine.submit_group(requests)):
       seqs[r] = seq
   engine.run()
-  return build_output(seqs, max_new_tokens, tokenizer)
+  return seqs

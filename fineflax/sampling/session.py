@@ -16,14 +16,16 @@ the kept text. Each row may hold max_total_len completion tokens (generated and 
 
 Backed by the engine (`fineflax.engine`, cache="paged", the default): every row is a held sequence of
 one paged KV cache; identical prompts are prefilled once and share their pages; decoding reads only the
-live tokens. cache="static" (and any session on a mesh of several devices, whose rows and cache are
-split over the devices: the paged engine does not shard its pool yet) runs the static-cache session
-(`static_session.StaticSession`, one cache slot index shared by every row). Row r samples with key
-fold_in(rng, r) (paged) or one key per chunk (static): the same tokens under greedy decoding, other draws
-when sampling.
+live tokens. On a mesh of several devices of one process the rows are split over the devices, one engine
+and page pool each (`replicas.ReplicaSession`). cache="static" (and a mesh spanning several processes)
+runs the static-cache session (`static_session.StaticSession`, one cache slot index shared by every row,
+rows and cache split over the mesh). Row r samples with key fold_in(rng, r) (paged, on one device or
+many: the same tokens either way) or one key per chunk (static): the same tokens under greedy decoding,
+other draws when sampling.
 """
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 import jax
@@ -36,19 +38,21 @@ from fineflax.engine.pages import pages_for
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 from fineflax.sampling.output import SampleOutput, build_output
+from fineflax.sampling.replicas import ReplicaSession, place, replica_devices
 
 CACHES = ("paged", "static")
 
 
 def uses_static_cache(cache: str, mesh) -> bool:
   """Whether a session / generate call runs the static-cache path: cache="static", or a mesh of several
-  devices (the paged pool is not split over devices yet)."""
+  devices spanning several processes (one process's mesh splits rows over per-device engines)."""
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}; choose one of {CACHES}")
-  return cache == "static" or (mesh is not None and mesh.devices.size > 1)
+  return cache == "static" or (mesh is not None and mesh.devices.size > 1 and replica_devices(mesh) is None)
 
 
 _RECENT_POOLS: list[int] = []  # pool sizes of the latest engines, newest first (engine_pool_pages)
+_RECENT_LOCK = threading.Lock()
 
 
 def engine_pool_pages(lengths: Sequence[int], page_size: int, slack: float = 1.25) -> int:
@@ -59,12 +63,13 @@ def engine_pool_pages(lengths: Sequence[int], page_size: int, slack: float = 1.2
   steps whose prompts differ a little keep one pool and their programs (before: a multiple of 256 pages,
   crossed from one step to the next by the prompts' lengths, and all programs compiled again)."""
   need = sum(pages_for(n, page_size) + 1 for n in lengths) + 1
-  fits = [p for p in _RECENT_POOLS if need <= p <= slack * need]
-  size = min(fits) if fits else geometric_bucket(max(need, 16), 8)
-  if size in _RECENT_POOLS:
-    _RECENT_POOLS.remove(size)
-  _RECENT_POOLS.insert(0, size)
-  del _RECENT_POOLS[8:]
+  with _RECENT_LOCK:  # sessions of several devices start in threads (`replicas`)
+    fits = [p for p in _RECENT_POOLS if need <= p <= slack * need]
+    size = min(fits) if fits else geometric_bucket(max(need, 16), 8)
+    if size in _RECENT_POOLS:
+      _RECENT_POOLS.remove(size)
+    _RECENT_POOLS.insert(0, size)
+    del _RECENT_POOLS[8:]
   return size
 
 
@@ -82,7 +87,16 @@ class SamplerSession:
     session lives. dense_base=True decodes a quantised base from a `dtype` copy of its dequantised
     weights made here (same weights; NF4 decoding is 2.4-2.8x slower than bf16 on an H200: RESULTS.md,
     nf4_gemv), at the memory of that copy while the session lives."""
-    self._static = None
+    self._static = self._replicas = None
+    devices = replica_devices(mesh) if cache == "paged" else None
+    if devices:
+      kw = dict(max_total_len=max_total_len, tokenizer=tokenizer, temperature=temperature, top_k=top_k,
+                top_p=top_p, eos_ids=eos_ids, rng=rng, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
+                impl=impl, dense_base=dense_base, page_size=page_size, attention=attention)
+      make = lambda d, p, lora_d: SamplerSession(p, config, lora=lora_d, **dict(kw, rng=place(rng, d)))
+      self._replicas = ReplicaSession(devices, make, params, lora, max_total_len)
+      self.tokenizer = tokenizer
+      return
     if uses_static_cache(cache, mesh):
       from fineflax.sampling.static_session import StaticSession
       self._static = StaticSession(params, config, max_total_len=max_total_len, tokenizer=tokenizer,
@@ -112,15 +126,21 @@ class SamplerSession:
 
   @property
   def cache(self) -> dict:
-    """The KV cache: the engine's page pools {"k", "v"} (static: the static cache)."""
+    """The KV cache: the engine's page pools {"k", "v"} (a list of them, one per device, on a mesh;
+    static: the static cache)."""
+    if self._replicas is not None:
+      return [s.cache for s in self._replicas.sessions]
     if self._static is not None:
       return self._static.cache
     self._need_started()
     return self.engine.pool
 
   # ----------------------------------------------------------------------------------------------
-  def start(self, prompts) -> None:
-    """Prefills the cache with `prompts` (token lists; each non-empty); identical prompts share pages."""
+  def start(self, prompts, row_ids: Sequence[int] | None = None) -> None:
+    """Prefills the cache with `prompts` (token lists; each non-empty); identical prompts share pages.
+    row_ids: the rows' indices in a larger batch, for their sampling keys (default 0..B-1)."""
+    if self._replicas is not None:
+      return self._replicas.start(prompts)
     if self._static is not None:
       return self._static.start(prompts)
     prompts = checked_prompts(prompts, self.config.vocab_size)
@@ -131,8 +151,9 @@ class SamplerSession:
         dtype=self.dtype, impl=self.impl, attention=self.attention, prepared=True)
     sc = self.sampling
     requests = [Request(p, max_new_tokens=0, temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p,
-                        key=None if self.rng is None else jax.random.fold_in(self.rng, r), hold=True,
-                        reserve=self.max_total_len) for r, p in enumerate(prompts)]
+                        key=None if self.rng is None else jax.random.fold_in(self.rng, i), hold=True,
+                        reserve=self.max_total_len)
+                for i, p in zip(range(len(prompts)) if row_ids is None else row_ids, prompts)]
     self.rows = [None] * len(prompts)
     for rows in group_identical(prompts):
       for r, seq in zip(rows, self.engine.submit_group([requests[r] for r in rows])):
@@ -145,6 +166,8 @@ class SamplerSession:
 
     `tokens`: one list per row, or {row: list}; rows with nothing to append are left as they are.
     """
+    if self._replicas is not None:
+      return self._replicas.append(tokens)
     if self._static is not None:
       return self._static.append(tokens)
     self._need_started()
@@ -159,6 +182,8 @@ class SamplerSession:
 
   def decode(self, max_new_tokens: int, stop_strings: Sequence[str] = ()) -> None:
     """Decodes every ready row until EOS, a stop string, `max_new_tokens` new tokens or its reserve ends."""
+    if self._replicas is not None:
+      return self._replicas.decode(max_new_tokens, stop_strings)
     if self._static is not None:
       return self._static.decode(max_new_tokens, stop_strings)
     self._need_started()
@@ -170,6 +195,8 @@ class SamplerSession:
 
   def result(self, width: int | None = None) -> SampleOutput:
     """The completions so far (model and appended tokens), right-padded to `width` (default: longest)."""
+    if self._replicas is not None:
+      return build_output(self._replicas.rows(), width, self.tokenizer)
     if self._static is not None:
       return self._static.result(width)
     self._need_started()
