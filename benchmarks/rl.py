@@ -123,8 +123,9 @@ def report(rows: list[dict], device: str, command: str, smoke: bool, targets: di
            f"Fastest of {r0['steps']} timed steps after {r0['warmup']} warm-up step (its times, which include "
            "compilation, are the 'first step' column); each case in a fresh process. rollout = generation + decode + "
            "rewards + advantages (generate = the sampler alone); update = the rest of the step (fineflax: batch, old "
-           "log-probs, jitted update; TRL: micro-batch forward/backward + optimizer). gen tokens/s = rows x new tokens "
-           "/ generate s. fineflax speed-up = their step time / fineflax's.", "",
+           "log-probs, jitted update; TRL: micro-batch forward/backward + optimizer; tunix: its train step over "
+           "micro-batches + weight sync). gen tokens/s = rows x new tokens / generate s. fineflax speed-up = their "
+           "step time / fineflax's.", "",
            markdown_table(header, table), "", "Settings:"]
   lines += [f"- {f} ({m}): {s}" for f, s, m in settings]
   return "\n".join(lines + [""] + summary)
