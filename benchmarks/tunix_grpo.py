@@ -16,8 +16,9 @@ moments on both sides) of every parameter with the DAPO token-mean clipped loss 
 with the same fields, checked against its own `ModelConfig.qwen2p5_1p5b()`).
 Remat: fineflax `model.remat=full` (its RL default), all 256 rows in one update; tunix `RematConfig`
 --tunix-remat (default NONE: its sampler shares the trained model, and 0.1.7's decode loop fails under
-nnx.remat; so tunix keeps every activation, which favours its speed) with training micro-batches of
---micro rows (default 32). tunix's learner skips the old-log-prob pass when num_iterations = 1; fineflax's
+nnx.remat, with BLOCK and DECODER alike: flax TraceContextError "Cannot mutate Param from a different trace
+level", checked on CPU; so tunix keeps every activation, which favours its speed) with training micro-batches of
+--micro rows (default 16). tunix's learner skips the old-log-prob pass when num_iterations = 1; fineflax's
 `rl_update` recomputes it (one more forward over the rows): both as shipped.
 Phases: rollout = generation + decode + rewards + advantages; update = the rest of the step (fineflax:
 batch, old log-probs, the jitted step; tunix: its train step over micro-batches and the weight sync,
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-len", type=int, help="prompt tokens (default 64; smoke 8)")
   p.add_argument("--new-tokens", type=int, help="response tokens, exactly (default 256; smoke 8)")
   p.add_argument("--remat", default="full", choices=("none", "full", "dots"), help="fineflax model.remat")
-  p.add_argument("--micro", type=int, default=32, help="tunix training micro-batch (rows)")
+  p.add_argument("--micro", type=int, default=16,
+                 help="tunix training micro-batch, rows (default 16: 32 rows without remat would need ~90 GB)")
   p.add_argument("--tunix-remat", default="NONE", choices=("NONE", "BLOCK", "DECODER"),
                  help="tunix RematConfig (its sampler shares the trained model; see the docstring)")
   p.add_argument("--tunix-python", default=None,
