@@ -6,6 +6,10 @@ Set up as `fineflax.rl.learner.Learner` does (config sections from configs/commo
            `new_tokens` tokens) of prompts x group rows (texts decoded), `rows.sampled_rows`, the rewards;
   update   `update.update_batch` (group advantages, padded batch) + `update.rl_update` (old log-probs, one
            jitted optimizer step of the GRPO-family loss), metrics fetched to the host.
+spec["params"] = "full" (benchmarks/tunix_grpo.py): `config.train.params="full"` as the Learner sets it up
+(fineflax/train/trainable.py): the trainable pytree is the whole bf16 model, base=None, AdamW moments f32
+(`make_optimizer`), rollouts sample from the current parameters (no LoRA, no weight sync).
+spec["shape"]["arch"] = "qwen2": q/k/v biases (Qwen2's `attention_bias`), RMSNorm eps s["norm_eps"].
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ def run(spec: dict) -> dict:
   mc = ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
                    num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
                    head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
+                   attention_bias=s.get("arch") == "qwen2", rms_norm_eps=s.get("norm_eps", 1e-5),
                    max_position_embeddings=max(2048, spec["prompt_len"] + n_new),
                    eos_token_ids=(C.EOS_ID,), pad_token_id=C.PAD_ID)
   dtype = jnp.bfloat16
@@ -50,15 +55,20 @@ def run(spec: dict) -> dict:
   rl = cfg.rl
 
   base = init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
+  full = spec.get("params", "lora") == "full"
   lora_cfg = lora_lib.LoraConfig.from_mapping(cfg.lora)
-  scale = lora_lib.lora_scale(lora_cfg)
+  scale = 0.0 if full else lora_lib.lora_scale(lora_cfg)
   optimizer = make_optimizer(cfg.optimizer)
   fwd = dict(model_config=mc, lora_scale=scale, remat=spec["remat"], dtype=dtype,
              logits_chunk=spec["logits_chunk"], temperature=rl.temperature)
   step_fn, logp_fn = make_rl_fns(optimizer, objective=rl.objective, loss_kwargs=objective.kwargs(rl),
                                  fwd_kwargs=fwd)
-  state = init_state(lora_lib.init_lora(base, mc, lora_cfg, jax.random.PRNGKey(1)), optimizer, 0)
+  if full:  # the model is the trainable pytree; no frozen base
+    state, base = init_state(base, optimizer, 0), None
+  else:
+    state = init_state(lora_lib.init_lora(base, mc, lora_cfg, jax.random.PRNGKey(1)), optimizer, 0)
   jax.block_until_ready((base, state))
+  n_trainable = sum(x.size for x in jax.tree.leaves(state["params"]))
   setup_s = time.perf_counter() - t_setup
 
   tok = C.word_tokenizer(s["vocab"])  # texts are decoded as in the RL job; rewards read them
@@ -67,8 +77,9 @@ def run(spec: dict) -> dict:
   for i in range(spec["warmup"] + spec["steps"]):
     split.new_step()
     t0 = time.perf_counter()
-    out = generate(base, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
-                   eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=state["params"],
+    weights, lora = (state["params"], None) if full else (base, state["params"])
+    out = generate(weights, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
+                   eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=lora,
                    lora_scale=scale, dtype=dtype)  # returns NumPy arrays: synchronised
     t1 = time.perf_counter()
     rows = R.sampled_rows(prompts, out, mask_truncated=rl.mask_truncated)
@@ -90,7 +101,8 @@ def run(spec: dict) -> dict:
   res = C.summarize(split, spec["warmup"])
   from benchmarks import gpu
   return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
-          "peak_bytes": gpu.jax_peak_bytes(),
+          "peak_bytes": gpu.jax_peak_bytes(), "trainable_params": int(n_trainable),
           "settings": f"jit, all rows in one update; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
-                      f"agg={rl.agg_mode}, old log-probs recomputed",
+                      f"agg={rl.agg_mode}, old log-probs recomputed"
+                      + (", all parameters trained (bf16, f32 AdamW moments)" if full else ""),
           "versions": {"jax": jax.__version__}}

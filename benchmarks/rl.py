@@ -75,7 +75,9 @@ def _fmt(x, nd=2):
   return "" if x is None else round(x, nd)
 
 
-def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
+def report(rows: list[dict], device: str, command: str, smoke: bool, targets: dict = TARGETS,
+           title: str = "GRPO step: fineflax vs TRL vs tunix") -> str:
+  """The markdown section of `rows` (one `params` kind); `targets`: their step time over fineflax's."""
   header = ["model", "framework", "step s", "rollout s (generate)", "update s", "gen tokens/s",
             "first step s (rollout / update)", "setup s", "peak GiB", "fineflax speed-up"]
   table, summary = [], []
@@ -96,7 +98,7 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
       if f != "fineflax" and ff:
         ratio = t["step"] / ff
         summary.append(f"- {model}: fineflax {ff:.2f} s vs {f} {t['step']:.2f} s per step = **{ratio:.2f}x** "
-                       f"(target >= {TARGETS[f]:g}x: {'met' if ratio >= TARGETS[f] else 'missed'}); rollout "
+                       f"(target >= {targets[f]:g}x: {'met' if ratio >= targets[f] else 'missed'}); rollout "
                        f"{t['rollout'] / r_ff(mine, 'rollout'):.2f}x, update {t['update'] / r_ff(mine, 'update'):.2f}x")
   versions, settings = {}, []
   for r in rows:
@@ -104,19 +106,26 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
     if "settings" in r and (r["framework"], r["settings"]) not in [s[:2] for s in settings]:
       settings.append((r["framework"], r["settings"], r["model"]))
   r0 = rows[0]
-  title = "## GRPO step: fineflax vs TRL vs tunix (LoRA r=16, one update per rollout)" + (
-      " — SMOKE (tiny shape, CPU)" if smoke else "")
+  full = r0.get("params", "lora") == "full"
+  title = (f"## {title} (" + ("full parameters" if full else "LoRA r=16") + ", one update per rollout)"
+           + (" — SMOKE (tiny shape, CPU)" if smoke else ""))
+  trained = ("every parameter (bf16 parameters, f32 AdamW moments)" if full
+             else "LoRA r=16 alpha=32 on all 7 linears")
+  counts = {r["framework"]: r["trainable_params"] for r in rows if r.get("trainable_params")}
   lines = [title, "", f"Device: {device}. Command: `{command}`.",
            "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
            f"One step = {r0['prompts']} prompts ({r0['prompt_len']} random tokens) x {r0['group']} samples x exactly "
            f"{r0['new_tokens']} new tokens (temperature 1, EOS off), random rewards of the decoded text, group "
-           "advantages, one AdamW update (clip 1.0) of LoRA r=16 alpha=32 on all 7 linears with the DAPO token-mean "
-           "clipped loss (eps 0.2/0.28), no KL; random bf16 weights of the model's shape. "
+           f"advantages, one AdamW update (clip 1.0) of {trained} with the DAPO token-mean "
+           "clipped loss (eps 0.2/0.28), no KL; random bf16 weights of the model's shape"
+           + (" (trainable parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ")"
+              if full and counts else "") + ". "
            f"Fastest of {r0['steps']} timed steps after {r0['warmup']} warm-up step (its times, which include "
            "compilation, are the 'first step' column); each case in a fresh process. rollout = generation + decode + "
            "rewards + advantages (generate = the sampler alone); update = the rest of the step (fineflax: batch, old "
-           "log-probs, jitted update; TRL: micro-batch forward/backward + optimizer). gen tokens/s = rows x new tokens "
-           "/ generate s. fineflax speed-up = their step time / fineflax's.", "",
+           "log-probs, jitted update; TRL: micro-batch forward/backward + optimizer; tunix: its train step over "
+           "micro-batches + weight sync). gen tokens/s = rows x new tokens / generate s. fineflax speed-up = their "
+           "step time / fineflax's.", "",
            markdown_table(header, table), "", "Settings:"]
   lines += [f"- {f} ({m}): {s}" for f, s, m in settings]
   return "\n".join(lines + [""] + summary)
@@ -126,14 +135,41 @@ def r_ff(mine: dict, key: str) -> float:
   return mine["fineflax"]["timed"][key]
 
 
-def write_outputs(out_dir: pathlib.Path, rows, device, command, smoke, t_all) -> str:
-  md = report(rows, device, command, smoke)
+def write_outputs(out_dir: pathlib.Path, rows, device, command, smoke, t_all, name: str = "rl",
+                  **report_kw) -> str:
+  md = report(rows, device, command, smoke, **report_kw)
   out_dir.mkdir(parents=True, exist_ok=True)
-  for name, text in (("rl.json", json.dumps({"device": device, "command": command, "smoke": smoke,
-                                              "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1)),
-                     ("rl.md", md)):
-    atomic_write_text(out_dir / name, text)
+  for file, text in ((f"{name}.json", json.dumps({"device": device, "command": command, "smoke": smoke,
+                                                   "wall_s": time.perf_counter() - t_all, "rows": rows}, indent=1)),
+                     (f"{name}.md", md)):
+    atomic_write_text(out_dir / file, text)
   return md
+
+
+def run_cases(cases: list[dict], *, command: str, out_dir: pathlib.Path, smoke: bool, budget: float,
+              timeout: float, name: str = "rl", python: dict | None = None, **report_kw) -> tuple[list, str]:
+  """Runs each case in a fresh worker subprocess (`python -m benchmarks.rl --worker`, under
+  python[framework] when given, else this interpreter) within `budget` seconds, writing OUT/name.json and
+  .md after every case; returns (rows, markdown)."""
+  device, rows, t_all, md = gpu.device_name(), [], time.perf_counter(), ""
+  for c in cases:
+    left = budget - (time.perf_counter() - t_all)
+    if left < 20:
+      rows.append(dict(c, error=f"not run: the {budget:.0f} s budget was spent"))
+      continue
+    env = gpu.jax_env() if c["framework"] != "trl" else dict(os.environ)
+    argv = gpu.worker_argv("benchmarks.rl", "--worker", json.dumps(c))
+    argv[0] = (python or {}).get(c["framework"]) or argv[0]
+    t = time.perf_counter()
+    res = gpu.run_worker(argv, env=env, timeout=min(timeout, left))
+    row = dict(c, **res)
+    rows.append(row)
+    msg = (f"step {row['timed']['step']:.2f}s (rollout {row['timed']['rollout']:.2f}, update "
+           f"{row['timed']['update']:.2f})" if "timed" in row else row.get("error", "?"))
+    print(f"[{name}] {c['model']} {c['framework']}: {msg} ({time.perf_counter() - t:.0f}s wall)", file=sys.stderr,
+          flush=True)
+    md = write_outputs(out_dir, rows, device, command, smoke, t_all, name=name, **report_kw)
+  return rows, md
 
 
 def main(argv=None) -> int:
@@ -156,24 +192,9 @@ def main(argv=None) -> int:
     sys.stderr.flush()
     os._exit(0)  # a framework's leftover threads (tunix's rollout executor) must not hold the exit
   command = "python -m benchmarks.rl " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-  command, device, out_dir = command.strip(), gpu.device_name(), pathlib.Path(args.out)
-  rows, t_all = [], time.perf_counter()
-  for c in cases(args):
-    left = args.budget - (time.perf_counter() - t_all)
-    if left < 20:
-      rows.append(dict(c, error=f"not run: the {args.budget:.0f} s budget was spent"))
-      continue
-    env = gpu.jax_env() if c["framework"] != "trl" else dict(os.environ)
-    t = time.perf_counter()
-    res = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(c)], env=env,
-                          timeout=min(args.timeout, left))
-    row = dict(c, **res)
-    rows.append(row)
-    msg = (f"step {row['timed']['step']:.2f}s (rollout {row['timed']['rollout']:.2f}, update "
-           f"{row['timed']['update']:.2f})" if "timed" in row else row.get("error", "?"))
-    print(f"[rl] {c['model']} {c['framework']}: {msg} ({time.perf_counter() - t:.0f}s wall)", file=sys.stderr,
-          flush=True)
-    md = write_outputs(out_dir, rows, device, command, args.smoke, t_all)
+  out_dir, t_all = pathlib.Path(args.out), time.perf_counter()
+  rows, md = run_cases(cases(args), command=command.strip(), out_dir=out_dir, smoke=args.smoke,
+                       budget=args.budget, timeout=args.timeout)
   print(md)
   if not args.smoke:
     write_section("rl", md)

@@ -7,6 +7,7 @@
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
+#                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
 #                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
 # Outputs go to $OUT (default /tmp/out): benchmarks/RESULTS.md and, per experiment, its RESULTS.md, plots
@@ -20,6 +21,8 @@ export FINEFLAX_CACHE=/root/fineflax-cache JAX_COMPILATION_CACHE_DIR=/root/jax-c
 mkdir -p "$OUT"
 # an experiment that fails with cuDNN attention is run again with the XLA attention path
 retry_xla() { "$@" || { echo "retrying with FINEFLAX_ATTENTION=xla"; FINEFLAX_ATTENTION=xla "$@"; }; }
+# the peer frameworks' wheels (.whl3: benchmarks/prep_whl3.sh) over .whl, without their dependencies
+install_peers() { for w in .whl .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site $w/*.whl; done; }
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
@@ -85,10 +88,18 @@ for stage in "$@"; do
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 -m benchmarks.serve --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
-            for w in .whl .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /root/site $w/*.whl; done
+            install_peers
             for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \
               python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/fallback/$m/*.whl; done
             timeout -s TERM ${RL_TIMEOUT:-420} python3 -m benchmarks.rl --out "$OUT/rl" ${RL_ARGS:-} ;;
+    sftfull) # issue 31: full-parameter SFT at the 1B shape vs transformers full fine-tuning (eager, grad ckpt,
+            # torch.compile); section sft_full; one H100 / H200, ~5 min
+            timeout -s TERM ${SFT_TIMEOUT:-540} python3 -m benchmarks.sft --params full --models Llama-3.2-1B \
+              --torch-compile --out "$OUT/sft_full.json" ;;
+    tunix_grpo) # issue 31: full-parameter GRPO step at the Qwen2.5-1.5B shape vs tunix 0.1.7; carry [".whl",
+            # ".whl3"] (benchmarks/prep_whl3.sh); section tunix_grpo; one H100 / H200, ~5 min
+            install_peers
+            timeout -s TERM ${TG_TIMEOUT:-540} python3 -m benchmarks.tunix_grpo --out "$OUT/tunix_grpo" ${TG_ARGS:-} ;;
     cudnn)  python3 -m benchmarks.check_cudnn_segments --model "$GGUF" --out "$OUT" ;;
     exgrpo) python3 -m experiments.compare --config configs/grpo_arith.py --out /root/work/exgrpo \
               --method grpo= --method exgrpo=exgrpo --seeds 0 1 2 3 --per-gpu ${PER_GPU:-2} \

@@ -6,6 +6,8 @@
   python -m benchmarks.sft --sweep         # adds remat=dots, logits_chunk=1024 and masked-attention cases
   python -m benchmarks.sft --layer-loop both --models Llama-3.2-1B --frameworks fineflax --section sft_unroll
                                            # each fineflax case with the layer scan and the unrolled loop
+  python -m benchmarks.sft --params full --models Llama-3.2-1B --torch-compile
+                                           # full-parameter SFT vs transformers full fine-tuning (section sft_full)
 
 Both sides: random bf16 weights of the model's shape (tied embeddings), random tokens, loss on every
 token, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (fp32 adapters, bf16 compute), AdamW + global-norm clip 1.
@@ -21,6 +23,16 @@ unrolled on GPUs with remat none, else scan; scan: `lax.scan` over the stacked l
 loop over per-layer slices; both: every fineflax case once each with scan and unrolled). MFU = `fineflax.models.flops.lora_step_flops` / step time / the
 GPU's dense bf16 peak (`peak_bf16_flops`; formula printed under the table), the same model FLOPs for both
 frameworks.
+
+`--params full` (or `both`): full-parameter training instead of LoRA, RESULTS.md section `sft_full`
+(`--section X`: X_full). fineflax: the same `make_sft_fns` step with `config.train.params="full"`'s state
+(`init_state` of the whole bf16 model, base=None; `make_optimizer`'s `with_f32_state`: f32 AdamW moments,
+bf16 parameters updated in place of a master copy). torch: the `from_config` bf16 model with every
+parameter trainable (no peft), the same autocast step (`gpu.time_torch_lora_steps`), AdamW fused on CUDA
+(foreach on CPU): torch's AdamW keeps exp_avg / exp_avg_sq in the parameter dtype (bf16 here; it has no
+option for f32 moments of bf16 parameters), so torch reads and writes half the optimizer bytes fineflax
+does. Gradient checkpointing off / on against remat none / full as for LoRA; `--torch-compile` adds the
+torch.compile case (checkpointing off). MFU of a full step: `full_step_flops`.
 """
 from __future__ import annotations
 
@@ -47,6 +59,7 @@ SHAPES = {  # name: (model shape, batch); head_dim 64 for all
     "Llama-3.2-1B": (dict(vocab=128256, hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8, head_dim=64,
                           rope_theta=500000.0), 4),
 }
+PARAMS = ("lora", "full")  # what a case trains (--params)
 SMOKE_SHAPES = {"tiny": (dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=16,
                               rope_theta=10000.0), 2)}
 DEFAULT_CHUNK = 256  # configs/quickstart.py: model.logits_chunk
@@ -91,7 +104,11 @@ def fineflax_worker(spec: dict) -> dict:
   loop = resolve_layer_loop(spec.get("layer_loop", "scan"), spec["remat"])  # "auto" -> this backend's choice
   mc = model_config(dict(spec, layer_loop=loop))
   params = init_params(mc, jax.random.PRNGKey(0), dtype=jnp.bfloat16)
-  lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
+  full = spec.get("params", "lora") == "full"
+  if full:  # train.params="full": the whole bf16 model is the trainable pytree, no base (trainable.py)
+    lora, scale, lora_source, params = params, 0.0, "n/a (full parameters)", None
+  else:
+    lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
   opt_cfg = types.SimpleNamespace(learning_rate=LR, warmup_steps=0, num_steps=10_000, end_lr_ratio=1.0,
                                   weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=1.0)
   optimizer = make_optimizer(opt_cfg)
@@ -115,7 +132,9 @@ def fineflax_worker(spec: dict) -> dict:
                                         - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
   dt, loss = gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
                                  steps=spec["steps"])
-  return {"seconds": dt, "compile_s": compile_s, "loss": loss, "peak_bytes": gpu.jax_peak_bytes(),
+  n_trainable = sum(x.size for x in jax.tree.leaves(state["params"]))
+  return {"trainable_params": int(n_trainable), "seconds": dt, "compile_s": compile_s, "loss": loss,
+          "peak_bytes": gpu.jax_peak_bytes(),
           "xla_bytes": xla_bytes, "device": gpu.jax_device_name(), "lora_init": lora_source, "layer_loop": loop,
           "versions": {"jax": jax.__version__}}
 
@@ -140,14 +159,17 @@ def torch_worker(spec: dict) -> dict:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
   if spec["ckpt"]:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-  model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
-                                                     target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
+  if spec.get("params", "lora") == "lora":
+    model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                       target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
   model.train()
   forward = torch.compile(model) if spec["compile"] else model
   tokens = torch.randint(0, s["vocab"], (b, t), device=device)
   result = gpu.time_torch_lora_steps(model, forward, tokens, lr=LR, warmup=spec["warmup"],
                                       steps=spec["steps"], reset_peak_after_warmup=True)
-  return dict(result, xla_bytes=None)
+  trainable = [p for p in model.parameters() if p.requires_grad]
+  return dict(result, xla_bytes=None, trainable_params=sum(p.numel() for p in trainable),
+              optimizer_state_dtype=str(trainable[0].dtype).replace("torch.", ""))
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -161,46 +183,64 @@ def model_config(spec: dict):
                      max_position_embeddings=max(t, 2048), layer_loop=spec.get("layer_loop", "scan"))
 
 
+def full_step_flops(config, batch: int, seq: int) -> float:
+  """Model FLOPs of one full-parameter step: 6 N (P_lin + H V) + 6 B T^2 Hq D L, i.e. `lora_step_flops`
+  at rank 0 (4 N (P_lin + H V): forward + input gradient, + attention) plus the weight gradients of the
+  linears and the output head, 2 N (P_lin + H V). The embedding lookup's gradient is a scatter-add
+  (no matmul FLOPs); remat recomputation not counted."""
+  f = lora_step_flops(config, batch, seq, 0)
+  return 1.5 * f["base"] + f["attention"]
+
+
 def step_flops(spec: dict) -> float:
-  """Model FLOPs of one step of this case (`fineflax.models.flops.lora_step_flops`)."""
+  """Model FLOPs of one step of this case (`lora_step_flops`, or `full_step_flops` for --params full)."""
+  if spec.get("params", "lora") == "full":
+    return full_step_flops(model_config(spec), spec["batch"], spec["seq"])
   return lora_step_flops(model_config(spec), spec["batch"], spec["seq"], LORA_R)["total"]
 
 
-# best fineflax / best transformers+peft tokens/s targets (eager, torch.compile); issue 17 for the 1B shape
-SPEED_TARGETS = {"SmolLM2-135M": (1.5, None), "Llama-3.2-1B": (1.6, 1.0)}
+# best fineflax / best transformers(+peft) tokens/s targets (eager, torch.compile): issue 17 for LoRA,
+# issue 31 for full-parameter training of the 1B shape
+SPEED_TARGETS = {"lora": {"SmolLM2-135M": (1.5, None), "Llama-3.2-1B": (1.6, 1.0)},
+                 "full": {"Llama-3.2-1B": (1.5, 1.1)}}
 
 FLOPS_NOTE = ("MFU = model FLOPs / step time / the GPU's dense bf16 peak ({peak}). Model FLOPs of a step "
               "(`fineflax.models.flops.lora_step_flops`), N = batch x seq tokens: 4 N (P_lin + H V) for the "
               "frozen linears and output head (forward + input gradient, no weight gradient) + 6 N P_lora "
               "(adapters: forward, input and weight gradients) + 6 B T^2 Hq D L (causal attention: q.k and p.v "
               "over T^2/2 pairs, backward 2x forward); remat recomputation not counted.")
+FLOPS_NOTE_FULL = ("MFU = model FLOPs / step time / the GPU's dense bf16 peak ({peak}). Model FLOPs of a "
+                   "full-parameter step (`benchmarks.sft.full_step_flops`), N = batch x seq tokens: 6 N (P_lin + "
+                   "H V) for the linears and the output head (forward, input and weight gradients) + 6 B T^2 Hq D L "
+                   "(causal attention); remat recomputation not counted.")
 
 def cases(args) -> list[dict]:
   """One dict per (model, framework, setting); each runs in its own subprocess."""
   shapes = SMOKE_SHAPES if args.smoke else SHAPES
   seq = args.seq or (64 if args.smoke else 1024)
   out = []
-  for model, (shape, batch) in shapes.items():
-    if args.models and model not in args.models:
-      continue
-    base = dict(model=model, shape=shape, batch=args.batch or batch, seq=seq, steps=args.steps,
-                warmup=args.warmup)
-    chunk = 16 if args.smoke else DEFAULT_CHUNK
-    sweep = [("none", chunk, True), ("full", 32 if args.smoke else chunk, True)]
-    if args.sweep or args.smoke:
-      sweep.insert(1, ("none", chunk, False))
-    if args.sweep:
-      sweep += [("none", min(1024, seq), True), ("dots", chunk, True)]
-    loops = ("scan", "unrolled") if args.layer_loop == "both" else (args.layer_loop,)
-    for remat, logits_chunk, causal in sweep:
-      for loop in loops:
-        out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk, causal_prefix=causal,
-                        layer_loop=loop,
-                        default=(remat, logits_chunk, causal, loop) == ("none", chunk, True, "auto")))
-    for ckpt in (False, True):
-      out.append(dict(base, framework="torch", ckpt=ckpt, compile=False))
-    if args.torch_compile:
-      out.append(dict(base, framework="torch", ckpt=False, compile=True))
+  for params in PARAMS if args.params == "both" else (args.params,):
+    for model, (shape, batch) in shapes.items():
+      if args.models and model not in args.models:
+        continue
+      base = dict(model=model, shape=shape, batch=args.batch or batch, seq=seq, steps=args.steps,
+                  warmup=args.warmup, params=params)
+      chunk = 16 if args.smoke else DEFAULT_CHUNK
+      sweep = [("none", chunk, True), ("full", 32 if args.smoke else chunk, True)]
+      if args.sweep or args.smoke:
+        sweep.insert(1, ("none", chunk, False))
+      if args.sweep:
+        sweep += [("none", min(1024, seq), True), ("dots", chunk, True)]
+      loops = ("scan", "unrolled") if args.layer_loop == "both" else (args.layer_loop,)
+      for remat, logits_chunk, causal in sweep:
+        for loop in loops:
+          out.append(dict(base, framework="fineflax", remat=remat, logits_chunk=logits_chunk,
+                          causal_prefix=causal, layer_loop=loop,
+                          default=(remat, logits_chunk, causal, loop) == ("none", chunk, True, "auto")))
+      for ckpt in (False, True):
+        out.append(dict(base, framework="torch", ckpt=ckpt, compile=False))
+      if args.torch_compile:
+        out.append(dict(base, framework="torch", ckpt=False, compile=True))
   return [c for c in out if not args.frameworks or c["framework"] in args.frameworks]
 
 
@@ -214,6 +254,11 @@ def setting(c: dict) -> str:
           + (", torch.compile" if c["compile"] else ""))
 
 
+def torch_name(params: str) -> str:
+  """The torch side's name in the report: transformers+peft for LoRA, transformers alone for full."""
+  return "transformers" if params == "full" else "transformers+peft"
+
+
 def recomputes(c: dict) -> bool:
   return c["remat"] != "none" if c["framework"] == "fineflax" else c["ckpt"]
 
@@ -223,6 +268,9 @@ def gib(x):
 
 
 def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
+  """The markdown section of `rows`, all of one `params` kind (lora or full)."""
+  params = rows[0].get("params", "lora")
+  full, ref_name = params == "full", torch_name(params)
   header = ["model", "framework", "setting", "batch x seq", "tokens/s", "step ms", "MFU", "peak GiB",
             "XLA est. GiB", "compile / 1st step s", "ratio"]
   peak = peak_bf16_flops(device)
@@ -244,6 +292,10 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
                     gib(r["peak_bytes"]), gib(r["xla_bytes"]),
                     round(r["compile_s"], 1), ratio])
     ok = [r for r in mine if "tokens_s" in r]
+    if full:  # both sides must train the same parameters (tied embeddings counted once)
+      counts = {r["framework"]: r.get("trainable_params") for r in ok}
+      summary.append(f"- {model}: trainable parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()
+                                                                     if v is not None))
     kinds = {"fineflax": lambda r: r["framework"] == "fineflax",
              "eager": lambda r: r["framework"] == "torch" and not r["compile"],
              "compile": lambda r: r["framework"] == "torch" and r["compile"]}
@@ -253,29 +305,35 @@ def report(rows: list[dict], device: str, command: str, smoke: bool) -> str:
       u = mfu(step_flops(ff), ff["seconds"] / ff["steps"], peak)
       if u is not None:
         summary.append(f"- {model}: best fineflax MFU **{100 * u:.1f}%**" + (
-            f" (target >= 45%: {'met' if u >= 0.45 else 'missed'})" if model == "Llama-3.2-1B" else ""))
-    for kind, target in zip(("eager", "compile"), SPEED_TARGETS.get(model, (None, None))):
+            f" (target >= 45%: {'met' if u >= 0.45 else 'missed'})" if model == "Llama-3.2-1B" and not full
+          else ""))
+    for kind, target in zip(("eager", "compile"), SPEED_TARGETS[params].get(model, (None, None))):
       ref = best[kind]
       if ff and ref:
         x = ff["tokens_s"] / ref["tokens_s"]
         summary.append(f"- {model}: best fineflax ({setting(ff)}) {ff['tokens_s']:.0f} tokens/s vs best "
-                       f"transformers+peft {'eager' if kind == 'eager' else 'torch.compile'} ({setting(ref)}) "
+                       f"{ref_name} {'eager' if kind == 'eager' else 'torch.compile'} ({setting(ref)}) "
                        f"{ref['tokens_s']:.0f}: **{x:.2f}x**"
                        + (f" (target >= {target}x: {'met' if x >= target else 'missed'})" if target else ""))
     summary += loop_ratios(ok, peak)
   versions = {}
   for r in rows:
     versions.update(r.get("versions", {}))
-  title = "## SFT training throughput (LoRA r=16, all linears, bf16)" + (" — SMOKE (tiny shapes, CPU)" if smoke else "")
+  title = ("## SFT training throughput (" + ("full parameters, bf16 + f32 AdamW moments" if full
+                                           else "LoRA r=16, all linears, bf16") + ")"
+           + (" — SMOKE (tiny shapes, CPU)" if smoke else ""))
+  what = ("every parameter trained (bf16 parameters; AdamW moments f32 in fineflax, bf16 in torch: its AdamW keeps "
+          "them in the parameter dtype), no peft" if full else "fp32 adapters")
   lines = [title, "", f"Device: {device}. Command: `{command}`.",
            "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", "",
-           "Random weights and tokens, loss on all tokens, AdamW + clip 1.0, fp32 adapters, "
+           f"Random weights and tokens, loss on all tokens, AdamW + clip 1.0, {what}, "
            f"{rows[0]['warmup']} warm-up + {rows[0]['steps']} timed steps, each case in a fresh process. "
            "peak GiB: JAX `peak_bytes_in_use` / `torch.cuda.max_memory_allocated` (after warm-up reset). "
            "XLA est.: arguments + outputs - donated + temporaries of the compiled step. "
-           "ratio: tokens/s over transformers+peft with matching recomputation (ckpt off <-> remat none).", "",
+           f"ratio: tokens/s over {ref_name} with matching recomputation (ckpt off <-> remat none).", "",
            markdown_table(header, table), "",
-           FLOPS_NOTE.format(peak="unknown device: n/a" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"),
+           (FLOPS_NOTE_FULL if full else FLOPS_NOTE).format(
+               peak="unknown device: n/a" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"),
            ""] + summary
   return "\n".join(lines)
 
@@ -311,7 +369,11 @@ def main(argv=None) -> int:
   p.add_argument("--layer-loop", default="auto", choices=("auto", "scan", "unrolled", "both"),
                  help="model.layer_loop of the fineflax cases (auto: the config default, "
                       "layer_loop.resolve_layer_loop; both: each case with scan and with unrolled)")
-  p.add_argument("--section", default="sft", help="RESULTS.md section to write (default sft)")
+  p.add_argument("--params", default="lora", choices=(*PARAMS, "both"),
+                 help="train LoRA adapters (default) or every parameter (full), or both")
+  p.add_argument("--section", default="sft",
+                 help="RESULTS.md section of the LoRA cases (default sft); the full cases go to SECTION_full "
+                      "(default sft_full)")
   p.add_argument("--out", default=str(pathlib.Path(__file__).with_name("out") / "sft.json"))
   p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
@@ -330,22 +392,26 @@ def main(argv=None) -> int:
     row = dict(c, **res)
     if "seconds" in res:
       row["tokens_s"] = c["batch"] * c["seq"] * c["steps"] / res["seconds"]
-    print(f"[sft] {c['model']} {c['framework']} {setting(c)}: "
+    print(f"[sft] {c['params']} {c['model']} {c['framework']} {setting(c)}: "
           + (f"{row['tokens_s']:.0f} tokens/s, peak {gib(row['peak_bytes'])} GiB" if "tokens_s" in row
              else row.get("error", "?")) + f" ({time.perf_counter() - t:.0f}s wall)", file=sys.stderr, flush=True)
     rows.append(row)
   device = gpu.device_name()
-  md = report(rows, device, command.strip(), args.smoke)
-  if args.section != "sft":
-    md = md.replace("## SFT training throughput", f"## SFT training throughput ({args.section})", 1)
-  print(md)
+  sections = []
+  for params in dict.fromkeys(r["params"] for r in rows):
+    section = args.section if params == "lora" else f"{args.section}_full"
+    md = report([r for r in rows if r["params"] == params], device, command.strip(), args.smoke)
+    if section not in ("sft", "sft_full"):
+      md = md.replace("## SFT training throughput", f"## SFT training throughput ({section})", 1)
+    print(md)
+    if not args.smoke:
+      write_section(section, md)
+    sections.append(section)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   atomic_write_json(out, {"device": device, "command": command.strip(), "smoke": args.smoke,
                           "wall_s": time.perf_counter() - t_all, "rows": rows})
-  if not args.smoke:
-    write_section(args.section, md)
-  print(f"[sft] wrote {out}" + ("" if args.smoke else f" and RESULTS.md section {args.section!r}")
+  print(f"[sft] wrote {out}" + ("" if args.smoke else f" and RESULTS.md sections {sections}")
         + f" in {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
   return 0 if all("tokens_s" in r for r in rows) else 1
 
