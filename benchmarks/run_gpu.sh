@@ -29,7 +29,8 @@ for stage in "$@"; do
     setup1) python3 -m pip install -q --no-index --no-deps --target /root/site .whl/*.whl
             for w in .whl2 .whl3; do [ -d $w ] && python3 -m pip install -q --no-index --no-deps --target /root/site $w/*.whl; done
             mkdir -p /root/models && cp .model1/part1 /root/models/ ;;
-    setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF" ;;
+    setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF"  # .whl3 may come with .model2
+            [ -d .whl3 ] && python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/*.whl ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
     runner) # issue 32: the benchmark runner vs chunked generate calls, SmolLM2-135M, ~90 s
             timeout -s TERM 200 python3 -m benchmarks.bench_runner --model "$GGUF" --problems 512 --n 4 \
