@@ -34,7 +34,7 @@ from benchmarks._results import write_section
 from experiments.rag_loop import heldout
 from experiments.rag_loop.arms import ARMS
 from experiments.rag_loop.kb import CATEGORIES
-from experiments.rag_loop.run import simulate
+from experiments.rag_loop.run import rates_table, simulate
 from fineflax.io import atomic_write_json
 from fineflax.stats import t_interval
 
@@ -182,12 +182,7 @@ def report(r, md_dir: pathlib.Path, png: pathlib.Path) -> str:
            "Its reward = exact match of its answer; the other arms' = recall of the gold passage (run.py's stand-in "
            "reader: no real reader over their passages does better). Held-out questions only (the student's own "
            "training rows came from the training questions).", "",
-           "| category (held-out questions) | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
-  for c in cats:
-    row = r["rates_heldout"][c]
-    top = max(row.values())
-    lines.append(f"| {c} ({r['questions'][c]}) | " + " | ".join(
-        f"**{row[a]:.3f}**" if row[a] == top else f"{row[a]:.3f}" for a in arms) + " |")
+           *rates_table("category (held-out questions)", r["rates_heldout"], r["questions"], arms)]
   lines += ["", f"{r['before']} requests over the five arms, then the server restarts with the student declared "
             f"(the router reloads the logged statistics; the student starts at none) and {r['after']} more; users "
             f"and routers as in run.py. Mean and 95% t-interval over {r['seeds']} seeds. Share = fraction of "

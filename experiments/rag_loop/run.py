@@ -172,6 +172,16 @@ def plot(curves, path, args):
   fig.savefig(path, dpi=120)
 
 
+def rates_table(title: str, rates: dict, counts: dict, arms) -> list[str]:
+  """Markdown lines of {category: {arm: rate}}, one row per category ("category (count)"), its best in bold."""
+  lines = [f"| {title} | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+  for c, row in rates.items():
+    top = max(row[a] for a in arms)
+    lines.append(f"| {c} ({counts[c]}) | " + " | ".join(
+        f"**{row[a]:.3f}**" if row[a] == top else f"{row[a]:.3f}" for a in arms) + " |")
+  return lines
+
+
 def report(r, args) -> str:
   arms, cats = r["arms"], r["categories"]
   lines = ["# RAG loop: RAG variants as arms, contextual routing (CPU simulation)", "",
@@ -185,12 +195,8 @@ def report(r, args) -> str:
            "recall of the gold passage** (is it among the passages put in front of the generator). The agentic "
            "arm runs the Search-R1 loop (`run_rollouts`) with a rule reader in place of the LLM (search the "
            "question; if a passage says \"born in <City>\", search the city; answer).", "",
-           "| category (train questions) | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
-  for c in cats:
-    row = r["rates_train"][c]
-    top = max(row.values())
-    lines.append(f"| {c} ({r['questions'][c]['train']}) | " + " | ".join(
-        (f"**{row[a]:.3f}**" if row[a] == top else f"{row[a]:.3f}") for a in arms) + " |")
+           *rates_table("category (train questions)", r["rates_train"], {c: r["questions"][c]["train"] for c in cats},
+                        arms)]
   lines += ["", "## Routing: simulated users, hidden correctness reward", "",
             f"{r['steps']} requests per run, category uniform, question uniform among the category's training "
             "questions, reward = the chosen arm's correctness on it. Regret = cumulative expected regret "
