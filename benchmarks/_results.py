@@ -10,9 +10,10 @@ RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 _HEADER = "# Benchmark results\n\nEach section is written by the script it names; numbers name their device.\n"
 
 
-def write_section(name: str, markdown: str, path: pathlib.Path = RESULTS) -> None:
-  """Replaces (or appends) the block between `<!-- name:start -->` and `<!-- name:end -->` atomically."""
-  text = path.read_text() if path.exists() else _HEADER
+def write_section(name: str, markdown: str, path: pathlib.Path = RESULTS, header: str = _HEADER) -> None:
+  """Replaces (or appends) the block between `<!-- name:start -->` and `<!-- name:end -->` atomically;
+  a new file starts with `header`."""
+  text = path.read_text() if path.exists() else header
   block = f"<!-- {name}:start -->\n{markdown.strip()}\n<!-- {name}:end -->"
   pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
   text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"

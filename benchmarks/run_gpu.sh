@@ -7,6 +7,7 @@
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
+#                                          rag_student (issue 34; one GPU)
 #                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
 #                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
@@ -218,6 +219,12 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
     pssr1)  # issue 31 target 2: Search-R1 PPO step (full critic), Qwen2.5-7B shape; keeps psluffy's row
             python3 -m benchmarks.paper_scale --recipe search_r1_ppo --out "${PS_OUT:-benchmarks/out/paper_scale}" --results
             cp -r "${PS_OUT:-benchmarks/out/paper_scale}" "$OUT/"; cp benchmarks/RESULTS.md "$OUT/" ;;
+    rag_student) # issue 34: the RAG loop's student, one H200/H100 call of ~6 min: QLoRA SFT of SmolLM2-135M on the
+            # logged rows with / without context (2 x 300 steps), both answer the 90 held-out questions
+            # (work/heldout_prompts.jsonl: no embedder needed), then the student as a new routed arm (CPU, ~1 min)
+            timeout -s TERM ${RAG_STUDENT_TIMEOUT:-570} python3 -m experiments.rag_loop.student --model "$GGUF" \
+              --out /root/work/rag_student ${RAG_STUDENT_ARGS:-}
+            cp /root/work/rag_student/*.log "$OUT/" 2>/dev/null ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     par)    # one-GPU stages at once, each alone on its own GPU (a multi-GPU machine's time counts in full)

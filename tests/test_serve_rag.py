@@ -70,6 +70,21 @@ def test_naive_rag_logs_what_retrieval_returns_and_answers_from_it(served):
   assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == answer
 
 
+def test_an_adapter_generates_for_its_rag_variant(served):
+  """naive_rag declares generator=alpha (an adapter: how a trained student is served as an arm): its answer
+  is alpha's on the messages it logged, not the base model's."""
+  c = served["client"]
+  q = "Where was Ada Mirzen born?"
+  r = c.chat.completions.create(model="naive_rag", messages=[{"role": "user", "content": q}], max_tokens=6,
+                                temperature=0)
+  inputs = json.loads(logged(served, r.id)[4])
+  answer = lambda model: c.chat.completions.create(model=model, messages=inputs, max_tokens=6,
+                                                   temperature=0).choices[0].message.content
+  base = next(m.id for m in c.models.list().data if m.id not in ("alpha", "beta", "auto", "naive_rag",
+                                                                  "agentic_rag", "no_rag"))
+  assert r.choices[0].message.content == answer("alpha") != answer(base)
+
+
 def test_agentic_and_no_rag_answer_and_log(served):
   c = served["client"]
   q = "In which country is Kaford?"

@@ -18,7 +18,8 @@ routing against non-contextual routing and uniform routing; the interaction log 
    gold answer, of a wrong one "unknown": a stand-in generator), and `fineflax.data.from_feedback` turns it
    into SFT rows with context, without context (--no-context) and preference pairs across variants: the
    data of the student step (`student.py`, GPU).
-Writes results.json, regret.png, RESULTS.md and work/ (corpus, questions, log, SFT rows).
+Writes results.json, regret.png, RESULTS.md (its block; the student's block, `new_arm.py`, stays) and work/
+(corpus, questions, log, SFT rows).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import time
 
 import numpy as np
 
+from benchmarks._results import write_section
 from experiments.rag_loop.arms import ARMS, build_engines, measure
 from experiments.rag_loop.kb import CATEGORIES, make_kb
 from fineflax.io import atomic_write_json, atomic_write_text
@@ -38,17 +40,24 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROUTERS = ("contextual", "non_contextual", "uniform")
 
 
-def simulate(router_kind, kind, correct, train_idx, seed, steps, log=None, questions=None, runs=None):
-  """One run: (chosen arm indices [steps], categories [steps], rewards [steps])."""
+def simulate(router_kind, kind, correct, pool, seed, steps, log=None, questions=None, runs=None, *,
+             arms=tuple(ARMS), router=None, rng=None):
+  """One run of `steps` simulated requests: (chosen arm indices [steps], categories [steps], rewards [steps]).
+
+  correct [questions, len(arms)]: arm a's 0/1 correctness on each question; pool[c]: the indices of the
+  questions users of category c ask (uniform). router: a router to continue (anything with choose(category)
+  / update(arm, reward, category)); default a fresh ContextualRouter of `router_kind` over `arms` seeded by
+  `seed` (None for "uniform"). rng: the users' generator to continue (default seeded by 1000 + seed).
+  log / questions / runs: the run logged as the server logs it (FeedbackLog; run.py's first run)."""
   from fineflax.serve.router import ContextualRouter
-  arms = list(ARMS)
-  rng = np.random.default_rng(1000 + seed)
-  router = None if router_kind == "uniform" else ContextualRouter(arms, kind, seed=seed,
-                                                                  contextual=router_kind == "contextual")
+  arms = list(arms)
+  rng = np.random.default_rng(1000 + seed) if rng is None else rng
+  if router is None and router_kind != "uniform":
+    router = ContextualRouter(arms, kind, seed=seed, contextual=router_kind == "contextual")
   chosen, cats, rewards = np.zeros(steps, int), np.zeros(steps, int), np.zeros(steps)
   for t in range(steps):
     c = int(rng.integers(len(CATEGORIES)))
-    qi = int(rng.choice(train_idx[c]))
+    qi = int(rng.choice(pool[c]))
     a = int(rng.integers(len(arms))) if router is None else arms.index(router.choose(CATEGORIES[c]))
     r = float(correct[qi, a])
     if router is not None:
@@ -142,7 +151,7 @@ def main(argv=None):
   results["seconds"] = round(time.time() - t0, 1)
   atomic_write_json(out / "results.json", results, indent=2)
   plot(curves, out / "regret.png", args)
-  atomic_write_text(out / "RESULTS.md", report(results, args))
+  write_section("rag_loop_run", report(results, args), out / "RESULTS.md", header="")
   print(json.dumps({k: results["routing"][k] for k in ("ratio_thompson", "ratio_ucb1")}))
 
 
@@ -163,6 +172,16 @@ def plot(curves, path, args):
   fig.savefig(path, dpi=120)
 
 
+def rates_table(title: str, rates: dict, counts: dict, arms) -> list[str]:
+  """Markdown lines of {category: {arm: rate}}, one row per category ("category (count)"), its best in bold."""
+  lines = [f"| {title} | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+  for c, row in rates.items():
+    top = max(row[a] for a in arms)
+    lines.append(f"| {c} ({counts[c]}) | " + " | ".join(
+        f"**{row[a]:.3f}**" if row[a] == top else f"{row[a]:.3f}" for a in arms) + " |")
+  return lines
+
+
 def report(r, args) -> str:
   arms, cats = r["arms"], r["categories"]
   lines = ["# RAG loop: RAG variants as arms, contextual routing (CPU simulation)", "",
@@ -176,12 +195,8 @@ def report(r, args) -> str:
            "recall of the gold passage** (is it among the passages put in front of the generator). The agentic "
            "arm runs the Search-R1 loop (`run_rollouts`) with a rule reader in place of the LLM (search the "
            "question; if a passage says \"born in <City>\", search the city; answer).", "",
-           "| category (train questions) | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
-  for c in cats:
-    row = r["rates_train"][c]
-    top = max(row.values())
-    lines.append(f"| {c} ({r['questions'][c]['train']}) | " + " | ".join(
-        (f"**{row[a]:.3f}**" if row[a] == top else f"{row[a]:.3f}") for a in arms) + " |")
+           *rates_table("category (train questions)", r["rates_train"], {c: r["questions"][c]["train"] for c in cats},
+                        arms)]
   lines += ["", "## Routing: simulated users, hidden correctness reward", "",
             f"{r['steps']} requests per run, category uniform, question uniform among the category's training "
             "questions, reward = the chosen arm's correctness on it. Regret = cumulative expected regret "
