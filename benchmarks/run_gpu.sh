@@ -224,7 +224,8 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
             # (work/heldout_prompts.jsonl: no embedder needed), then the student as a new routed arm (CPU, ~1 min)
             timeout -s TERM ${RAG_STUDENT_TIMEOUT:-570} python3 -m experiments.rag_loop.student --model "$GGUF" \
               --out /root/work/rag_student ${RAG_STUDENT_ARGS:-}
-            cp /root/work/rag_student/*.log "$OUT/" 2>/dev/null ;;
+            mkdir -p "$OUT/rag_student"
+            cp /root/work/rag_student/*.{md,json,png,log} "$OUT/rag_student/" 2>/dev/null; ls "$OUT/rag_student" ;;
     pack)   tar czf "$OUT/work.tgz" --exclude=checkpoints --exclude=adapter --exclude=jax_cache --exclude=run \
               -C /root work ;;  # every run's metrics, plots and logs in one file
     par)    # one-GPU stages at once, each alone on its own GPU (a multi-GPU machine's time counts in full)
