@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import concurrent.futures.process
 import json
 import multiprocessing
 import os

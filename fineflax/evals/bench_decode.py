@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import dataclasses
+import json
+import os
 import time
 import zlib
 from typing import Callable, Sequence
@@ -155,8 +158,6 @@ class Recorder:
     self._write(False)
 
   def _write(self, wait: bool) -> None:
-    import json
-    import os
     wrote = False
     while self.pending and (wait or self.pending[0][2].done()):
       batch, jobs, future = self.pending.pop(0)
