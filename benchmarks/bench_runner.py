@@ -5,14 +5,17 @@ word problems (fineflax.envs.word_problems, 1-3 operations) written as GSM8K row
 with --n samples at temperature 0.6, top-p 0.95.
   generate  the chat-formatted prompts, n copies each, in calls of --batch-size completions (each call ends
             with its longest row); timed on a second pass, after compilation
-  runner    fineflax.evals.bench.run on the same file into a fresh folder (tokenise, generate --batch-size
-            completions at once with refill over --refill batches a call, grade with math-verify, append
-            generations.jsonl); its generation loop's time (model load excluded)
-tokens/s = completion tokens / seconds; target: runner / generate >= 1.0 (the runner adds no overhead that
-batching does not pay for).
+  runner    fineflax.evals.bench.run on the same file (tokenise, decode --batch-size completions at once on
+            one engine, a finished row's slots refilled in waves of --admit, grade with math-verify in
+            processes, append generations.jsonl from a thread); timed on a second run into a fresh folder
+            after a first (warm-up) run into another, as generate's second pass: the seconds from the first
+            tokenisation to the last line written (model load excluded)
+Both columns count the XLA compilations of their timed pass (0 when warm). tokens/s = completion tokens /
+seconds (each path samples its own completions: same settings, its own keys); target: runner / generate
+>= 1.0.
 
   python -m benchmarks.bench_runner [--model smollm2-135m-instruct] [--problems 256] [--n 8]
-      [--max-new-tokens 256] [--batch-size 256] [--refill 1] [--dtype bfloat16] [--out DIR] [--write]
+      [--max-new-tokens 256] [--batch-size 256] [--admit N] [--dtype bfloat16] [--out DIR] [--write]
 """
 from __future__ import annotations
 
@@ -40,8 +43,28 @@ def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
   return path
 
 
-def direct(args, path) -> tuple[float, int]:
-  """(seconds, completion tokens) of generate over the rows, as the runner batches them."""
+class Compiles:
+  """Counts XLA backend compilations (and their seconds) while active (`jax.monitoring` event)."""
+
+  def __init__(self):
+    import jax
+    from jax._src import dispatch
+    self.count, self.seconds, self.on = 0, 0.0, False
+    jax.monitoring.register_event_duration_secs_listener(self._event)
+    self.event = dispatch.BACKEND_COMPILE_EVENT
+
+  def _event(self, name, seconds, **_):
+    if self.on and name == self.event:
+      self.count, self.seconds = self.count + 1, self.seconds + seconds
+
+  def start(self) -> "Compiles":
+    self.count, self.seconds, self.on = 0, 0.0, True
+    return self
+
+
+def direct(args, path, compiles: Compiles) -> tuple[float, int, int]:
+  """(seconds, completion tokens, compilations) of generate's second pass over the rows, in the runner's
+  batches."""
   import jax
 
   from fineflax.data.rl_prompts import FORMATS, load_prompts
@@ -52,27 +75,33 @@ def direct(args, path) -> tuple[float, int]:
   per = max(args.batch_size // args.n, 1)
   out = None
   for _ in range(2):  # the first pass compiles
+    compiles.start()
     t0, tokens = time.perf_counter(), 0
     for b in range(0, len(rows), per):
       ids = [p for r in rows[b:b + per] for p in [chat_prompt_ids(tok, r.messages)] * args.n]
       res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.95,
                      tokenizer=tok, dtype=dtype, rng=jax.random.fold_in(jax.random.PRNGKey(0), b))
       tokens += int(res.lengths.sum())
-    out = (time.perf_counter() - t0, tokens)
+    out = (time.perf_counter() - t0, tokens, compiles.count)
   return out
 
 
-def runner(args, folder: pathlib.Path) -> tuple[float, int, dict]:
+def runner(args, folder: pathlib.Path, compiles: Compiles) -> tuple[dict, dict, dict]:
+  """(timing, gsm8k summary) of the runner's second run, and the first (warm-up) run's timing."""
   from fineflax.evals import bench
-  out = folder / "bench"
-  shutil.rmtree(out, ignore_errors=True)
-  ns = bench.build_parser().parse_args(
-      ["--model", args.model, "--benchmarks", "gsm8k", "--data-dir", str(folder), "--n", str(args.n),
-       "--temperature", "0.6", "--top-p", "0.95", "--max-new-tokens", str(args.max_new_tokens),
-       "--batch-size", str(args.batch_size), "--refill", str(args.refill), "--dtype", args.dtype,
-       "--out", str(out)])
-  result = bench.run(ns)
-  return result["timing"], result["summary"]["gsm8k"]
+  runs = []
+  for name in ("bench_warmup", "bench"):
+    out = folder / name
+    shutil.rmtree(out, ignore_errors=True)
+    ns = bench.build_parser().parse_args(
+        ["--model", args.model, "--benchmarks", "gsm8k", "--data-dir", str(folder), "--n", str(args.n),
+         "--temperature", "0.6", "--top-p", "0.95", "--max-new-tokens", str(args.max_new_tokens),
+         "--batch-size", str(args.batch_size), "--dtype", args.dtype, "--out", str(out),
+         *(["--admit", str(args.admit)] if args.admit else [])])
+    compiles.start()
+    result = bench.run(ns)
+    runs.append(dict(result["timing"], compiles=compiles.count, compile_seconds=compiles.seconds))
+  return runs[1], result["summary"]["gsm8k"], runs[0]
 
 
 def main(argv=None) -> int:
@@ -82,7 +111,7 @@ def main(argv=None) -> int:
   ap.add_argument("--n", type=int, default=8)
   ap.add_argument("--max-new-tokens", type=int, default=256)
   ap.add_argument("--batch-size", type=int, default=256)
-  ap.add_argument("--refill", type=int, default=1, help="the runner's --refill")
+  ap.add_argument("--admit", type=int, default=0, help="the runner's --admit (0: its default)")
   ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "bench_runner"))
   ap.add_argument("--write", action="store_true", help="write the section of benchmarks/RESULTS.md")
@@ -90,21 +119,29 @@ def main(argv=None) -> int:
   import jax
   folder = pathlib.Path(args.out)
   path = write_rows(folder, args.problems)
-  g_s, g_tok = direct(args, path)
-  timing, summary = runner(args, folder)
+  compiles = Compiles()
+  g_s, g_tok, g_compiles = direct(args, path, compiles)
+  timing, summary, warm = runner(args, folder, compiles)
   r_s, r_tok = timing["seconds"], timing["tokens"]
   device = jax.devices()[0].device_kind
-  rows = [["generate", g_s, g_tok, g_tok / g_s], ["bench runner", r_s, r_tok, r_tok / r_s]]
-  table = markdown_table(["path", "seconds", "completion tokens", "tokens/s"], rows)
+  rows = [["generate", g_s, g_tok, g_tok / g_s, g_compiles],
+          ["bench runner", r_s, r_tok, r_tok / r_s, timing["compiles"]]]
+  table = markdown_table(["path", "seconds", "completion tokens", "tokens/s", "compilations"], rows)
   ratio = (r_tok / r_s) / (g_tok / g_s)
   text = (f"## Benchmark runner vs generate (benchmarks/bench_runner.py)\n\n"
           f"{args.model} ({args.dtype}) on {device}, {time.strftime('%Y-%m-%d')}: {8 + args.problems} GSM8K-format "
           f"rows (the sample + {args.problems} arithmetic problems) x {args.n} samples, T=0.6, top-p 0.95, "
-          f"max {args.max_new_tokens} new tokens, {args.batch_size} completions decoded at once (runner: refill over "
-          f"{args.refill} batches a call).\n\n{table}\n\n"
-          f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0); of the runner's {r_s:.1f} s, its generate "
-          f"calls took {timing['generate_seconds']:.1f} s and the wait for the last grades "
-          f"{timing['final_grading_wait_seconds']:.1f} s ({timing['grade_workers']} grading processes); avg@{args.n} "
+          f"max {args.max_new_tokens} new tokens, {args.batch_size} completions decoded at once (generate: calls "
+          f"of {args.batch_size} completions; runner: one engine, finished rows' slots refilled in waves of "
+          f"{timing['wave']} completions). Each path timed on its second pass (generate) or run (runner, into a "
+          f"fresh folder), after a first one that compiled.\n\n{table}\n\n"
+          f"runner / generate tokens/s: {ratio:.2f} (target >= 1.0). The runner's {r_s:.1f} s: tokenising "
+          f"{timing['prepare_seconds']:.2f} s, engine steps {timing['engine_seconds']:.1f} s ({timing['steps']} steps, "
+          f"{timing['prefill_calls']} prefill and {timing['decode_calls']} decode calls), its own host work "
+          f"between steps {timing['host_seconds']:.2f} s, the wait for the last grades and writes "
+          f"{timing['final_grading_wait_seconds']:.2f} s ({timing['grade_workers']} grading processes); admissions "
+          f"(completions: times) {timing['admissions']}. Its first run took {warm['seconds']:.1f} s with "
+          f"{warm['compiles']} compilations ({warm['compile_seconds']:.1f} s of compiling). avg@{args.n} "
           f"{100 * summary['avg_at_n']['value']:.1f}%, pass@{args.n} {100 * summary['pass_at_n']['value']:.1f}%.\n")
   print(text)
   atomic_write_text(folder / "results.md", text)

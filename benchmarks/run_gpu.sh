@@ -33,8 +33,9 @@ for stage in "$@"; do
     setup2) cat /root/models/part1 .model2/part2 > "$GGUF" && ls -la "$GGUF"  # .whl3 may come with .model2
             [ -d .whl3 ] && python3 -m pip install -q --no-index --no-deps --target /root/site .whl3/*.whl ;;
     faiss)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl ;;
-    runner) # issue 32: the benchmark runner vs chunked generate calls, SmolLM2-135M, ~90 s
-            timeout -s TERM 200 python3 -m benchmarks.bench_runner --model "$GGUF" --problems 512 --n 4 \
+    runner) # issue 32: the benchmark runner (one engine, refilled in waves) vs chunked generate calls,
+            # SmolLM2-135M; each path runs twice (the second timed), ~2-3 min on one H200
+            timeout -s TERM 420 python3 -m benchmarks.bench_runner --model "$GGUF" --problems 512 --n 4 \
               --max-new-tokens 256 --batch-size 256 --out "$OUT/bench_runner" --write
             cp benchmarks/RESULTS.md "$OUT/" ;;
     bench)  python3 -m benchmarks.sft --out "$OUT/sft.json"   # tokens/s, MFU, peak memory vs transformers+peft

@@ -90,8 +90,9 @@ def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
   lines = (out / "generations.jsonl").read_text().splitlines()
   assert len(lines) == 13 * 2
   result = json.loads((out / "results.json").read_text())
-  t = result["timing"]  # the generate calls are part of the loop's time; the default grading processes ran
-  assert 0 < t["generate_seconds"] <= t["seconds"] and t["grade_workers"] == bench.default_grade_workers()
+  t = result["timing"]  # the engine steps are part of the loop's time; the default grading processes ran
+  assert 0 < t["engine_seconds"] + t["host_seconds"] <= t["seconds"] and t["grade_workers"] == bench.default_grade_workers()
+  first = _completions(out)
   recs = [json.loads(x) for x in lines]
   for name in ("aime24", "gsm8k", "nq"):
     c = np.array([[r["correct"] for r in recs if r["benchmark"] == name and r["row"] == row]
@@ -105,6 +106,7 @@ def test_bench_prints_the_table_and_resumes(tiny_smol, tmp_path, capsys):
   recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
   assert len(recs) == 9 + 9 * 2 and len(bench.completed(recs, 2)) == 13
   assert "| gsm8k | 8/8 |" in printed.out
+  assert _completions(out) == first  # per-row keys: the resumed rows got the samples of the first run
   # nothing left: a third run generates nothing; other settings are refused
   assert bench.main(_args(tiny_smol, out)) == 0
   assert "0 rows to generate (13 already done)" in capsys.readouterr().err
@@ -129,15 +131,23 @@ def test_user_mistakes_exit_2(tmp_path, capsys):
   assert "--n > 1 needs --temperature > 0" in capsys.readouterr().err
 
 
+def _completions(out) -> dict:
+  return {(r["row"], r["sample"]): (r["completion"], r["finish"], r["length"])
+          for r in map(json.loads, (out / "generations.jsonl").read_text().splitlines())}
+
+
 @pytest.mark.long
-def test_refill_changes_no_greedy_completion(tiny_smol, tmp_path):
-  """--refill decodes a call's prompts through max_rows slots with refill; greedy text must not depend on it."""
-  base = ["--model", tiny_smol, "--benchmarks", "gsm8k", "--data-dir", str(SAMPLES_DIR), "--n", "1",
-          "--temperature", "0", "--max-new-tokens", "6", "--batch-size", "3", "--grade-workers", "0"]
-  texts = {}
-  for refill in (1, 4):
-    out = tmp_path / f"r{refill}"
-    assert bench.main([*base, "--refill", str(refill), "--out", str(out)]) == 0
-    recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
-    texts[refill] = {r["row"]: r["completion"] for r in recs}
-  assert len(texts[1]) == 8 and texts[1] == texts[4]
+def test_batching_changes_no_completion(tiny_smol, tmp_path):
+  """One engine, slots refilled in waves (--admit) or fixed batches (--admit = --batch-size), other batch
+  sizes: each row's completions are drawn with its own keys, so greedy and sampled text stay the same."""
+  base = ["--model", tiny_smol, "--benchmarks", "gsm8k", "--data-dir", str(SAMPLES_DIR), "--max-new-tokens", "6",
+          "--grade-workers", "0"]
+  for sampling in (["--n", "1", "--temperature", "0"], ["--n", "2", "--temperature", "0.8", "--top-p", "0.9"]):
+    texts = []
+    for batch, admit in ((4, 4), (4, 2), (6, 2), (8, 8)):
+      out = tmp_path / f"b{batch}a{admit}{sampling[1]}"
+      assert bench.main([*base, *sampling, "--batch-size", str(batch), "--admit", str(admit), "--out", str(out)]) == 0
+      texts.append(_completions(out))
+      timing = json.loads((out / "results.json").read_text())["timing"]
+      assert timing["live"] == batch and timing["wave"] == admit
+    assert len(texts[0]) == 8 * int(sampling[1]) and all(t == texts[0] for t in texts[1:])

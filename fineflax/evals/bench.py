@@ -5,10 +5,12 @@
 
 Rows come from LUFFY's valid.parquet, Search-R1's test parquets, GSM8K or MATH files (found by data source:
 `fineflax.evals.benchmarks`); each row's prompt (its chat messages, the system turn dropped with
---drop-system as LUFFY's script does) gets n completions from `fineflax.sampling.generate`: --batch-size
-completions decode at once, and a finished one's place goes to the next prompt of the call (--refill
-batches a call); each call's completions are graded by the benchmark's grader (in --grade-workers
-processes, overlapping the next call's generation) and appended. Per benchmark (over its R rows, c_r correct of n):
+--drop-system as LUFFY's script does) gets n completions from one generation engine (`fineflax.engine`):
+--batch-size completions decode at once and a finished row's slots go to the next rows, handed to the
+engine in waves of --admit completions (`fineflax.evals.bench_decode`); sample j of a row is drawn with its
+own key (from --seed, the row and j), whatever the batching. Finished rows are graded by the benchmark's
+grader (in --grade-workers processes) and appended by a background thread while the engine decodes.
+Per benchmark (over its R rows, c_r correct of n):
   avg@n  = mean_r c_r / n                      (greedy accuracy when n = 1 and temperature 0)
   pass@n = mean_r 1[c_r > 0]                   (= the unbiased pass@k estimate at k = n)
 with 95% bootstrap intervals over rows (`fineflax.stats.mean_ci`). Writes OUT/generations.jsonl (one
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import concurrent.futures.process
 import json
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ import numpy as np
 
 from fineflax.data.rl_prompts import FORMATS, load_prompts
 from fineflax.data.sources import DataError
+from fineflax.evals.bench_decode import Recorder, admission_wave, decode_rows, row_id, sample_keys
 from fineflax.evals.benchmarks import BENCHMARKS, benchmark_of, discover
 from fineflax.stats import mean_ci, pass_at_k
 from fineflax.io import atomic_write_text
@@ -161,10 +163,10 @@ def check_settings(out: pathlib.Path, settings: dict) -> None:
 
 def run(args) -> dict:
   """Generates what generations.jsonl lacks, then writes results.json / results.md (module docstring)."""
-  import jax
-
+  from fineflax.engine import Engine
   from fineflax.evals.variants import load_local
-  from fineflax.sampling import format_chat, generate
+  from fineflax.sampling import format_chat
+  from fineflax.sampling.session import engine_pool_pages
   names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
   unknown = [b for b in names if b not in BENCHMARKS]
   if unknown or not names:
@@ -185,69 +187,52 @@ def run(args) -> dict:
   workers = default_grade_workers() if args.grade_workers is None else args.grade_workers
   if todo:
     pool = None
-    if workers:  # grading (math-verify) overlaps the next batch's generation
+    if workers:  # grading (math-verify) overlaps the generation
       pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
       for _ in range(workers):  # the workers import the graders while the model loads
         pool.submit(grade_all, [("math500", "", "\\boxed{1}", {"ground_truth": "1"}, "off")])
     params, config, tok, lora, scale, dtype = load_local(args.model, args.adapter or None, quant=args.quant,
                                                          dtype=args.dtype)
-    per = max(args.batch_size // args.n, 1) * args.refill  # rows per generate call, each with its n samples
-    live = max(args.batch_size // args.n, 1) * args.n  # completions decoded at once; a finished one's place refills
-    t0, tokens, pending, gen_s = time.time(), 0, [], 0.0
-    with open(gen_path, "a", encoding="utf-8") as f:
-      def flush(wait: bool):
-        while pending and (wait or pending[0][2].done()):
-          batch_, jobs_, future_ = pending.pop(0)
-          try:
-            verdicts = future_.result()
-          except concurrent.futures.process.BrokenProcessPool:  # a worker died: grade here instead
-            verdicts = grade_all(jobs_)
-          f.writelines(json.dumps(dict(r, correct=v)) + "\n" for r, v in zip(batch_, verdicts))
-          f.flush()
-          os.fsync(f.fileno())
+    live = max(args.batch_size // args.n, 1) * args.n  # completions decoded at once
+    wave = admission_wave(live, args.n) if args.admit is None else min(max(args.admit // args.n, 1) * args.n, live)
+    t0 = time.perf_counter()
+    texts = [format_chat(tok, [m for m in item.messages if not (args.drop_system and m["role"] == "system")])
+             for _, item in todo]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    keys = sample_keys(args.seed, [row_id(name, item.where) for name, item in todo], args.n)
+    prepare_s = time.perf_counter() - t0
+    longest = sorted((len(p) + args.max_new_tokens for p in prompts), reverse=True)[:live]
+    engine = Engine(params, config, max_rows=live, num_pages=engine_pool_pages(longest, 16), tokenizer=tok,
+                    lora=lora, lora_scale=scale, dtype=dtype)
 
-      for b in range(0, len(todo), per):
-        chunk = todo[b:b + per]
-        texts = []
-        for name, item in chunk:
-          messages = [m for m in item.messages if not (args.drop_system and m["role"] == "system")]
-          texts.append(format_chat(tok, messages))
-        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts for _ in range(args.n)]
-        tg = time.time()
-        res = generate(params, config, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_p=args.top_p, tokenizer=tok, lora=lora, lora_scale=scale, dtype=dtype,
-                       max_rows=live, rng=jax.random.fold_in(jax.random.PRNGKey(args.seed), len(records) + b))
-        gen_s += time.time() - tg
-        batch, jobs = [], []
-        for i, (name, item) in enumerate(chunk):
-          for j in range(args.n):
-            k = i * args.n + j
-            batch.append({"benchmark": name, "row": item.where, "sample": j, "data_source": item.data_source,
-                          "question": item.question, "ground_truth": item.ground_truth,
-                          "completion": res.texts[k], "finish": res.finish_reason[k],
-                          "length": int(res.lengths[k])})
-            jobs.append((name, texts[i], res.texts[k], item.example(), args.think_gate))
-            tokens += int(res.lengths[k])
-        try:
-          future = pool.submit(grade_all, jobs) if pool is not None else None
-        except concurrent.futures.process.BrokenProcessPool:
-          print("  grading processes failed; grading in this process", file=sys.stderr, flush=True)
-          pool = None
-          future = None
-        if future is None:
-          future = concurrent.futures.Future()
-          future.set_result(grade_all(jobs))
-        pending.append((batch, jobs, future))
-        flush(wait=False)
-        print(f"  {min(b + per, len(todo))}/{len(todo)} rows, {tokens / (time.time() - t0):.0f} tokens/s",
+    def record(r, j, text, seq):
+      name, item = todo[r]
+      rec = {"benchmark": name, "row": item.where, "sample": j, "data_source": item.data_source,
+             "question": item.question, "ground_truth": item.ground_truth, "completion": text,
+             "finish": seq.status, "length": len(seq.tokens)}
+      return rec, (name, texts[r], text, item.example(), args.think_gate)
+
+    done_rows = [0]
+
+    def on_rows(finished):
+      recorder.put(finished)
+      done_rows[0] += len(finished)
+      if done_rows[0] * args.n // live > (done_rows[0] - len(finished)) * args.n // live:  # every `live` completions
+        print(f"  {done_rows[0]}/{len(todo)} rows, {recorder.tokens / (time.perf_counter() - t0):.0f} tokens/s",
               file=sys.stderr, flush=True)
-      tw = time.time()
-      flush(wait=True)
-      wait_s = time.time() - tw
+
+    with open(gen_path, "a", encoding="utf-8") as f:
+      recorder = Recorder(f, tok, record, grade_all, pool)
+      stats = decode_rows(engine, prompts, keys, n=args.n, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_p=args.top_p, wave=wave, live=live, on_rows=on_rows)
+      wait_s = recorder.close()
     if pool is not None:
       pool.shutdown()
-    timing = {"seconds": time.time() - t0, "tokens": tokens, "generate_seconds": gen_s,
-              "final_grading_wait_seconds": wait_s, "grade_workers": workers}
+    timing = {"seconds": time.perf_counter() - t0, "tokens": recorder.tokens, "prepare_seconds": prepare_s,
+              "engine_seconds": stats.engine_seconds, "host_seconds": stats.host_seconds, "steps": stats.steps,
+              "final_grading_wait_seconds": wait_s, "grade_workers": workers, "live": live, "wave": wave,
+              "admissions": {str(k): v for k, v in sorted(stats.admissions.items())},
+              "prefill_calls": engine.stats["prefill_calls"], "decode_calls": engine.stats["decode_calls"]}
     records = read_generations(gen_path)
   summary = summarize(records, rows, args.n)
   result = {"settings": settings, "benchmarks": names, "summary": summary, "timing": timing}
@@ -273,10 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--top-p", type=float, default=1.0)
   ap.add_argument("--max-new-tokens", type=int, default=1024)
   ap.add_argument("--batch-size", type=int, default=64, help="completions decoded at once (rows x n)")
-  ap.add_argument("--refill", type=int, default=1,
-                  help="batches per generate call: a finished completion's place goes to the next prompt "
-                       "(continuous batching; each new admission size compiles a prefill program, so it pays "
-                       "only on long generations); generations are written and graded per call")
+  ap.add_argument("--admit", type=int, default=None,
+                  help="completions handed to the engine at once, whole rows, when that many of the "
+                       "--batch-size slots are free (default `admission_wave`: an eighth of them; "
+                       "--admit = --batch-size: fixed batches, each ending with its longest completion)")
   ap.add_argument("--think-gate", default="auto", choices=("auto", "on", "off"),
                   help="math: grade only the text after </think> (no tag = wrong); auto: when the prompt ends "
                        "with '<think>\\n' (LUFFY's eval script)")
@@ -296,8 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  for key in ("n", "max_new_tokens", "batch_size", "refill"):
-    if getattr(args, key) < 1:
+  for key in ("n", "max_new_tokens", "batch_size", "admit"):
+    if getattr(args, key) is not None and getattr(args, key) < 1:
       print(f"error: --{key.replace('_', '-')}={getattr(args, key)}: must be >= 1", file=sys.stderr)
       return 2
   if args.grade_workers is not None and args.grade_workers < 0:
