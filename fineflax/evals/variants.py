@@ -49,16 +49,12 @@ def check_endpoint(url: str, model: str, *, api_key: str | None = None, timeout:
 
 def check_local(source: str, adapter: str | None = None) -> None:
   """Before any model loads: FileNotFoundError when the adapter folder is not a PEFT folder or `source` is
-  neither a path nor an alias (a hub name is left to the load, which downloads it)."""
-  import pathlib
-
+  neither a path nor an alias (`fineflax.models.load.check_source`)."""
   from fineflax.lora.peft_io import peft_files
-  from fineflax.models.load import ALIASES, resolve_source
+  from fineflax.models.load import check_source
   if adapter:
     peft_files(adapter)
-  hub_name = source.count("/") == 1 and not source.startswith((".", "/")) and not pathlib.Path(source).exists()
-  if source in ALIASES or not hub_name:
-    resolve_source(source)
+  check_source(source)
 
 
 def check_spec(spec: str, *, api_key: str | None = None) -> None:
