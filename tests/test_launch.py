@@ -176,7 +176,7 @@ def test_the_chat_job_names_no_workdir(tmp_path):
 
 def test_smoke_presets_state_their_measured_time():
   import re
-  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo"):
+  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo", "dataset_rl"):
     text = open(os.path.join(ROOT, "configs", f"{name}.py"), encoding="utf-8").read()
     assert not re.search(r"seconds on a CPU|under a minute", text), name  # claims the runs did not bear out
     assert re.search(r"smoke test[^\n]*: \d+ s with SmolLM2-135M on 2 CPU cores", text), name
