@@ -12,7 +12,7 @@
                on the <answer>; single-turn (no search tool: configs/search_r1.py runs search rollouts)
     gsm8k      GSM8K rows ("#### n" answers), reward math
     math       MATH rows (\\boxed{} solutions), reward math
-    smoke      seconds on a CPU with a tiny model (2 steps)
+    smoke      CPU smoke test (2 steps, tiny batches, f32, no quantisation)
   The files default to the shipped samples (fineflax/data/samples/, format luffy); point dataset.train and
   dataset.eval at your copies of the papers' files.
 """
@@ -72,7 +72,9 @@ def _math(config):
   config.rewards = ml_collections.ConfigDict({"math": 1.0})
 
 
-def _smoke(config):  # seconds on a CPU
+def _smoke(config):
+  """CPU smoke test (2 steps, tiny batches): 140 s with SmolLM2-135M on 2 CPU cores shared with other jobs
+  (load ~6, 2026-11-27; `:luffy,smoke` on the shipped samples), most of it compiling."""
   config.model.dtype = "float32"
   config.model.quant = "none"
   config.num_steps = 2

@@ -1,7 +1,13 @@
 """fineflax.evals: bootstrap CIs, the order-swap logic on scripted judges, and the CLI end to end against a
-tiny OpenAI-API stub (http.server on 127.0.0.1) serving two answerers and a judge."""
+tiny OpenAI-API stub (http.server on 127.0.0.1) serving two answerers and a judge; the CLI checks every
+variant's endpoint or files and the judge's endpoint before any model loads (an endpoint that is down, a model
+name it does not serve, a missing adapter folder: one line and exit 2, not a traceback after the load)."""
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -13,6 +19,8 @@ from fineflax.evals.__main__ import main
 from fineflax.evals.harness import EvalDataError, load_eval_set, run_ab
 from fineflax.stats import mean_ci, outcome_ci, t_interval
 from fineflax.evals.variants import parse_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.fast
@@ -101,7 +109,19 @@ def test_parse_spec_and_eval_rows(tmp_path):
 
 class _Stub(BaseHTTPRequestHandler):
   """POST /v1/chat/completions: model "good" answers a+b, "bad" a+b+1, "judge" picks the response
-  that equals the reference answer."""
+  that equals the reference answer; GET /v1/models lists the three."""
+
+  def do_GET(self):
+    self._send(200 if self.path == "/v1/models" else 404, {"object": "list", "data": [
+        {"id": m, "object": "model", "created": 0, "owned_by": "stub"} for m in ("good", "bad", "judge")]})
+
+  def _send(self, status: int, obj: dict):
+    body = json.dumps(obj).encode()
+    self.send_response(status)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
 
   def do_POST(self):
     req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -117,15 +137,10 @@ class _Stub(BaseHTTPRequestHandler):
       self.send_response(404)
       self.end_headers()
       return
-    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": req["model"],
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": content}}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
+    self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": req["model"],
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": content}}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
   def log_message(self, *args):
     pass
@@ -164,3 +179,47 @@ def test_cli_end_to_end_against_an_openai_stub(stub, tmp_path, capsys):
   assert json.loads((out / "results.json").read_text())["judge"]["loss"]["value"] == 1.0
   assert main(["--a", "http://x/v1", "--b", f"{stub}#good", "--data", str(data)]) == 2
   assert "needs a model name" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture
+def data(tmp_path):
+  path = tmp_path / "eval.jsonl"
+  path.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "5"}) + "\n")
+  return path
+
+
+@pytest.mark.fast
+def test_a_server_that_is_down_is_one_line_and_exit_2(data, tmp_path):
+  url = f"http://127.0.0.1:{_closed_port()}/v1"
+  r = subprocess.run([sys.executable, "-m", "fineflax.evals", "--a", f"{url}#base", "--b",
+                      "smollm2-135m-instruct", "--data", str(data), "--out", str(tmp_path / "o")],
+                     cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  [line] = r.stderr.strip().splitlines()
+  assert line.startswith(f"error: --a {url}#base: cannot connect (") and line.endswith("is the server running?")
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.fast
+def test_an_unserved_model_a_missing_adapter_and_a_down_judge_are_named(stub, data, tmp_path, capsys):
+  out = ["--data", str(data), "--out", str(tmp_path / "o")]
+  cases = [(["--a", f"{stub}#base", "--b", f"{stub}#good"],
+            f"error: --a {stub}#base: the endpoint serves no model 'base' (served: good, bad, judge)"),
+           (["--a", f"{stub}#good", "--b", f"smollm2-135m-instruct+{tmp_path}/nope"],
+            f"error: --b smollm2-135m-instruct+{tmp_path}/nope: {tmp_path}/nope: no adapter_config.json"),
+           (["--variant", f"{stub}#good", "--variant", f"{tmp_path}/model.gguf"],
+            f"error: --variant {tmp_path}/model.gguf: '{tmp_path}/model.gguf': no such file or folder"),
+           (["--a", f"{stub}#good", "--b", f"{stub}#good",
+             "--judge-url", f"http://127.0.0.1:{_closed_port()}/v1", "--judge-model", "judge"],
+            "--judge-model judge: cannot connect (")]
+  for argv, message in cases:
+    assert main([*argv, *out]) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+  assert not (tmp_path / "o").exists()

@@ -176,7 +176,21 @@ def test_the_chat_job_names_no_workdir(tmp_path):
 
 def test_smoke_presets_state_their_measured_time():
   import re
-  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo"):
+  for name in ("grpo_arith", "search_r1", "luffy_arith", "agent_rl", "apo", "dataset_rl"):
     text = open(os.path.join(ROOT, "configs", f"{name}.py"), encoding="utf-8").read()
     assert not re.search(r"seconds on a CPU|under a minute", text), name  # claims the runs did not bear out
     assert re.search(r"smoke test[^\n]*: \d+ s with SmolLM2-135M on 2 CPU cores", text), name
+
+
+def test_a_missing_teacher_is_named_before_the_models_load(tmp_path):
+  """The README's distillation line names a teacher adapter another run writes: before that run it is one
+  line naming the field (the student's missing model would be named instead if the load came first)."""
+  adapter = tmp_path / "grpo" / "adapter"
+  line = _one_line_error(_launch("--config", "configs/distill.py", "--workdir", str(tmp_path / "run"), NO_MODEL,
+                                 f"--config.teacher.adapter={adapter}"))
+  assert line == f"error: config.teacher.adapter='{adapter}': {adapter}: no adapter_config.json (is this a PEFT " \
+                 "adapter folder?)"
+  line = _one_line_error(_launch("--config", "configs/distill.py", "--workdir", str(tmp_path / "run"), NO_MODEL,
+                                 f"--config.teacher.source={tmp_path}/teacher.gguf"))
+  assert line.startswith(f"error: config.teacher.source='{tmp_path}/teacher.gguf': ")
+  assert not (tmp_path / "run").exists()

@@ -94,3 +94,37 @@ def test_tensorboard_is_named_with_its_install(tmp_path, capsys):
   write_summary(str(tmp_path), LoopResult(state=None, history=[], status="completed", step=1))
   [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("logs: ")]
   assert "metrics.jsonl" in line and "pip install tensorboard && tensorboard --logdir" in line
+
+
+def _bash_commands() -> list[str]:
+  """The README's shell commands, continuation lines joined, comments dropped."""
+  out = []
+  for _, src in _blocks("bash"):
+    for cmd in re.sub(r"\\\n\s*", " ", src).splitlines():
+      cmd = re.sub(r"(^|\s)#\s.*$", "", cmd).strip()
+      if cmd:
+        out.append(cmd)
+  return out
+
+
+def test_the_tour_evals_and_distillation_read_what_the_readme_makes():
+  """The A/B eval's endpoint variant and judge name a model that a README serve line serves on that port
+  (another name is a 404), and every `runs/NAME/adapter` the tour reads is a workdir a README launch line
+  writes (the main job's, or one the tour makes)."""
+  from fineflax.serve.__main__ import parse_args
+  cmds = _bash_commands()
+  served = set()
+  for cmd in cmds:
+    if "-m fineflax.serve " in cmd:
+      args = parse_args(shlex.split(cmd.split("-m fineflax.serve ", 1)[1]))
+      served.add((args.port, args.name or os.path.splitext(os.path.basename(args.model.rstrip("/")))[0]))
+  [ab] = [c for c in cmds if "-m fineflax.evals --a " in c]
+  wanted = {(int(p), m) for p, m in re.findall(r"http://127\.0\.0\.1:(\d+)/v1#(\S+)", ab)}
+  judge = re.search(r"--judge-url http://127\.0\.0\.1:(\d+)/v1 --judge-model (\S+)", ab)
+  assert wanted and judge, ab
+  wanted.add((int(judge.group(1)), judge.group(2)))
+  assert wanted <= served, (wanted, served)
+  written = {m.group(1) for c in cmds if "launch.py" in c for m in re.finditer(r"--workdir (runs/[^\s/]+)", c)}
+  read = {m for c in cmds if re.search(r"-m fineflax\.(serve|evals) |configs/distill\.py", c)
+          for m in re.findall(r"(runs/[^\s/=+]+)/adapter", c)}
+  assert read and read <= written, (read, written)

@@ -11,7 +11,7 @@ import sys
 from fineflax.evals.harness import EvalDataError, load_eval_set, run_ab
 from fineflax.evals.judge import openai_judge
 from fineflax.evals.report import write_report
-from fineflax.evals.variants import make_variant, parse_spec
+from fineflax.evals.variants import check_endpoint, check_spec, make_variant, parse_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
+def check_before_loading(flagged, judge_url: str | None, judge_model: str | None) -> None:
+  """Each (flag, variant spec)'s endpoint or files and the judge's endpoint, before any model loads:
+  ValueError naming the flag, the value and the fault (`variants.check_spec`)."""
+  for flag, spec in flagged:
+    try:
+      check_spec(spec)
+    except (ValueError, FileNotFoundError) as e:
+      raise ValueError(f"{flag} {spec}: {e}") from None
+  if judge_url:
+    try:
+      check_endpoint(judge_url, judge_model)
+    except ValueError as e:
+      raise ValueError(f"--judge-url {judge_url} --judge-model {judge_model}: {e}") from None
+
+
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
   if bool(args.judge_url) != bool(args.judge_model):
@@ -51,6 +66,7 @@ def main(argv=None) -> int:
     for spec in (args.a, args.b):
       parse_spec(spec)
     rows = load_eval_set(args.data, args.limit or None)
+    check_before_loading([("--a", args.a), ("--b", args.b)], args.judge_url, args.judge_model)
   except (ValueError, EvalDataError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -89,6 +105,9 @@ def main_many(args, argv) -> int:
     if missing:
       raise ValueError(f"RAG variants {missing} need a generator: --generator SOURCE[+ADAPTER]")
     rows = load_eval_set(args.data, args.limit or None)
+    check_before_loading([("--variant", s) for s in args.variant if s not in rag_names]
+                         + ([("--generator", args.generator)] if rag_names and args.generator else []),
+                         args.judge_url, args.judge_model)
   except (ValueError, EvalDataError, RagConfigError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

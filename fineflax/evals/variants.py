@@ -28,6 +28,44 @@ def parse_spec(spec: str) -> dict:
   return {"kind": "local", "source": source, "adapter": adapter or None}
 
 
+def check_endpoint(url: str, model: str, *, api_key: str | None = None, timeout: float = 10.0) -> None:
+  """Before any model loads: ValueError when `url` cannot be reached, refuses the key, or lists its models
+  (GET {url}/models) without `model`. An endpoint that answers the listing with another status is taken at
+  its word (not every OpenAI-compatible server lists models)."""
+  import openai
+  client = openai.OpenAI(base_url=url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+                         timeout=timeout, max_retries=0)
+  try:
+    served = [m.id for m in client.models.list()]
+  except openai.APIConnectionError as e:  # refused, unreachable or timed out
+    raise ValueError(f"cannot connect ({e}); is the server running?") from None
+  except openai.AuthenticationError:
+    raise ValueError("the endpoint refused the key (set OPENAI_API_KEY)") from None
+  except openai.APIStatusError:
+    return
+  if model not in served:
+    raise ValueError(f"the endpoint serves no model {model!r} (served: {', '.join(served) or 'none'})")
+
+
+def check_local(source: str, adapter: str | None = None) -> None:
+  """Before any model loads: FileNotFoundError when the adapter folder is not a PEFT folder or `source` is
+  neither a path nor an alias (`fineflax.models.load.check_source`)."""
+  from fineflax.lora.peft_io import peft_files
+  from fineflax.models.load import check_source
+  if adapter:
+    peft_files(adapter)
+  check_source(source)
+
+
+def check_spec(spec: str, *, api_key: str | None = None) -> None:
+  """`check_endpoint` or `check_local` of a variant spec (ValueError / FileNotFoundError naming the fault)."""
+  p = parse_spec(spec)
+  if p["kind"] == "http":
+    check_endpoint(p["url"], p["model"], api_key=api_key)
+  else:
+    check_local(p["source"], p["adapter"])
+
+
 def http_variant(url: str, model: str, *, max_tokens: int = 256, temperature: float = 0.0,
                  api_key: str | None = None, timeout: float = 300.0) -> Variant:
   import openai

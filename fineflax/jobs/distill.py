@@ -21,7 +21,9 @@ import numpy as np
 from fineflax import lora as lora_lib
 from fineflax.envs.arithmetic import ArithmeticEnv
 from fineflax.jobs import resolve
+from fineflax.lora.peft_io import peft_files
 from fineflax.models import load
+from fineflax.models.load import check_source
 from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
 from fineflax.rl.batch import build_rl_batch, round_up
@@ -53,8 +55,21 @@ def setup_teacher(config, student_base, model_config, dtype):
   return params, t_config, lora, lora_lib.lora_scale(cfg)
 
 
+def check_teacher(teacher) -> None:
+  """The teacher's adapter folder and model path (config.teacher.adapter / .source), before any model loads:
+  FileNotFoundError naming the field and the value."""
+  for field, check in (("adapter", peft_files), ("source", check_source)):
+    value = teacher.get(field, "")
+    if value:
+      try:
+        check(value)
+      except FileNotFoundError as e:
+        raise FileNotFoundError(f"config.teacher.{field}={value!r}: {e}") from None
+
+
 def run(config, workdir: str | None) -> dict:
   resolve.validate(config)
+  check_teacher(config.teacher)
   done = preflight(config, workdir, config.num_steps)  # before the models load
   if done is not None:
     return done

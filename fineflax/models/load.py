@@ -48,6 +48,14 @@ def resolve_source(source: str) -> pathlib.Path:
                           f"({', '.join(ALIASES)})")
 
 
+def check_source(source: str) -> None:
+  """Before a load: FileNotFoundError (as `resolve_source`'s) when `source` is neither an existing path nor an
+  installed alias; a hub name ("org/name") is left to the load, which downloads it."""
+  hub_name = source.count("/") == 1 and not source.startswith((".", "/")) and not pathlib.Path(source).exists()
+  if source in ALIASES or not hub_name:
+    resolve_source(source)
+
+
 ASSETS = pathlib.Path(__file__).parent / "assets"
 # Model types for which AutoTokenizer loads a folder whose tokenizer_config.json names the generic fast class
 # as that class (tests/test_models_tokenizer.py checks each against AutoTokenizer); phi3 and qwen2 are not
