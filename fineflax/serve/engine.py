@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.engine import Engine as CoreEngine, Request
+from fineflax.engine.detok import StreamText
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
@@ -66,6 +67,9 @@ class _Row:
   job: Job
   index: int
   seq: object = None  # its engine sequence
+  stream: StreamText | None = None  # the completion's text, decoded incrementally
+  text: str = ""  # the completion's text so far (its tail may wait to be sent)
+  fed: int = 0  # tokens given to `stream`
   sent: int = 0  # characters of text already emitted
   logged: int = 0  # tokens whose logprobs were already emitted
   done: bool = False
@@ -142,7 +146,8 @@ class Engine:
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
       key = jax.random.PRNGKey(int(seed) % (1 << 63))
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
-      job.rows = [_Row(job, i) for i in range(job.n)]
+      decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+      job.rows = [_Row(job, i, stream=StreamText(decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
                           top_p=job.top_p, key=jax.random.fold_in(key, i), eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
@@ -175,27 +180,32 @@ class Engine:
       self._fail(engine, job, e)
 
   def _emit_text(self, row: _Row, seq, final: bool) -> bool:
-    """Emits the row's new text; True when a stop string ended it (the text is cut before it)."""
+    """Emits the row's new text; True when a stop string ended it (the text is cut before it). The text
+    grows by the decoded new tokens only (`engine.detok.StreamText`: incomplete characters wait); a stop
+    string is looked for where it could end in the new text; the last len(longest stop) - 1 characters
+    wait while they might start one."""
     job = row.job
-    toks = seq.tokens if job.ignore_eos else [t for t in seq.tokens if t not in self.eos_ids]
-    text = self.tokenizer.decode(toks, skip_special_tokens=True)
-    stops = [s for s in job.stop if s]  # an empty stop string stops nothing
-    stop_at = min((text.find(s) for s in stops if s in text), default=-1)
-    if stop_at >= 0:
-      end, hit = stop_at, True
+    new = seq.tokens[row.fed:]
+    row.fed = len(seq.tokens)
+    if not job.ignore_eos:
+      new = [t for t in new if t not in self.eos_ids]
+    old = len(row.text)
+    row.text += row.stream.add(new) + (row.stream.flush() if final else "")
+    text, stops = row.text, [s for s in job.stop if s]  # an empty stop string stops nothing
+    found = [i for i in (text.find(s, max(0, old - len(s) + 1)) for s in stops) if i >= 0]
+    if found:
+      end, hit = min(found), True
     else:
       hold = max((len(s) - 1 for s in stops), default=0)
       end, hit = len(text) if final else len(text) - hold, False
-      while not final and end > row.sent and text[end - 1] == "\ufffd":
-        end -= 1
     if end > row.sent or hit or final:
       delta = text[row.sent:end] if end > row.sent else ""
       entries = list(zip(seq.tokens[row.logged:], seq.raw_logprobs[row.logged:]))
       row.logged = len(seq.tokens)
       row.sent = max(row.sent, end)
-      job.texts[row.index] = text[:row.sent]
       if delta or entries:
         job.emit(("delta", row.index, delta, entries))
+    job.texts[row.index] = text[:row.sent]
     return hit
 
   def _fail(self, engine: CoreEngine, job: Job, e: Exception) -> None:
