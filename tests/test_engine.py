@@ -113,6 +113,25 @@ def test_a_long_prompt_prefills_in_blocks_while_other_rows_decode():
     assert seq.tokens == ref.tokens
 
 
+def test_interleaved_prefill_decodes_the_first_rows_after_one_prefill_call():
+  """A burst of prompts: each step prefills one budget of them, then decodes every prefilled row (the first
+  row's first tokens come after one prefill call and one decode chunk, not after the whole burst's prefill)."""
+  prompts = [list(range(3 + i, 13 + i)) for i in range(4)]
+  outs = {}
+  for interleave in (True, False):
+    engine = _engine(max_rows=4, prefill_chunk=16, prefill_tokens=16, interleave_prefill=interleave)
+    seqs = [engine.submit(Request(p, max_new_tokens=20)) for p in prompts]
+    counts = []
+    for _ in range(2):
+      engine.step()
+      counts.append([len(s.tokens) for s in seqs])
+    engine.run()
+    outs[interleave] = ([s.tokens for s in seqs], counts)
+  assert outs[True][1] == [[8, 0, 0, 0], [16, 8, 0, 0]]  # 10-token prompts: one row per 16-token call
+  assert outs[False][1] == [[8, 8, 8, 8], [16, 16, 16, 16]]
+  assert outs[True][0] == outs[False][0]
+
+
 def test_generate_with_fewer_rows_than_prompts_and_pallas_attention_match():
   _, params, config = tiny_llama()
   prompts = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [30, 31], [5, 6, 7, 8, 9], [44]]

@@ -135,7 +135,7 @@ class Engine:
                max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
-               prepared: bool = False, min_row_bucket: int | None = None):
+               prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -145,7 +145,10 @@ class Engine:
     lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
     `Request.adapter` (`engine.adapters.stack_adapters`); not both. min_row_bucket: device calls run at
     least this many rows (padding rows cost nothing where a step reads the weights anyway; fewer row
-    buckets, fewer compiled programs); None: `default_min_row_bucket()`."""
+    buckets, fewer compiled programs); None: `default_min_row_bucket()`. interleave_prefill=True: at most
+    one prefill call (<= prefill_tokens) a step even when no row decodes, so the first admitted rows decode
+    after one prefill call instead of after every waiting prompt's (a server's time to first token; a
+    batch job that admits everything at once prefills fastest with False)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
@@ -168,6 +171,7 @@ class Engine:
     self.min_row_bucket = min(max(floor, 1), device.row_bucket(self.max_rows))
     self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
     self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
+    self.interleave_prefill = bool(interleave_prefill)
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
@@ -341,8 +345,9 @@ class Engine:
 
   def _prefill(self) -> bool:
     """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
-    `prefill_chunk` tokens per sequence. While other rows decode, one call of at most `prefill_tokens`
-    tokens per step (decoding rows do not wait for a flood of new prompts); otherwise all of them."""
+    `prefill_chunk` tokens per sequence. While other rows decode (or with `interleave_prefill`), one call of
+    at most `prefill_tokens` tokens per step (decoding rows do not wait for a flood of new prompts);
+    otherwise all of them."""
     todo = [s for s in self.live if s.status == "prefill"]
     for s in todo:
       if s.cache_len >= len(s.full) - 1:
@@ -350,9 +355,9 @@ class Engine:
     todo = [s for s in todo if s.status == "prefill"]
     if not todo:
       return False
-    decoding = any(s.status == "ready" and s.budget > 0 for s in self.live)
+    one_call = self.interleave_prefill or any(s.status == "ready" and s.budget > 0 for s in self.live)
     done = 0
-    while done < len(todo) and not (decoding and done):
+    while done < len(todo) and not (one_call and done):
       longest = min(max(len(s.full) - 1 - s.cache_len for s in todo[done:]), self.prefill_chunk)
       width = min(bucket(longest, minimum=16), self.prefill_chunk)
       rows = max(1, min(len(todo) - done, self.prefill_tokens // width))

@@ -78,11 +78,13 @@ class _Row:
 class Engine:
   """The server's engine (module docstring). adapters: {name: (lora, LoraConfig)}; slots: rows decoded
   at once; context: positions a request may take (prompt + max_tokens); chunk: decode steps per call;
-  page_size: KV page tokens (the pool holds slots x context tokens)."""
+  page_size: KV page tokens (the pool holds slots x context tokens); prefill_tokens: prompt tokens
+  prefilled per engine step at most, each step then decodes a chunk (`Engine(interleave_prefill=True)`: a
+  burst of requests does not hold back the first ones' first tokens, nor the running streams)."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
-               impl: str | None = "auto"):
+               impl: str | None = "auto", prefill_tokens: int = 2048):
     self.slots, self.context, self.chunk = int(slots), int(context), int(chunk)
     if self.slots < 1 or self.context < 2 or self.chunk < 1:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
@@ -93,7 +95,8 @@ class Engine:
     stacked = [(lora, lora_scale(cfg)) for lora, cfg in adapters.values()] or None
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
-                                 eos_ids=eos_ids, adapters=stacked)
+                                 eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
+                                 interleave_prefill=True)
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine (engine thread only)
