@@ -66,6 +66,7 @@ class PageAllocator:
     self._lru: collections.OrderedDict = collections.OrderedDict()
     self._evictable = 0
     self._next_node = 0
+    self.evicted = 0  # cached pages evicted so far
 
   # ------------------------------------------------------------------------------------------------
   @property
@@ -263,6 +264,7 @@ class PageAllocator:
     page, key, _ = self._nodes[node]
     self._evictable -= 1
     del self._nodes[node], self._trie[key], self._page_node[page], self._lru[node]
+    self.evicted += 1
     if not isinstance(key[0], tuple):
       self._nodes[key[0]][2] -= 1
     self.refcount[page] -= 1

@@ -10,7 +10,8 @@
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
                               category); router state
   GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
-  GET  /health                {"status": "ok", "active_rows", "waiting"}
+  GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens"}
+                              (prompt tokens prefilled / taken from the prefix cache since the start)
 
 RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
 their generator (base or adapter) answers the context messages through the same engine path (streaming,
@@ -317,8 +318,10 @@ class Server:
     return JSONResponse({"leaderboard": await run_in_threadpool(self.log.leaderboard)})
 
   async def health(self, request: Request):
+    stats = self.engine.stats
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
-                         "waiting": self.engine.num_waiting()})
+                         "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
+                         "prefix_hit_tokens": stats["prefix_hit_tokens"]})
 
 
 def _guard(handler):

@@ -35,7 +35,8 @@ from fineflax.engine.detok import StreamText
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
-COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls")  # summed over the core engines
+COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
+            "prefix_hit_tokens")  # summed over the core engines
 
 
 @dataclasses.dataclass(eq=False)
@@ -80,11 +81,13 @@ class Engine:
   at once; context: positions a request may take (prompt + max_tokens); chunk: decode steps per call;
   page_size: KV page tokens (the pool holds slots x context tokens); prefill_tokens: prompt tokens
   prefilled per engine step at most, each step then decodes a chunk (`Engine(interleave_prefill=True)`: a
-  burst of requests does not hold back the first ones' first tokens, nor the running streams)."""
+  burst of requests does not hold back the first ones' first tokens, nor the running streams);
+  prefix_cache: prompts reuse the KV pages of the longest full-page prefix seen before (a shared system
+  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
-               impl: str | None = "auto", prefill_tokens: int = 2048):
+               impl: str | None = "auto", prefill_tokens: int = 2048, prefix_cache: bool = True):
     self.slots, self.context, self.chunk = int(slots), int(context), int(chunk)
     if self.slots < 1 or self.context < 2 or self.chunk < 1:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
@@ -96,13 +99,14 @@ class Engine:
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
-                                 interleave_prefill=True)
+                                 interleave_prefill=True, prefix_cache=prefix_cache)
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine (engine thread only)
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
     self.stats = {"decode_calls": 0, "mixed_adapter_calls": 0, "max_active": 0, "generated_tokens": 0,
-                  "prefill_calls": 0, "cancelled_rows": 0, "errors": 0}
+                  "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
+                  "prefix_hit_tokens": 0}
 
   # -- public, any thread ------------------------------------------------------------------------
   def submit(self, job: Job) -> None:
