@@ -8,7 +8,9 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
 Clients: `openai.AsyncOpenAI` in this process; each of N clients sends `--rounds` streaming requests one
 after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so every answer has exactly
-`--new-tokens` tokens. Before each timed level one untimed round at that level compiles what it needs.
+`--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
+second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
+prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
   TTFT = time from sending a request to its first content chunk (p50 over the level's requests).
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
@@ -169,7 +171,8 @@ def run_server(args, out, levels, shared: bool, extra=()):
         time.sleep(0.5)
     rows = {}
     for c in levels:
-      asyncio.run(_level(url, c, 1, args.new_tokens))  # untimed: compiles this level's shapes
+      for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)
+        asyncio.run(_level(url, c, 1, args.new_tokens))
       rows[c] = asyncio.run(_level(url, c, args.rounds, args.new_tokens))
       print(f"server   clients={c}: {rows[c]}", flush=True)
     row = shared_level(url, args) if shared else None

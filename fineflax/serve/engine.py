@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.engine import Engine as CoreEngine, Request
-from fineflax.engine.detok import StreamText
+from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
@@ -93,6 +93,7 @@ class Engine:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
                        "chunk >= 1")
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    self._decode = text_decoder(tokenizer)  # ids -> text, skip_special_tokens=True
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
     stacked = [(lora, lora_scale(cfg)) for lora, cfg in adapters.values()] or None
@@ -153,8 +154,7 @@ class Engine:
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
       key = jax.random.PRNGKey(int(seed) % (1 << 63))
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
-      decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-      job.rows = [_Row(job, i, stream=StreamText(decode)) for i in range(job.n)]
+      job.rows = [_Row(job, i, stream=StreamText(self._decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
                           top_p=job.top_p, key=jax.random.fold_in(key, i), eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
