@@ -34,6 +34,14 @@ class Store:
     return [self.pages[table[p // S]][p % S] for p in range(n)]
 
 
+def _truncate_one(alloc, expect, rng, live):
+  """A random live sequence cut back to a random length."""
+  seq = int(rng.choice(live))
+  length = int(rng.integers(0, alloc.lengths[seq] + 1))
+  alloc.truncate(seq, length)
+  expect[seq] = expect[seq][:length]
+
+
 def test_random_events_keep_every_page_accounted_for():
   rng = np.random.default_rng(0)
   alloc = PageAllocator(num_pages=40, page_size=S)
@@ -74,10 +82,7 @@ def test_random_events_keep_every_page_accounted_for():
       alloc.fork(src, seq, length)
       expect[seq] = expect[src][:length]
     elif kind == "truncate":
-      seq = int(rng.choice(live))
-      length = int(rng.integers(0, alloc.lengths[seq] + 1))
-      alloc.truncate(seq, length)
-      expect[seq] = expect[seq][:length]
+      _truncate_one(alloc, expect, rng, live)
     else:
       seq = int(rng.choice(live))
       shared = [p for p in alloc.tables[seq] if alloc.refcount[p] > 1]
@@ -166,10 +171,7 @@ def test_prefix_cache_under_random_events_shares_evicts_and_keeps_contents():
       store.write(seq, old, new)
       expect[seq] = expect[seq] + new
     elif kind == "truncate":
-      seq = int(rng.choice(live))
-      length = int(rng.integers(0, alloc.lengths[seq] + 1))
-      alloc.truncate(seq, length)
-      expect[seq] = expect[seq][:length]
+      _truncate_one(alloc, expect, rng, live)
     else:
       seq = int(rng.choice(live))
       alloc.release(seq)
