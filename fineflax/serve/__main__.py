@@ -31,7 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--context", type=int, default=2048, help="tokens per slot (prompt + completion)")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
   ap.add_argument("--prefill-tokens", type=int, default=2048,
-                  help="prompt tokens prefilled per engine step at most (then a decode chunk runs)")
+                  help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
+                       "(raised to the engine's 512-token prefill block if smaller)")
   ap.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                   help="prefill every prompt in full (default: reuse the KV pages of prefixes seen before)")
   ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
