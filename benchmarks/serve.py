@@ -12,15 +12,16 @@ after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so e
 second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
 prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
-  TTFT = time from sending a request to its first content chunk (p50 over the level's requests).
+  TTFT = time from sending a request to its first content chunk (p50 over the level's requests);
+  client CPU = CPU seconds of this (client) process / wall: near 1, the clients' own Python bounds the level.
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
 ceiling tok/s = N x new tokens / that time. Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
 Shared system prompt (`--shared-clients N`, 0 to skip): N clients whose requests share one long system
-prompt (about `--system-tokens` tokens) before a question of their own; one untimed round, then a timed one,
-on the server above (prefix cache on: the untimed round has cached the system prompt's pages) and on a
+prompt (about `--system-tokens` tokens) before a question of their own; two untimed rounds, then a timed one,
+on the server above (prefix cache on: the untimed rounds have cached the system prompt's pages) and on a
 second server started with `--no-prefix-cache`; the server's own counts (`/health`: prompt tokens prefilled
 and taken from the prefix cache during the timed round) with and without the cache.
 Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
@@ -121,14 +122,14 @@ async def _level(url, clients, rounds, new_tokens, messages=None):
   client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600,
                               http_client=httpx2.AsyncClient(limits=limits, timeout=3600))
   ttfts, prompt_tokens = [], []
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), time.process_time()
   tokens = await asyncio.gather(*[_client(client, rounds, new_tokens, ttfts, lambda r, c=c: messages(c, r),
                                           prompt_tokens) for c in range(clients)])
-  wall = time.perf_counter() - t0
+  wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
   await client.close()
   return {"requests": clients * rounds, "tokens": int(sum(tokens)), "wall_s": wall,
           "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_p50_s": statistics.median(ttfts),
-          "prompt_tokens": int(sum(prompt_tokens))}
+          "prompt_tokens": int(sum(prompt_tokens)), "client_cpu": cpu / wall}
 
 
 def _health(url) -> dict:
@@ -139,7 +140,8 @@ def shared_level(url, args) -> dict:
   """The shared-system-prompt case (module docstring) on the server at `url`: the timed round's row with
   the server's prefilled and prefix-hit prompt tokens."""
   c = args.shared_clients
-  asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, c + i)))
+  for k in (1, 2):  # untimed, other questions: compile (the second: the shapes of cached system prompts)
+    asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, k * c + i)))
   before = _health(url)
   row = asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, i)))
   after = _health(url)
@@ -240,9 +242,10 @@ def main(argv=None):
   first = server[args.levels[0]]["ttft_p50_s"]
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
-       f"TTFT / TTFT at {args.levels[0]}", "server req/s"],
+       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "client CPU"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
-        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"]] for c in args.levels])
+        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["client_cpu"]]
+       for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
         f"{args.rounds} timed streaming requests per client, slots = {args.slots}, chunk {args.chunk}, "
@@ -252,8 +255,8 @@ def main(argv=None):
     rows = [[name, r["requests"], r["prompt_tokens"], r["prefill_tokens"], r["prefix_hit_tokens"],
              r["prefill_tokens"] / max(r["prompt_tokens"], 1), r["tok_s"], r["ttft_p50_s"]]
             for name, r in (("on", shared_on), ("off (--no-prefix-cache)", shared_off))]
-    md += (f"\nShared system prompt: {args.shared_clients} clients, one timed request each after an untimed "
-           f"round (about {args.system_tokens} system tokens + a question of their own; server counts over the "
+    md += (f"\nShared system prompt: {args.shared_clients} clients, one timed request each after two untimed "
+           f"rounds (about {args.system_tokens} system tokens + a question of their own; server counts over the "
            "timed round):\n\n" + markdown_table(
                ["prefix cache", "requests", "prompt tokens", "prefilled tokens", "prefix-hit tokens",
                 "prefilled / prompt", "server tok/s", "p50 TTFT s"], rows) + "\n")
