@@ -30,11 +30,11 @@ import threading
 import traceback
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 
 from fineflax.engine import Engine as CoreEngine, Request
 from fineflax.engine.engine import FINISHED
+from fineflax.engine.keys import row_keys
 from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
@@ -165,11 +165,11 @@ class Engine:
         if not isinstance(s, str):
           raise TypeError(f"stop={job.stop!r}: stop strings must be str, got {type(s).__name__}")
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
-      key = jax.random.PRNGKey(int(seed) % (1 << 63))
+      keys = row_keys(int(seed) % (1 << 63), job.n)  # fold_in(PRNGKey(seed), i), without a device call
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
       job.rows = [_Row(job, i, stream=StreamText(self._decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
-                          top_p=job.top_p, key=jax.random.fold_in(key, i), eos_ids=() if job.ignore_eos else None,
+                          top_p=job.top_p, key=keys[i], eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
                           on_update=lambda seq, row=row: self._updates.put((row, seq, len(seq.tokens), seq.status)))
                   for i, row in enumerate(job.rows)]
