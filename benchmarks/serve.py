@@ -81,10 +81,10 @@ def parse_args(argv=None):
 
 
 def shared_messages(system_tokens: int, i: int) -> list[dict]:
-  """Request i of the shared case: one system prompt (numbered rules of about 14 tokens each, about
-  `system_tokens` in all) and a question of its own."""
+  """Request i of the shared case: one system prompt (numbered rules of about 18 SmolLM2 tokens each,
+  about `system_tokens` in all) and a question of its own."""
   rules = " ".join(f"Rule {k}: answer briefly, politely and accurately about topic number {k}."
-                   for k in range(max(1, system_tokens // 14)))
+                   for k in range(max(1, system_tokens // 18)))
   return [{"role": "system", "content": "You are a careful assistant. " + rules},
           {"role": "user", "content": f"Question {i}: tell me a story about the number {i}."}]
 
