@@ -8,14 +8,22 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
 Clients: `openai.AsyncOpenAI` in this process; each of N clients sends `--rounds` streaming requests one
 after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so every answer has exactly
-`--new-tokens` tokens. Before each timed level one untimed round at that level compiles what it needs.
+`--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
+second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
+prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
-  TTFT = time from sending a request to its first content chunk (p50 over the level's requests).
+  TTFT = time from sending a request to its first content chunk (p50 over the level's requests);
+  client CPU = CPU seconds of this (client) process / wall: near 1, the clients' own Python bounds the level.
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
 ceiling tok/s = N x new tokens / that time. Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
+Shared system prompt (`--shared-clients N`, 0 to skip): N clients whose requests share one long system
+prompt (about `--system-tokens` tokens) before a question of their own; two untimed rounds, then a timed one,
+on the server above (prefix cache on: the untimed rounds have cached the system prompt's pages) and on a
+second server started with `--no-prefix-cache`; the server's own counts (`/health`: prompt tokens prefilled
+and taken from the prefix cache during the timed round) with and without the cache.
 Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
 is set), so the ceiling's programs, the server's own, are not compiled twice.
 Writes DIR/serve.json and DIR/serve.md.
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import pathlib
 import socket
@@ -54,57 +63,96 @@ def parse_args(argv=None):
   ap.add_argument("--quant", default="none", choices=("nf4", "int8", "none"))
   ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
-  ap.add_argument("--context", type=int, default=256, help="positions per request (prompt + answer)")
+  ap.add_argument("--context", type=int, default=512, help="positions per request (prompt + answer)")
+  ap.add_argument("--shared-clients", type=int, default=None,
+                  help="clients of the shared-system-prompt case (default 32; tiny 4; 0: skip it)")
+  ap.add_argument("--system-tokens", type=int, default=None,
+                  help="about this many tokens of shared system prompt (default 384; tiny 128)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
-  tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32")
-  full = dict(clients="1,32,128", new_tokens=64, rounds=2, dtype="bfloat16")
+  tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32", shared_clients=4, system_tokens=128)
+  full = dict(clients="1,32,128", new_tokens=64, rounds=2, dtype="bfloat16", shared_clients=32, system_tokens=384)
   for k, v in (tiny if args.tiny else full).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
   args.levels = [int(c) for c in args.clients.split(",")]
+  args.slots = max(args.levels + [args.shared_clients])
   return args
+
+
+def shared_messages(system_tokens: int, i: int) -> list[dict]:
+  """Request i of the shared case: one system prompt (numbered rules of about 18 SmolLM2 tokens each,
+  about `system_tokens` in all) and a question of its own."""
+  rules = " ".join(f"Rule {k}: answer briefly, politely and accurately about topic number {k}."
+                   for k in range(max(1, system_tokens // 18)))
+  return [{"role": "system", "content": "You are a careful assistant. " + rules},
+          {"role": "user", "content": f"Question {i}: tell me a story about the number {i}."}]
 
 
 def server_args(args, port, log):
   return ["--model", args.model, "--name", "bench", "--quant", args.quant, "--dtype", args.dtype,
-          "--slots", str(max(args.levels)), "--context", str(args.context), "--chunk", str(args.chunk),
+          "--slots", str(args.slots), "--context", str(args.context), "--chunk", str(args.chunk),
           "--max-tokens-limit", str(args.new_tokens), "--log", str(log), "--log-sync", "NORMAL",
           "--port", str(port)]
 
 
-async def _client(client, rounds, new_tokens, ttfts):
+async def _client(client, rounds, new_tokens, ttfts, messages, prompt_tokens):
   tokens = 0
-  for _ in range(rounds):
+  for r in range(rounds):
     t0, first = time.perf_counter(), None
     stream = await client.chat.completions.create(
-        model="bench", messages=PROMPT, max_tokens=new_tokens, temperature=1.0, stream=True,
+        model="bench", messages=messages(r), max_tokens=new_tokens, temperature=1.0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for ch in stream:
       if first is None and ch.choices and ch.choices[0].delta.content:
         first = time.perf_counter() - t0
       if ch.usage is not None:
         tokens += ch.usage.completion_tokens
+        prompt_tokens.append(ch.usage.prompt_tokens)
     ttfts.append(first if first is not None else float("nan"))
   return tokens
 
 
-async def _level(url, clients, rounds, new_tokens):
+async def _level(url, clients, rounds, new_tokens, messages=None):
+  """messages(client, round) -> the request's messages (default: PROMPT for all)."""
   import httpx2
   import openai
+  messages = messages or (lambda c, r: PROMPT)
   limits = httpx2.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
   client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600,
                               http_client=httpx2.AsyncClient(limits=limits, timeout=3600))
-  ttfts = []
-  t0 = time.perf_counter()
-  tokens = await asyncio.gather(*[_client(client, rounds, new_tokens, ttfts) for _ in range(clients)])
-  wall = time.perf_counter() - t0
+  ttfts, prompt_tokens = [], []
+  t0, cpu0 = time.perf_counter(), time.process_time()
+  tokens = await asyncio.gather(*[_client(client, rounds, new_tokens, ttfts, lambda r, c=c: messages(c, r),
+                                          prompt_tokens) for c in range(clients)])
+  wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
   await client.close()
   return {"requests": clients * rounds, "tokens": int(sum(tokens)), "wall_s": wall,
-          "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_p50_s": statistics.median(ttfts)}
+          "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_p50_s": statistics.median(ttfts),
+          "prompt_tokens": int(sum(prompt_tokens)), "client_cpu": cpu / wall}
 
 
-def run_server(args, out):
+def _health(url) -> dict:
+  return json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+
+
+def shared_level(url, args) -> dict:
+  """The shared-system-prompt case (module docstring) on the server at `url`: the timed round's row with
+  the server's prefilled and prefix-hit prompt tokens."""
+  c = args.shared_clients
+  for k in (1, 2):  # untimed, other questions: compile (the second: the shapes of cached system prompts)
+    asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, k * c + i)))
+  before = _health(url)
+  row = asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, i)))
+  after = _health(url)
+  for k in ("prefill_tokens", "prefix_hit_tokens"):
+    row[k] = after[k] - before[k]
+  return row
+
+
+def run_server(args, out, levels, shared: bool, extra=()):
+  """({clients: row} of the plain levels, the shared case's row or None) of one server process started with
+  the benchmark's arguments plus `extra`."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -112,7 +160,7 @@ def run_server(args, out):
   log = out / "serve_log.sqlite"
   for p in out.glob("serve_log.sqlite*"):
     p.unlink()
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *server_args(args, port, log)], env=env)
+  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *server_args(args, port, log), *extra], env=env)
   url = f"http://127.0.0.1:{port}"
   try:
     while True:
@@ -124,11 +172,15 @@ def run_server(args, out):
       except OSError:
         time.sleep(0.5)
     rows = {}
-    for c in args.levels:
-      asyncio.run(_level(url, c, 1, args.new_tokens))  # untimed: compiles this level's shapes
+    for c in levels:
+      for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)
+        asyncio.run(_level(url, c, 1, args.new_tokens))
       rows[c] = asyncio.run(_level(url, c, args.rounds, args.new_tokens))
       print(f"server   clients={c}: {rows[c]}", flush=True)
-    return rows
+    row = shared_level(url, args) if shared else None
+    if row is not None:
+      print(f"shared   clients={args.shared_clients} {' '.join(extra) or 'prefix cache'}: {row}", flush=True)
+    return rows, row
   finally:
     proc.terminate()
     proc.wait(timeout=60)
@@ -182,23 +234,35 @@ def main(argv=None):
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str((out / "jax_cache").resolve()))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
   t0 = time.perf_counter()
-  server = run_server(args, out)
+  server, shared_on = run_server(args, out, args.levels, args.shared_clients > 0)
+  shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
   ceiling = run_ceiling(args)
   device = gpu.device_name()
   command = "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv)
   first = server[args.levels[0]]["ttft_p50_s"]
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
-       f"TTFT / TTFT at {args.levels[0]}", "server req/s"],
+       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "client CPU"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
-        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"]] for c in args.levels])
+        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["client_cpu"]]
+       for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
-        f"{args.rounds} timed streaming requests per client, slots = {max(args.levels)}, chunk {args.chunk}, "
+        f"{args.rounds} timed streaming requests per client, slots = {args.slots}, chunk {args.chunk}, "
         f"context {args.context}. Targets: server / ceiling >= 0.7 at 128 clients; TTFT at 32 <= 2x at 1.\n\n"
         f"{table}\n")
+  if shared_on is not None:
+    rows = [[name, r["requests"], r["prompt_tokens"], r["prefill_tokens"], r["prefix_hit_tokens"],
+             r["prefill_tokens"] / max(r["prompt_tokens"], 1), r["tok_s"], r["ttft_p50_s"]]
+            for name, r in (("on", shared_on), ("off (--no-prefix-cache)", shared_off))]
+    md += (f"\nShared system prompt: {args.shared_clients} clients, one timed request each after two untimed "
+           f"rounds (about {args.system_tokens} system tokens + a question of their own; server counts over the "
+           "timed round):\n\n" + markdown_table(
+               ["prefix cache", "requests", "prompt tokens", "prefilled tokens", "prefix-hit tokens",
+                "prefilled / prompt", "server tok/s", "p50 TTFT s"], rows) + "\n")
   atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server,
-                                         "ceiling": ceiling}, indent=2)
+                                         "ceiling": ceiling, "shared": {"on": shared_on, "off": shared_off}},
+                    indent=2)
   atomic_write_text(out / "serve.md", md)
   print(md)
   if args.results:

@@ -13,9 +13,9 @@ from fineflax.sampling import generate
 PAGES, PAGE = 96, 4
 
 
-def _engine(max_rows, **kw):
+def _engine(max_rows, num_pages=PAGES, **kw):
   _, params, config = tiny_llama()
-  return Engine(params, config, max_rows=max_rows, num_pages=PAGES, page_size=PAGE, dtype=jnp.float32,
+  return Engine(params, config, max_rows=max_rows, num_pages=num_pages, page_size=PAGE, dtype=jnp.float32,
                 eos_ids=(), chunk_size=8, **kw)
 
 
@@ -111,6 +111,62 @@ def test_a_long_prompt_prefills_in_blocks_while_other_rows_decode():
     ref = alone.submit(seq.request)
     alone.run()
     assert seq.tokens == ref.tokens
+
+
+def test_interleaved_prefill_decodes_the_first_rows_after_one_prefill_call():
+  """A burst of prompts: each step prefills one budget of them, then decodes every prefilled row (the first
+  row's first tokens come after one prefill call and one decode chunk, not after the whole burst's prefill)."""
+  prompts = [list(range(3 + i, 13 + i)) for i in range(4)]
+  outs = {}
+  for interleave in (True, False):
+    engine = _engine(max_rows=4, prefill_chunk=16, prefill_tokens=16, interleave_prefill=interleave)
+    seqs = [engine.submit(Request(p, max_new_tokens=20)) for p in prompts]
+    counts = []
+    for _ in range(2):
+      engine.step()
+      counts.append([len(s.tokens) for s in seqs])
+    engine.run()
+    outs[interleave] = ([s.tokens for s in seqs], counts)
+  assert outs[True][1] == [[8, 0, 0, 0], [16, 8, 0, 0]]  # 10-token prompts: one row per 16-token call
+  assert outs[False][1] == [[8, 8, 8, 8], [16, 16, 16, 16]]
+  assert outs[True][0] == outs[False][0]
+
+
+def test_the_prefix_cache_prefills_only_the_unseen_suffix_and_changes_no_token():
+  """Requests sharing system prompts, some one after another, some side by side, in a pool small enough to
+  evict: the same tokens and log-probs as without the cache; a repeated system prompt is not prefilled
+  again (counted); every page accounted for."""
+  rng = np.random.default_rng(3)
+  systems = [[int(t) for t in rng.integers(3, 90, size=n)] for n in (21, 13, 30)]
+  key = jax.random.key(11)
+  reqs = [Request(systems[i % 3] + [int(t) for t in rng.integers(3, 90, size=1 + i % 4)], max_new_tokens=6 + i % 5,
+                  temperature=0.0 if i % 2 else 0.8, key=jax.random.fold_in(key, i)) for i in range(12)]
+  runs = {}
+  for cached, pages in ((True, PAGES), (False, PAGES), ("evicting", 14)):  # 14: a request takes up to 11
+    engine = _engine(max_rows=2, num_pages=pages, prefix_cache=bool(cached))
+    seqs = []
+    for i in range(0, len(reqs), 3):  # three at a time: two side by side, the third refills a row
+      seqs += [engine.submit(r) for r in reqs[i:i + 3]]
+      engine.run()
+      engine.pages.check()
+    runs[cached] = (seqs, dict(engine.stats), engine)
+  (on, stats, engine), (off, stats_off, _) = runs[True], runs[False]
+  for a, b, c in zip(on, off, runs["evicting"][0]):
+    assert a.tokens == b.tokens == c.tokens and a.status == b.status == c.status
+    np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+    np.testing.assert_allclose(c.raw_logprobs, b.raw_logprobs, atol=1e-5)
+  assert runs["evicting"][2].pages.evicted > 10 and runs["evicting"][1]["prefix_hit_tokens"] > 0
+  assert engine.pages.evicted == 0
+  assert stats_off["prefix_hit_tokens"] == 0 and stats_off["prefill_tokens"] == sum(len(r.prompt) - 1 for r in reqs)
+  assert stats["prefill_tokens"] + stats["prefix_hit_tokens"] == stats_off["prefill_tokens"]
+  assert stats["prefix_hit_tokens"] >= 6 * 12  # most requests after the first three reuse >= 3 pages
+  assert engine.pages.num_cached > 0 and engine.pages.num_used == engine.pages.num_cached  # only the cache holds pages
+  # one more request of the first system prompt: only its unseen suffix is prefilled
+  before = dict(engine.stats)
+  seq = engine.submit(Request(systems[0] + [7, 8], max_new_tokens=2))
+  engine.run()
+  assert engine.stats["prefix_hit_tokens"] - before["prefix_hit_tokens"] == 20  # 5 full pages of 4 of the 21
+  assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == len(seq.prompt) - 1 - 20
 
 
 def test_generate_with_fewer_rows_than_prompts_and_pallas_attention_match():

@@ -12,7 +12,8 @@ A step (`step`), all decisions on the host between device calls:
      still need (its prompt plus its reserve), so a decode never runs out of pages;
   2. prefill: live sequences with tokens not yet in the cache (a new prompt, tool output appended with
      `append`) feed up to `prefill_chunk` of them each (a long prompt takes several steps; while other
-     rows decode, at most `prefill_tokens` tokens a step, so decoding rows keep going between blocks); a
+     rows decode, or always with `interleave_prefill`, at most `prefill_tokens` tokens a step, so decoding
+     rows keep going between blocks); a
      group's first sequence prefills the prompt once, the other n - 1 then share its pages
      (`PageAllocator.fork`; the shared partial page is copied on write);
   3. decode: one chunk of up to `chunk_size` steps on the device (`device.decode_chunk`, lax.while_loop,
@@ -26,9 +27,12 @@ top_p, key (token t of a sequence is drawn with fold_in(key, t): its samples do 
 beside it), eos ids, max_new_tokens, and the LoRA adapter: `Engine(adapters=[(lora, scale), ...])` stacks
 them (`engine.adapters`) and `Request(adapter=i)` picks one per row (None: the base), rows of different
 adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` applies one adapter to all.
+`Engine(prefix_cache=True)` (the server's): the full pages of every prefilled prompt stay cached (per
+adapter, least recently used evicted when the pool needs pages: `PageAllocator.match_prefix`); a prompt
+about to prefill starts with the cached pages of its longest cached prefix and prefills only the rest.
 On a mesh of one process, `fineflax.sampling` runs one engine per device, rows split over them
 (`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
-(admission reserves each sequence's whole length instead), a prefix cache across requests.
+(admission reserves each sequence's whole length instead).
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
 work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
@@ -137,7 +141,8 @@ class Engine:
                max_pages_per_row: int | None = None, tokenizer=None, eos_ids: Seq[int] | None = None,
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
-               prepared: bool = False, min_row_bucket: int | None = None):
+               prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
+               prefix_cache: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -147,7 +152,13 @@ class Engine:
     lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
     `Request.adapter` (`engine.adapters.stack_adapters`); not both. min_row_bucket: device calls run at
     least this many rows (padding rows cost nothing where a step reads the weights anyway; fewer row
-    buckets, fewer compiled programs); None: `default_min_row_bucket()`."""
+    buckets, fewer compiled programs); None: `default_min_row_bucket()`. interleave_prefill=True: at most
+    one prefill call (<= prefill_tokens) a step even when no row decodes, so the first admitted rows decode
+    after one prefill call instead of after every waiting prompt's (a server's time to first token; a
+    batch job that admits everything at once prefills fastest with False). prefix_cache=True: the full
+    pages of every prefilled prompt stay in the allocator's prefix cache (per LoRA adapter) until the pool
+    needs them; a new prompt starts with the cached pages of its longest cached prefix and prefills the
+    rest (`stats["prefix_hit_tokens"]`)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
@@ -170,6 +181,7 @@ class Engine:
     self.min_row_bucket = min(max(floor, 1), device.row_bucket(self.max_rows))
     self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
     self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
+    self.interleave_prefill, self.prefix_cache = bool(interleave_prefill), bool(prefix_cache)
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
@@ -181,7 +193,7 @@ class Engine:
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
     self._next_id = 0
-    self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
+    self.stats = {"prefill_tokens": 0, "prefix_hit_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
                   "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
 
   # ----------------------------------------------------------------------------------------------
@@ -344,18 +356,21 @@ class Engine:
 
   def _prefill(self) -> bool:
     """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
-    `prefill_chunk` tokens per sequence. While other rows decode, one call of at most `prefill_tokens`
-    tokens per step (decoding rows do not wait for a flood of new prompts); otherwise all of them."""
+    `prefill_chunk` tokens per sequence. While other rows decode (or with `interleave_prefill`), one call of
+    at most `prefill_tokens` tokens per step (decoding rows do not wait for a flood of new prompts);
+    otherwise all of them."""
     todo = [s for s in self.live if s.status == "prefill"]
     for s in todo:
+      if self.prefix_cache and s.cache_len == 0 and not self.pages.tables[s.id]:
+        self._reuse_prefix(s)
       if s.cache_len >= len(s.full) - 1:
         self._prefilled(s)
     todo = [s for s in todo if s.status == "prefill"]
     if not todo:
       return False
-    decoding = any(s.status == "ready" and s.budget > 0 for s in self.live)
+    one_call = self.interleave_prefill or any(s.status == "ready" and s.budget > 0 for s in self.live)
     done = 0
-    while done < len(todo) and not (decoding and done):
+    while done < len(todo) and not (one_call and done):
       longest = min(max(len(s.full) - 1 - s.cache_len for s in todo[done:]), self.prefill_chunk)
       width = min(bucket(longest, minimum=16), self.prefill_chunk)
       rows = max(1, min(len(todo) - done, self.prefill_tokens // width))
@@ -390,9 +405,24 @@ class Engine:
     self.stats["prefill_calls"] += 1
     self._note_pages()
 
+  def _reuse_prefix(self, s: Sequence) -> None:
+    """s (nothing in its cache yet) starts with the cached pages of its prompt's longest cached prefix
+    (all but the last prompt token: the first decode step feeds that one). Looked up when s is about to
+    prefill, not at admission: a burst of prompts with one system prompt finds the pages the first of
+    them cached a step before."""
+    pages = self.pages.match_prefix(s.prompt[:-1], s.request.adapter)
+    if pages:
+      self.pages.release(s.id)
+      self.pages.new(s.id, pages)
+      s.cache_len = len(pages) * self.page_size
+      self.stats["prefix_hit_tokens"] += s.cache_len
+
   def _prefilled(self, s: Sequence) -> None:
-    """s's cache holds all but its last token: it decodes (budget permitting); its group shares it."""
+    """s's cache holds all but its last token: it decodes (budget permitting); its group shares it; with
+    the prefix cache its prompt's full pages are cached."""
     s.status = "ready"
+    if self.prefix_cache:
+      self.pages.cache_prefix(s.id, s.prompt[:-1], s.request.adapter)
     for f in s.followers:
       if f.status == "fork":
         self.pages.fork(s.id, f.id, s.cache_len)

@@ -13,8 +13,24 @@ free or referenced by refcount[page] >= 1 block-table entries of live sequences,
 number of those entries; a sequence's table holds exactly ceil(length / page_size) distinct pages.
 A sequence only writes positions >= its length after `grow`, and `grow` makes the pages it will write
 exclusively its own (copy on write of a shared, partially filled page), so no page is written by two rows.
+
+Prefix cache (as vLLM's automatic prefix caching / SGLang's radix cache):
+    a.cache_prefix(7, prompt[:-1], salt)   # 7's full pages of these tokens stay after 7 is released
+    pages = a.match_prefix(prompt2, salt)  # the cached full pages of prompt2's longest cached prefix
+    a.new(9, pages)                        # sequence 9 starts with them (length len(pages) x page_size)
+A cached page is a node of a trie keyed by (parent node, its page_size tokens) from a root per `salt` (what
+else the KV depends on: the LoRA adapter), so a key names all the tokens before it, exactly (no hash
+collisions). The cache holds one reference to each cached page (counted in refcount). A sequence's cached
+pages are a chain from the root of its own table's first pages (`cache_prefix` stops where a block is cached
+by another page), so whoever holds a cached page holds its ancestors: a page only the cache holds has only
+such pages below it, and all of them can be evicted, leaves first. `num_free` counts the free list plus
+the pages only the cache holds; taking a page when the free list is empty evicts the least recently used of
+those that no cached page continues. A cached page is full, so no sequence writes it (a sequence cut back
+into it copies it on write, as any shared page).
 """
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 
@@ -42,22 +58,81 @@ class PageAllocator:
     self._free = list(range(self.num_pages - 1, TRASH_PAGE, -1))  # a stack: low ids handed out first
     self.tables: dict[int, list[int]] = {}
     self.lengths: dict[int, int] = {}
+    # prefix cache: key (parent node id or ("root", salt), tokens) -> node id; node id -> [page, key,
+    # children]; page -> node id; node ids least recently used first; count of evictable nodes
+    self._trie: dict[tuple, int] = {}
+    self._nodes: dict[int, list] = {}
+    self._page_node: dict[int, int] = {}
+    self._lru: collections.OrderedDict = collections.OrderedDict()
+    self._evictable = 0
+    self._next_node = 0
+    self.evicted = 0  # cached pages evicted so far
 
   # ------------------------------------------------------------------------------------------------
   @property
   def num_free(self) -> int:
-    return len(self._free)
+    """Pages a sequence can take: the free list plus the cached pages that can be evicted."""
+    return len(self._free) + self._evictable
 
   @property
   def num_used(self) -> int:
-    """Pages referenced by at least one sequence (shared pages counted once)."""
+    """Pages referenced by at least one sequence or the prefix cache (shared pages counted once)."""
     return self.num_pages - 1 - len(self._free)
 
-  def new(self, seq: int) -> None:
-    """Registers sequence `seq` with no pages and length 0."""
+  @property
+  def num_cached(self) -> int:
+    """Pages held by the prefix cache (some of them also by sequences)."""
+    return len(self._nodes)
+
+  def new(self, seq: int, prefix: list[int] = ()) -> None:
+    """Registers sequence `seq` with length 0, or starting with the cached full pages `prefix` (from
+    `match_prefix`; length len(prefix) x page_size)."""
     if seq in self.tables:
       raise ValueError(f"sequence {seq} already has a block table")
-    self.tables[seq], self.lengths[seq] = [], 0
+    for page in prefix:
+      if page not in self._page_node:
+        raise ValueError(f"new(seq={seq}): page {page} is not in the prefix cache")
+      self._ref(page, +1)
+    self.tables[seq], self.lengths[seq] = list(prefix), len(prefix) * self.page_size
+
+  def match_prefix(self, tokens, salt=None) -> list[int]:
+    """The cached pages of the longest cached prefix of `tokens` made of full pages (those of `salt`),
+    marked recently used."""
+    pages, parent = [], ("root", salt)
+    for start in range(0, len(tokens) - self.page_size + 1, self.page_size):
+      node = self._trie.get((parent, tuple(int(t) for t in tokens[start:start + self.page_size])))
+      if node is None:
+        break
+      self._lru.move_to_end(node)
+      pages.append(self._nodes[node][0])
+      parent = node
+    return pages
+
+  def cache_prefix(self, seq: int, tokens, salt=None) -> int:
+    """Puts `seq`'s full pages holding `tokens` (its positions 0 .. len(tokens) - 1) in the prefix cache
+    (blocks already cached, by this or another page, are only marked recently used). Returns the pages
+    added."""
+    table, added, parent = self.tables[seq], 0, ("root", salt)
+    full = min(len(tokens), self.lengths[seq]) // self.page_size
+    for i in range(full):
+      key = (parent, tuple(int(t) for t in tokens[i * self.page_size:(i + 1) * self.page_size]))
+      node, page = self._trie.get(key), table[i]
+      if node is not None and self._nodes[node][0] != page:
+        break  # cached by another page: this table's chain ends here (module docstring)
+      if node is None:
+        if page in self._page_node:  # cached under another key: cannot be (a page holds one block)
+          raise AssertionError(f"page {page} is cached twice")
+        node, self._next_node = self._next_node, self._next_node + 1
+        if not isinstance(parent, tuple):
+          self._nodes[parent][2] += 1
+        self._nodes[node] = [page, key, 0]
+        self._trie[key], self._page_node[page] = node, node
+        self.refcount[page] += 1  # the cache's reference (not evictable while the sequence holds it)
+        added += 1
+      self._lru[node] = None
+      self._lru.move_to_end(node)
+      parent = node
+    return added
 
   def grow(self, seq: int, length: int) -> list[tuple[int, int]]:
     """Pages for positions 0 .. length - 1, those at positions >= the current length owned by `seq`
@@ -68,8 +143,8 @@ class PageAllocator:
       raise ValueError(f"grow(seq={seq}, length={length}) below its length {old}; use truncate")
     shared_tail = old % self.page_size != 0 and self.refcount[table[-1]] > 1 and length > old
     need = pages_for(length, self.page_size) - len(table) + int(shared_tail)
-    if need > len(self._free):
-      raise OutOfPages(f"sequence {seq} needs {need} pages to reach {length} tokens; {len(self._free)} free "
+    if need > self.num_free:
+      raise OutOfPages(f"sequence {seq} needs {need} pages to reach {length} tokens; {self.num_free} free "
                        f"of {self.num_pages - 1}")
     copies = []
     if shared_tail:
@@ -89,7 +164,7 @@ class PageAllocator:
     self.new(dst)
     shared = self.tables[src][:pages_for(length, self.page_size)]
     for page in shared:
-      self.refcount[page] += 1
+      self._ref(page, +1)
     self.tables[dst], self.lengths[dst] = list(shared), int(length)
 
   def truncate(self, seq: int, length: int) -> None:
@@ -132,6 +207,16 @@ class PageAllocator:
       assert len(set(table)) == len(table), f"sequence {seq} holds a page twice: {table}"
       for page in table:
         counts[page] += 1
+    for node, (page, key, children) in self._nodes.items():
+      counts[page] += 1  # the cache's reference
+      assert self._trie[key] == node and self._page_node[page] == node and node in self._lru
+      assert isinstance(key[0], tuple) or key[0] in self._nodes, f"cached node {node} lost its parent"
+      assert children == sum(1 for k in self._nodes.values() if k[1][0] == node), f"node {node}'s children"
+    assert len(self._trie) == len(self._nodes) == len(self._page_node) == len(self._lru)
+    assert self._evictable == sum(map(self._is_evictable, self._nodes)), "evictable count"
+    for page, key, _ in self._nodes.values():  # whoever holds a cached page holds its cached ancestors
+      if not isinstance(key[0], tuple):
+        assert self.refcount[self._nodes[key[0]][0]] >= self.refcount[page], f"page {page} outlives its parent"
     assert counts[TRASH_PAGE] == 0 and self.refcount[TRASH_PAGE] == 0, "the trash page was handed out"
     assert (counts == self.refcount).all(), "reference counts differ from the block tables"
     free = np.zeros(self.num_pages, bool)
@@ -142,11 +227,46 @@ class PageAllocator:
 
   # ------------------------------------------------------------------------------------------------
   def _take(self) -> int:
+    if not self._free:
+      self._evict_one()
     page = self._free.pop()
     self.refcount[page] = 1
     return page
 
   def _unref(self, page: int) -> None:
+    self._ref(page, -1)
+    if self.refcount[page] == 0:
+      self._free.append(page)
+
+  def _ref(self, page: int, delta: int) -> None:
+    node = self._page_node.get(page)
+    if node is None:
+      self.refcount[page] += delta
+    else:
+      self._count_evictable(node, lambda: self.refcount.__setitem__(page, self.refcount[page] + delta))
+
+  def _is_evictable(self, node: int) -> bool:
+    """Only the cache holds the node's page (it and its cached descendants can go)."""
+    return bool(self.refcount[self._nodes[node][0]] == 1)
+
+  def _count_evictable(self, node: int, change) -> None:
+    """Runs change() (of node's refcount), keeping the evictable count."""
+    before = self._is_evictable(node)
+    change()
+    self._evictable += self._is_evictable(node) - before
+
+  def _evict_one(self) -> None:
+    """Drops the least recently used cached page that only the cache holds and no cached page continues
+    (its page goes to the free list)."""
+    node = next((n for n in self._lru if self._nodes[n][2] == 0 and self._is_evictable(n)), None)
+    if node is None:
+      raise OutOfPages("no free page and no evictable cached page")
+    page, key, _ = self._nodes[node]
+    self._evictable -= 1
+    del self._nodes[node], self._trie[key], self._page_node[page], self._lru[node]
+    self.evicted += 1
+    if not isinstance(key[0], tuple):
+      self._nodes[key[0]][2] -= 1
     self.refcount[page] -= 1
     if self.refcount[page] == 0:
       self._free.append(page)

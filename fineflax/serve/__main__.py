@@ -30,6 +30,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--slots", type=int, default=8, help="decode slots (rows of the running batch)")
   ap.add_argument("--context", type=int, default=2048, help="tokens per slot (prompt + completion)")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
+  ap.add_argument("--prefill-tokens", type=int, default=2048,
+                  help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
+                       "(raised to the engine's 512-token prefill block if smaller)")
+  ap.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                  help="prefill every prompt in full (default: reuse the KV pages of prefixes seen before)")
   ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
   ap.add_argument("--max-n", type=int, default=8, help="largest n accepted")
   ap.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
@@ -57,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   if not args.reward_min < args.reward_max:
     ap.error(f"--reward-min {args.reward_min:g} --reward-max {args.reward_max:g}: need min < max")
+  if args.prefill_tokens < 1:
+    ap.error(f"--prefill-tokens {args.prefill_tokens}: must be >= 1")
   for name in ("keep_alive_timeout", "idle_timeout"):
     if not getattr(args, name) > 0:
       ap.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: must be > 0")
@@ -139,7 +146,8 @@ def build(args: argparse.Namespace, checked=None):
   if tokenizer is None:
     raise UsageError(f"--model {args.model}: no tokenizer found; the server needs one")
   engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
-                  dtype=resolve_dtype(args.dtype), chunk=args.chunk)
+                  dtype=resolve_dtype(args.dtype), chunk=args.chunk, prefill_tokens=args.prefill_tokens,
+                  prefix_cache=args.prefix_cache)
   log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   router = ContextualRouter(variants, kind=args.router, seed=args.seed, contextual=args.contextual,
                             priors=rag.priors if rag else None).load(log.reward_sums(by_category=True))

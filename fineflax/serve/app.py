@@ -10,7 +10,8 @@
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
                               category); router state
   GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
-  GET  /health                {"status": "ok", "active_rows", "waiting"}
+  GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens"}
+                              (prompt tokens prefilled / taken from the prefix cache since the start)
 
 RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
 their generator (base or adapter) answers the context messages through the same engine path (streaming,
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import uuid
 
 from starlette.applications import Starlette
@@ -55,6 +57,29 @@ def longest_token_chars(tokenizer) -> int:
   return max(len(t) for t in tokenizer.get_vocab())
 
 
+class LoopOutbox:
+  """Events posted from the engine thread to asyncio queues of one event loop, delivered in batches: one
+  `call_soon_threadsafe` (one wake-up of the loop) for all the events posted before the loop drains them,
+  instead of one per event (a decode chunk of 128 streams posts 128 deltas at once)."""
+
+  def __init__(self, loop: asyncio.AbstractEventLoop):
+    self.loop, self._items, self._lock, self._scheduled = loop, [], threading.Lock(), False
+
+  def post(self, queue: asyncio.Queue, event) -> None:
+    with self._lock:
+      self._items.append((queue, event))
+      if self._scheduled:
+        return
+      self._scheduled = True
+    self.loop.call_soon_threadsafe(self._drain)
+
+  def _drain(self) -> None:
+    with self._lock:
+      items, self._items, self._scheduled = self._items, [], False
+    for queue, event in items:
+      queue.put_nowait(event)
+
+
 class Server:
   """The app's state: engine, names, log, router and limits (see `create_app`)."""
 
@@ -66,6 +91,7 @@ class Server:
     self.max_prompt_chars = int(max_prompt_chars or engine.context * longest_token_chars(engine.tokenizer))
     self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}  # name -> adapter
     self.rag = rag  # fineflax.serve.rag.RagRuntime or None
+    self._outbox: LoopOutbox | None = None  # of the running event loop
     for name, v in (rag.variants.items() if rag else ()):
       generator = v.generator or base_name
       if name in self.variants or name == "auto":
@@ -92,6 +118,13 @@ class Server:
       return await run_in_threadpool(parse_json, data)
     except ValueError as e:
       raise P.ApiError(400, str(e)) from None
+
+  def outbox(self) -> LoopOutbox:
+    """The running event loop's `LoopOutbox` (made on first use; a new loop gets a new one)."""
+    loop = asyncio.get_running_loop()
+    if self._outbox is None or self._outbox.loop is not loop:
+      self._outbox = LoopOutbox(loop)
+    return self._outbox
 
   def resolve(self, model: str, category: str | None = None) -> str:
     if model == "auto":
@@ -143,8 +176,8 @@ class Server:
     if max_tokens > room or room < 1:
       raise P.ApiError(400, f"the prompt has {len(prompt)} tokens; with max_tokens={max_tokens} it exceeds "
                        f"the context of {self.engine.context} tokens", "max_tokens")
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-    job = Job(prompt=prompt, emit=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), n=req.n,
+    queue, outbox = asyncio.Queue(), self.outbox()
+    job = Job(prompt=prompt, emit=lambda ev: outbox.post(queue, ev), n=req.n,
               max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
               seed=req.seed, adapter=self.variants[variant], ignore_eos=req.ignore_eos)
     try:
@@ -285,8 +318,10 @@ class Server:
     return JSONResponse({"leaderboard": await run_in_threadpool(self.log.leaderboard)})
 
   async def health(self, request: Request):
+    stats = self.engine.stats
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
-                         "waiting": self.engine.num_waiting()})
+                         "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
+                         "prefix_hit_tokens": stats["prefix_hit_tokens"]})
 
 
 def _guard(handler):

@@ -4,16 +4,17 @@ cache, per-row LoRA adapters, one thread driving it.
     engine = Engine(params, config, tokenizer, adapters={"math": (lora, cfg)}, slots=8, context=1024)
     engine.start()
     job = Job(prompt=ids, n=2, max_tokens=64, temperature=0.7, adapter="math", emit=callback)
-    engine.submit(job)        # callback(event) from the engine thread, see `Job`
+    engine.submit(job)        # callback(event) from the emitter thread, see `Job`
     engine.cancel(job)        # its rows leave the batch at the next step
 
 A job becomes n engine sequences (one group: the prompt is prefilled once and its pages shared; more
 samples than `slots` go in several groups), sampled with keys fold_in(key(seed), i). The engine thread
 (`engine.driver.EngineThread`) admits waiting sequences whenever rows and pages free up, between device
 chunks of `chunk` decode steps; rows of different adapters and sampling settings share the calls. After
-each chunk a sequence's new tokens reach its job (`Request.on_update`): text deltas (held back while
-they might be the start of a stop string or an incomplete UTF-8 character), log-probs, and at the end
-("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
+each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`)
+and goes on to the next chunk; an emitter thread turns them into events while the device computes: text
+deltas (decoded incrementally, held back while they might be the start of a stop string or an incomplete
+UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
 from the text. "stop" = EOS or a stop string; "length" = max_tokens.
 
 Errors: a job whose settings the engine refuses, or whose callback or text handling raises, ends with an
@@ -24,24 +25,29 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import threading
 import traceback
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 
 from fineflax.engine import Engine as CoreEngine, Request
+from fineflax.engine.engine import FINISHED
+from fineflax.engine.keys import row_keys
+from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
-COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls")  # summed over the core engines
+COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
+            "prefix_hit_tokens")  # summed over the core engines
 
 
 @dataclasses.dataclass(eq=False)
 class Job:
   """One chat request: `n` completions of `prompt` (token ids) with one adapter and sampling settings.
 
-  emit(event) is called from the engine thread with ("delta", index, text, logprob_entries),
+  emit(event) is called from the server's emitter thread with ("delta", index, text, logprob_entries),
   ("done", index, finish_reason, completion_tokens) or ("error", message). finish_reason: "stop" (EOS
   or a stop string, which is cut from the text) or "length". logprob entries: (token_id, logprob) with
   logprob = log_softmax(logits)[token] (untempered).
@@ -66,6 +72,9 @@ class _Row:
   job: Job
   index: int
   seq: object = None  # its engine sequence
+  stream: StreamText | None = None  # the completion's text, decoded incrementally
+  text: str = ""  # the completion's text so far (its tail may wait to be sent)
+  fed: int = 0  # tokens given to `stream`
   sent: int = 0  # characters of text already emitted
   logged: int = 0  # tokens whose logprobs were already emitted
   done: bool = False
@@ -74,28 +83,37 @@ class _Row:
 class Engine:
   """The server's engine (module docstring). adapters: {name: (lora, LoraConfig)}; slots: rows decoded
   at once; context: positions a request may take (prompt + max_tokens); chunk: decode steps per call;
-  page_size: KV page tokens (the pool holds slots x context tokens)."""
+  page_size: KV page tokens (the pool holds slots x context tokens); prefill_tokens: prompt tokens
+  prefilled per engine step at most, each step then decodes a chunk (`Engine(interleave_prefill=True)`: a
+  burst of requests does not hold back the first ones' first tokens, nor the running streams);
+  prefix_cache: prompts reuse the KV pages of the longest full-page prefix seen before (a shared system
+  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
-               impl: str | None = "auto"):
+               impl: str | None = "auto", prefill_tokens: int = 2048, prefix_cache: bool = True):
     self.slots, self.context, self.chunk = int(slots), int(context), int(chunk)
     if self.slots < 1 or self.context < 2 or self.chunk < 1:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
                        "chunk >= 1")
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    self._decode = text_decoder(tokenizer)  # ids -> text, skip_special_tokens=True
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
     stacked = [(lora, lora_scale(cfg)) for lora, cfg in adapters.values()] or None
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
-                                 eos_ids=eos_ids, adapters=stacked)
+                                 eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
+                                 interleave_prefill=True, prefix_cache=prefix_cache)
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
-    self._jobs: set = set()  # jobs with rows in the engine (engine thread only)
+    self._jobs: set = set()  # jobs with rows in the engine
+    self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
+    self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
     self.stats = {"decode_calls": 0, "mixed_adapter_calls": 0, "max_active": 0, "generated_tokens": 0,
-                  "prefill_calls": 0, "cancelled_rows": 0, "errors": 0}
+                  "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
+                  "prefix_hit_tokens": 0}
 
   # -- public, any thread ------------------------------------------------------------------------
   def submit(self, job: Job) -> None:
@@ -124,11 +142,18 @@ class Engine:
     return self.driver.queued + len(self.driver.engine.waiting)
 
   def start(self) -> "Engine":
+    if self._emitter is None:
+      self._emitter = threading.Thread(target=self._emit_loop, name="fineflax-emit", daemon=True)
+      self._emitter.start()
     self.driver.start()
     return self
 
   def stop(self) -> None:
     self.driver.stop()
+    if self._emitter is not None:
+      self._updates.put(None)
+      self._emitter.join(timeout=30)
+      self._emitter = None
 
   # -- engine thread -----------------------------------------------------------------------------
   def _admit(self, engine: CoreEngine, job: Job) -> None:
@@ -140,13 +165,13 @@ class Engine:
         if not isinstance(s, str):
           raise TypeError(f"stop={job.stop!r}: stop strings must be str, got {type(s).__name__}")
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
-      key = jax.random.PRNGKey(int(seed) % (1 << 63))
+      keys = row_keys(int(seed) % (1 << 63), job.n)  # fold_in(PRNGKey(seed), i), without a device call
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
-      job.rows = [_Row(job, i) for i in range(job.n)]
+      job.rows = [_Row(job, i, stream=StreamText(self._decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
-                          top_p=job.top_p, key=jax.random.fold_in(key, i), eos_ids=() if job.ignore_eos else None,
+                          top_p=job.top_p, key=keys[i], eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
-                          on_update=lambda seq, row=row: self._update(engine, row, seq))
+                          on_update=lambda seq, row=row: self._updates.put((row, seq, len(seq.tokens), seq.status)))
                   for i, row in enumerate(job.rows)]
       for lo in range(0, job.n, self.slots):
         for row, seq in zip(job.rows[lo:lo + self.slots], engine.submit_group(requests[lo:lo + self.slots])):
@@ -155,57 +180,74 @@ class Engine:
     except Exception as e:
       self._fail(engine, job, e)
 
-  def _update(self, engine: CoreEngine, row: _Row, seq) -> None:
-    """After a chunk: the sequence's new tokens and text to its job; its end."""
+  # -- emitter thread ----------------------------------------------------------------------------
+  def _emit_loop(self) -> None:
+    while (item := self._updates.get()) is not None:
+      self._update(*item)
+
+  def _update(self, row: _Row, seq, ntok: int, status: str) -> None:
+    """After a chunk: the sequence's first `ntok` tokens (its length then; `status` its status then) and
+    their text to its job; its end. A sequence's tokens only grow after it was noted (a stop string's cut
+    falls after the tokens of earlier chunks), so reading them here, while the next chunk runs, is safe."""
     job = row.job
     if row.done or job.cancelled or seq.status == "cancelled":
       return
+    finished = status in FINISHED
     try:
-      self.stats["generated_tokens"] += len(seq.tokens) - row.logged
-      hit = self._emit_text(row, seq, final=seq.finished)
-      if hit and not seq.finished:  # the text holds a stop string the engine's cut did not see
-        engine.cancel(seq)
-      if seq.finished or hit:
+      self.stats["generated_tokens"] += ntok - row.logged
+      hit = self._emit_text(row, seq, ntok, final=finished)
+      if hit and not finished:  # the text holds a stop string the engine's cut did not see
+        self.driver.call(lambda engine: engine.cancel(seq))
+      if finished or hit:
         row.done = True
-        reason = "stop" if hit or seq.status in ("eos", "stop") else "length"
-        job.emit(("done", row.index, reason, len(seq.tokens)))
+        reason = "stop" if hit or status in ("eos", "stop") else "length"
+        job.emit(("done", row.index, reason, ntok))
         if all(r.done for r in job.rows):
           self._jobs.discard(job)
     except Exception as e:  # this job fails, the batch goes on
-      self._fail(engine, job, e)
+      self._fail(None, job, e)
 
-  def _emit_text(self, row: _Row, seq, final: bool) -> bool:
-    """Emits the row's new text; True when a stop string ended it (the text is cut before it)."""
+  def _emit_text(self, row: _Row, seq, ntok: int, final: bool) -> bool:
+    """Emits the row's new text; True when a stop string ended it (the text is cut before it). The text
+    grows by the decoded new tokens only (`engine.detok.StreamText`: incomplete characters wait); a stop
+    string is looked for where it could end in the new text; the last len(longest stop) - 1 characters
+    wait while they might start one."""
     job = row.job
-    toks = seq.tokens if job.ignore_eos else [t for t in seq.tokens if t not in self.eos_ids]
-    text = self.tokenizer.decode(toks, skip_special_tokens=True)
-    stops = [s for s in job.stop if s]  # an empty stop string stops nothing
-    stop_at = min((text.find(s) for s in stops if s in text), default=-1)
-    if stop_at >= 0:
-      end, hit = stop_at, True
+    new = seq.tokens[row.fed:ntok]
+    row.fed = ntok
+    if not job.ignore_eos:
+      new = [t for t in new if t not in self.eos_ids]
+    old = len(row.text)
+    row.text += row.stream.add(new) + (row.stream.flush() if final else "")
+    text, stops = row.text, [s for s in job.stop if s]  # an empty stop string stops nothing
+    found = [i for i in (text.find(s, max(0, old - len(s) + 1)) for s in stops) if i >= 0]
+    if found:
+      end, hit = min(found), True
     else:
       hold = max((len(s) - 1 for s in stops), default=0)
       end, hit = len(text) if final else len(text) - hold, False
-      while not final and end > row.sent and text[end - 1] == "\ufffd":
-        end -= 1
     if end > row.sent or hit or final:
       delta = text[row.sent:end] if end > row.sent else ""
-      entries = list(zip(seq.tokens[row.logged:], seq.raw_logprobs[row.logged:]))
-      row.logged = len(seq.tokens)
+      entries = list(zip(seq.tokens[row.logged:ntok], seq.raw_logprobs[row.logged:ntok]))
+      row.logged = ntok
       row.sent = max(row.sent, end)
-      job.texts[row.index] = text[:row.sent]
       if delta or entries:
         job.emit(("delta", row.index, delta, entries))
+    job.texts[row.index] = text[:row.sent]
     return hit
 
-  def _fail(self, engine: CoreEngine, job: Job, e: Exception) -> None:
-    """Ends `job` with an error event; its sequences are cancelled."""
+  def _fail(self, engine: CoreEngine | None, job: Job, e: Exception) -> None:
+    """Ends `job` with an error event; its sequences are cancelled (now on the engine thread, `engine`; from
+    another thread, None: at the engine thread's next step)."""
     self.stats["errors"] += 1
     traceback.print_exc()
     if job.cancelled:
       return
     job.cancelled = True
-    self._cancel_rows(job)(engine)
+    if engine is None:
+      self.driver.call(self._cancel_rows(job))
+    else:
+      self._cancel_rows(job)(engine)
     try:
       job.emit(("error", f"request failed: {type(e).__name__}: {e}"))
     except Exception:  # the client is gone: nothing to tell
