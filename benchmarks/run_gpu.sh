@@ -7,7 +7,7 @@
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
-#                                          rag_student (issue 34; one GPU)
+#                                          rag_student ragserve (issue 34; one GPU)
 #                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
 #                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
@@ -220,6 +220,10 @@ for k in ('loss', 'grad_norm', 'reward_mean', 'time_rollout_s', 'time_update_s')
     pssr1)  # issue 31 target 2: Search-R1 PPO step (full critic), Qwen2.5-7B shape; keeps psluffy's row
             python3 -m benchmarks.paper_scale --recipe search_r1_ppo --out "${PS_OUT:-benchmarks/out/paper_scale}" --results
             cp -r "${PS_OUT:-benchmarks/out/paper_scale}" "$OUT/"; cp benchmarks/RESULTS.md "$OUT/" ;;
+    ragserve) # issue 34 latency target: naive RAG vs the bare model at 16 clients (bm25: the GPU machine has no
+            # faiss / all-MiniLM-L6-v2; the vector retriever is the CPU default), ~2-3 min
+            timeout -s TERM 400 python3 -m benchmarks.rag_serve --model "$GGUF" --retriever bm25 \
+              --out "$OUT/rag_serve" --results; cp benchmarks/RESULTS.md "$OUT/" ;;
     rag_student) # issue 34: the RAG loop's student, one H200/H100 call of ~6 min: QLoRA SFT of SmolLM2-135M on the
             # logged rows with / without context (2 x 300 steps), both answer the 90 held-out questions
             # (work/heldout_prompts.jsonl: no embedder needed), then the student as a new routed arm (CPU, ~1 min)
