@@ -21,10 +21,9 @@ SmolLM2's tokenizer, shipped with the package).
                   rows: G-1 sampled by the learner's policy + 1 off-policy trace (random ids). Response
                   lengths log-normal (median --median, sigma --sigma, cap --max-new-tokens:
                   `benchmarks.engine.response_lengths`); the policy decodes max(lengths) steps and each row
-                  is cut at its drawn length with EOS forced there. On the mesh the rows are split over
-                  one paged engine per device (`fineflax.sampling.replicas`); a random model never ends a
-                  row early, so every row decodes max(lengths) steps: an upper bound of what per-row stops
-                  would cost. Rewards: random 0/1 (seed 0).
+                  is cut at its drawn length with EOS forced there. On a mesh the sampler is the static
+                  session, whose cost is max(lengths) steps for every row whatever the per-row ends, so this
+                  costs what per-row stops would. Rewards: random 0/1 (seed 0).
   search_r1_ppo   Qwen/Qwen2.5-7B shape, configs/papers/search_r1.py:ppo (critic "full" or "lora" by --critic):
                   the search_r1 environment's multi-turn rollouts (`SearchR1Env.rollout`: up to
                   search.max_turns + 1 turns of search.max_turn_tokens, an in-process bm25 search over the

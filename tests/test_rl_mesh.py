@@ -84,31 +84,38 @@ PARITY = textwrap.dedent("""
     from fineflax.sampling.session import SamplerSession
     sess = SamplerSession(base4, c, max_total_len=6, temperature=0.0, lora=replicate(lora, mesh),
                           lora_scale=2.0, dtype=jnp.float32, eos_ids=(), mesh=mesh)
-    sess.start(prompts)  # one engine per device, each with its own pool and one row here
-    pools = sess.cache
-    assert len(pools) == 4 and len({jax.tree.leaves(p)[0].devices().pop() for p in pools}) == 4, pools
+    sess.start(prompts)
+    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding  # rows split
     sess.decode(3)
+    assert sess.cache["k"].sharding.spec[1] == ("data", "fsdp"), sess.cache["k"].sharding
+    rep = SamplerSession(base4, c, max_total_len=6, temperature=0.0, lora=replicate(lora, mesh), lora_scale=2.0,
+                         dtype=jnp.float32, eos_ids=(), mesh=mesh, cache="replicas")
+    rep.start(prompts)  # one engine per device, each with its own pool and one row here
+    pools = rep.cache
+    assert len(pools) == 4 and len({jax.tree.leaves(p)[0].devices().pop() for p in pools}) == 4, pools
     # sampled: row r draws with fold_in(rng, r) wherever it runs, so the split run equals one device
     kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, lora_scale=2.0, dtype=jnp.float32, eos_ids=(),
               rng=jax.random.PRNGKey(3))
     many = [[5, 6, 7]] * 3 + [[8, 9], [10, 11, 12, 13], [14]] * 2  # a group of 3 stays on one device
     a = generate(base, c, many, lora=lora, **kw)
-    b = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, **kw)
+    b = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, cache="replicas", **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
-    b2 = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, max_rows=4, **kw)  # 1 row a device
+    b2 = generate(base4, c, many, lora=replicate(lora, mesh), mesh=mesh, cache="replicas", max_rows=4, **kw)
     np.testing.assert_array_equal(a.tokens, b2.tokens)
     outs = []  # a multi-turn session (tool text appended between decodes, as Search-R1 does), split or not
-    for params, lo, m in ((base, lora, None), (base4, replicate(lora, mesh), mesh)):
+    for params, lo, m, cache in ((base, lora, None, "paged"), (base4, replicate(lora, mesh), mesh, "static"),
+                                 (base4, replicate(lora, mesh), mesh, "replicas")):
       s = SamplerSession(params, c, max_total_len=24, temperature=0.0, lora=lo, lora_scale=2.0,
-                         dtype=jnp.float32, eos_ids=(), mesh=m)
+                         dtype=jnp.float32, eos_ids=(), mesh=m, cache=cache)
       s.start(prompts[:3])
       s.decode(3)
       s.append({0: [20, 21], 2: [22]})
       s.decode(4)
       outs.append(s.result())
-    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
-    np.testing.assert_array_equal(outs[0].valid, outs[1].valid)
+    for o in outs[1:]:
+      np.testing.assert_array_equal(outs[0].tokens, o.tokens)
+      np.testing.assert_array_equal(outs[0].valid, o.valid)
     print("PARITY OK", flush=True)
 """)
 

@@ -30,8 +30,8 @@ adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` app
 `Engine(prefix_cache=True)` (the server's): the full pages of every prefilled prompt stay cached (per
 adapter, least recently used evicted when the pool needs pages: `PageAllocator.match_prefix`); a prompt
 about to prefill starts with the cached pages of its longest cached prefix and prefills only the rest.
-On a mesh of one process, `fineflax.sampling` runs one engine per device, rows split over them
-(`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
+On a mesh of one process, `fineflax.sampling` with cache="replicas" runs one engine per device, rows split
+over them (`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
 (admission reserves each sequence's whole length instead).
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it

@@ -1,6 +1,6 @@
 """`generate`: one call from prompts to completions, on the engine (continuous batching over a paged KV
-cache; `fineflax.engine`; on a mesh of one process, one engine per device: `replicas`) or, for
-cache="static" and meshes spanning several processes, on the static session."""
+cache; `fineflax.engine`; cache="replicas" on a mesh of one process: one engine per device) or, for
+cache="static" and other meshes of several devices, on the static session."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -32,9 +32,9 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   rng: row r samples with key fold_in(rng, r) (paged; its draws do not depend on the other rows).
   max_rows: rows decoded at once (default all); with fewer, a finished row's place goes to the next prompt.
   Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
-  mesh: a mesh of several devices of one process splits the rows over its devices, one engine each
-  (`replicas`; the same tokens as on one device); max_rows then counts over all of them.
-  cache="static": the static-cache sampler (also used with a mesh spanning several processes).
+  cache="replicas" with a mesh of several devices of one process splits the rows over its devices, one
+  engine each (`replicas`; the same tokens as on one device); max_rows then counts over all of them.
+  cache="static": the static-cache sampler (also used for any other mesh of several devices).
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
@@ -62,7 +62,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   kw = dict(max_new_tokens=int(max_new_tokens), sc=sc, stop_strings=tuple(stop_strings), page_size=page_size,
             chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora_scale=lora_scale, dtype=dtype,
             impl=impl, attention=attention, dense_base=dense_base)
-  devices = replica_devices(mesh)
+  devices = replica_devices(mesh) if cache == "replicas" else None
   if not devices:
     seqs = engine_rows(params, config, prompts, range(len(prompts)), rows, rng=rng, lora=lora, **kw)
     return build_output(seqs, max_new_tokens, tokenizer)

@@ -1,4 +1,5 @@
-"""The paged engine on a mesh of several devices of one process: rows split over the devices, one engine each.
+"""The paged engine on a mesh of several devices of one process (cache="replicas" of `generate` and
+`SamplerSession`; opt-in): rows split over the devices, one engine each.
 
 Each device holds a full copy of the decode weights (the mesh's sharded params gathered onto it once a
 session) and its own page pool; its rows' KV pages live only there, so per-device KV memory is that of its

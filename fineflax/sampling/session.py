@@ -16,9 +16,10 @@ the kept text. Each row may hold max_total_len completion tokens (generated and 
 
 Backed by the engine (`fineflax.engine`, cache="paged", the default): every row is a held sequence of
 one paged KV cache; identical prompts are prefilled once and share their pages; decoding reads only the
-live tokens. On a mesh of several devices of one process the rows are split over the devices, one engine
-and page pool each (`replicas.ReplicaSession`). cache="static" (and a mesh spanning several processes)
-runs the static-cache session (`static_session.StaticSession`, one cache slot index shared by every row,
+live tokens. cache="replicas" on a mesh of several devices of one process splits the rows over the
+devices, one engine and page pool each (`replicas.ReplicaSession`; opt-in: RL on a mesh still samples
+with the static session, whose draws multi-process runs reproduce). cache="static" (and any other
+session on a mesh of several devices) runs the static-cache session (`static_session.StaticSession`, one cache slot index shared by every row,
 rows and cache split over the mesh). Row r samples with key fold_in(rng, r) (paged, on one device or
 many: the same tokens either way) or one key per chunk (static): the same tokens under greedy decoding,
 other draws when sampling.
@@ -40,15 +41,16 @@ from fineflax.engine.prompts import checked_appends, checked_decode_args, checke
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.replicas import ReplicaSession, place, replica_devices
 
-CACHES = ("paged", "static")
+CACHES = ("paged", "static", "replicas")
 
 
 def uses_static_cache(cache: str, mesh) -> bool:
   """Whether a session / generate call runs the static-cache path: cache="static", or a mesh of several
-  devices spanning several processes (one process's mesh splits rows over per-device engines)."""
+  devices, unless cache="replicas" and the mesh is one process's (rows split over per-device engines)."""
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}; choose one of {CACHES}")
-  return cache == "static" or (mesh is not None and mesh.devices.size > 1 and replica_devices(mesh) is None)
+  multi = mesh is not None and mesh.devices.size > 1
+  return cache == "static" or (multi and not (cache == "replicas" and replica_devices(mesh)))
 
 
 _RECENT_POOLS: list[int] = []  # pool sizes of the latest engines, newest first (engine_pool_pages)
@@ -88,7 +90,7 @@ class SamplerSession:
     weights made here (same weights; NF4 decoding is 2.4-2.8x slower than bf16 on an H200: RESULTS.md,
     nf4_gemv), at the memory of that copy while the session lives."""
     self._static = self._replicas = None
-    devices = replica_devices(mesh) if cache == "paged" else None
+    devices = replica_devices(mesh) if cache == "replicas" else None
     if devices:
       kw = dict(max_total_len=max_total_len, tokenizer=tokenizer, temperature=temperature, top_k=top_k,
                 top_p=top_p, eos_ids=eos_ids, rng=rng, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
