@@ -39,3 +39,16 @@ def test_no_split_without_a_mesh_of_several_devices():
   import jax
   from fineflax.mesh import make_mesh
   assert replica_devices(make_mesh(devices=jax.devices()[:1])) is None
+
+
+def test_a_session_used_before_start_and_a_bad_append_are_clear_errors():
+  from fineflax.sampling.replicas import ReplicaSession
+  s = ReplicaSession(["d0", "d1"], make=None, params=None, lora=None, max_total_len=4, vocab_size=10)
+  for call in (lambda: s.decode(2), lambda: s.rows(), lambda: s.append({0: [1]})):
+    with pytest.raises(RuntimeError, match="start"):
+      call()
+  s.sessions, s.num_rows, s.where = ["a", "b"], 2, {0: (0, 0), 1: (1, 0)}  # as after start()
+  with pytest.raises(ValueError, match="row 5 out of range"):
+    s.append({5: [1]})
+  with pytest.raises(ValueError):
+    s.append({1: [99]})  # outside the vocabulary

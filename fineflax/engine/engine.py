@@ -193,8 +193,8 @@ class Engine:
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
     self._next_id = 0
-    self.stats = {"prefill_tokens": 0, "prefix_hit_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
-                  "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
+    self.stats = {"prefill_tokens": 0, "prefix_hit_tokens": 0, "prefill_calls": 0, "decode_calls": 0,
+                  "decode_steps": 0, "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:

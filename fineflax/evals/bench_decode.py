@@ -36,16 +36,15 @@ def row_id(benchmark: str, where: str) -> int:
 
 
 def sample_keys(seed: int, ids: Sequence[int], n: int) -> np.ndarray:
-  """uint32 [R, n, 2] threefry key data: key[r, j] = fold_in(fold_in(PRNGKey(seed), ids[r]), j), in one
-  device call (not one per sample)."""
-  import jax
-  import jax.numpy as jnp
-  base = jax.random.PRNGKey(seed)
-  if not len(ids):
-    return np.zeros((0, n, 2), np.uint32)
-  per_row = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(np.asarray(ids, np.uint32)))
-  per_sample = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.fold_in(k, j))(jnp.arange(n, dtype=jnp.uint32)))
-  return np.asarray(per_sample(per_row), np.uint32)
+  """uint32 [R, n, 2] threefry key data: key[r, j] = fold_in(fold_in(PRNGKey(seed), ids[r]), j), on the host
+  (`engine.keys`: no device call; imported here, as the grading processes import this module without JAX)."""
+  from fineflax.engine.keys import fold_in, seed_key
+  base = seed_key(seed)
+  out = np.zeros((len(ids), n, 2), np.uint32)
+  for r, i in enumerate(ids):
+    row = fold_in(base, i)
+    out[r] = [fold_in(row, j) for j in range(n)]
+  return out
 
 
 def admission_wave(live: int, n: int) -> int:

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from fineflax.engine.prompts import group_identical
+from fineflax.engine.prompts import checked_appends, group_identical
 
 
 def replica_devices(mesh) -> list | None:
@@ -61,15 +61,15 @@ class ReplicaSession:
   """`SamplerSession`'s start / append / decode / result over rows split across `devices` (module
   docstring); `make(device, params, lora)` builds the one-device session of a device."""
 
-  def __init__(self, devices, make: Callable, params, lora, max_total_len: int):
+  def __init__(self, devices, make: Callable, params, lora, max_total_len: int, vocab_size: int):
     self.devices, self.make, self.max_total_len = list(devices), make, int(max_total_len)
-    self.params, self.lora = params, lora
-    self.sessions, self.parts, self.used, self.where = [], [], [], {}
+    self.params, self.lora, self.vocab_size = params, lora, int(vocab_size)
+    self.sessions, self.used, self.where, self.num_rows = [], [], {}, 0
 
   def start(self, prompts) -> None:
     prompts = [list(p) for p in prompts]
-    parts = assign_rows(prompts, len(self.devices), self.max_total_len)
-    used = [(d, p) for d, p in zip(self.devices, parts) if p]
+    used = [(d, p) for d, p in zip(self.devices, assign_rows(prompts, len(self.devices), self.max_total_len))
+            if p]
 
     def start_one(d, rows):
       s = self.make(d, place(self.params, d), place(self.lora, d))
@@ -77,16 +77,12 @@ class ReplicaSession:
       return s
     self.used = [d for d, _ in used]
     self.sessions = on_devices(self.used, start_one, [p for _, p in used])
-    self.parts = [p for _, p in used]
-    self.where = {r: (i, j) for i, part in enumerate(self.parts) for j, r in enumerate(part)}
+    self.where = {r: (i, j) for i, (_, part) in enumerate(used) for j, r in enumerate(part)}
     self.num_rows = len(prompts)
 
   def append(self, tokens) -> None:
-    items = tokens.items() if isinstance(tokens, dict) else enumerate(tokens)
-    per = [{} for _ in self.sessions]
-    for r, toks in items:
-      if r not in self.where:
-        raise ValueError(f"append(): row {r} out of range (0..{self.num_rows - 1})")
+    per = [{} for _ in self._started()]
+    for r, toks in checked_appends(tokens, self.num_rows, self.vocab_size).items():
       i, j = self.where[r]
       per[i][j] = toks
     for s, t in zip(self.sessions, per):
@@ -94,8 +90,14 @@ class ReplicaSession:
         s.append(t)
 
   def decode(self, max_new_tokens: int, stop_strings: Sequence[str] = ()) -> None:
-    on_devices(self.used, lambda d, s: s.decode(max_new_tokens, stop_strings), self.sessions)
+    on_devices(self.used, lambda d, s: s.decode(max_new_tokens, stop_strings), self._started())
 
   def rows(self) -> list:
     """The engine sequences of every row, in the batch's order."""
-    return [self.sessions[i].rows[j] for i, j in (self.where[r] for r in range(self.num_rows))]
+    sessions = self._started()
+    return [sessions[i].rows[j] for i, j in (self.where[r] for r in range(self.num_rows))]
+
+  def _started(self) -> list:
+    if not self.sessions:
+      raise RuntimeError("call start(prompts) first")
+    return self.sessions

@@ -19,8 +19,8 @@ one paged KV cache; identical prompts are prefilled once and share their pages; 
 live tokens. cache="replicas" on a mesh of several devices of one process splits the rows over the
 devices, one engine and page pool each (`replicas.ReplicaSession`; opt-in: RL on a mesh still samples
 with the static session, whose draws multi-process runs reproduce). cache="static" (and any other
-session on a mesh of several devices) runs the static-cache session (`static_session.StaticSession`, one cache slot index shared by every row,
-rows and cache split over the mesh). Row r samples with key fold_in(rng, r) (paged, on one device or
+session on a mesh of several devices) runs the static-cache session (`static_session.StaticSession`, one
+cache slot index shared by every row, rows and cache split over the mesh). Row r samples with key fold_in(rng, r) (paged, on one device or
 many: the same tokens either way) or one key per chunk (static): the same tokens under greedy decoding,
 other draws when sampling.
 """
@@ -96,7 +96,7 @@ class SamplerSession:
                 top_p=top_p, eos_ids=eos_ids, rng=rng, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
                 impl=impl, dense_base=dense_base, page_size=page_size, attention=attention)
       make = lambda d, p, lora_d: SamplerSession(p, config, lora=lora_d, **dict(kw, rng=place(rng, d)))
-      self._replicas = ReplicaSession(devices, make, params, lora, max_total_len)
+      self._replicas = ReplicaSession(devices, make, params, lora, max_total_len, config.vocab_size)
       self.tokenizer = tokenizer
       return
     if uses_static_cache(cache, mesh):
