@@ -136,8 +136,13 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   r.sft_steps = 0  # leading SFT steps on the demonstrations, then RL (fineflax/rl/sft_phase.py)
   r.mini_batch_size = 0  # prompts per optimizer step (verl ppo_mini_batch_size, whole groups): prompts_per_step /
   #   mini_batch_size steps per rollout batch and iteration; 0 = prompts_per_step (one step)
+  r.micro_batch_size = 0  # rows per device per micro-batch of the update, padded as the whole batch (verl
+  #   ppo_micro_batch_size_per_gpu without use_dynamic_bsz), gradients accumulated; 0 = off. Exclusive with:
   r.micro_batch_tokens = 0  # token budget per device per micro-batch of the update (verl ppo_max_token_len_per_gpu
   #   with use_dynamic_bsz): rows packed by length, gradients accumulated; 0 = off (one padded pass)
+  r.old_logp = "auto"  # old log-probs of the ratio: auto = when the rollout batch gets exactly one optimizer
+  #   step (num_iterations 1, one mini-batch, no critic) the current logp under stop_gradient (ratio 1, the same
+  #   gradient; TRL / tunix skip that pass too), else recomputed; recompute = always one more forward
   r.skip_grad_bound = 0.0  # ExGRPO: a step whose global grad norm exceeds this (or is not finite) applies no
   #   update and logs skipped=1 (0 = off)
   return config

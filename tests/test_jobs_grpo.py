@@ -164,7 +164,7 @@ def test_exgrpo_buffers_successes_and_replays_lowest_entropy(tiny_smol):
                        pad_id=job.learner.pad_id, max_new_tokens=job.rl.max_new_tokens, advantage_scale="group",
                        fields=job.learner.objective.batch_fields)
   _, metrics = rl_update(job.learner.state, job.learner.base, batch, step_fn=job.learner.step_fn, logp_fn=job.learner.logp_fn, beta=0.0,
-                         num_iterations=1)
+                         num_iterations=1, on_policy=job.learner.on_policy)
   assert np.isfinite(metrics["loss"]) and "off_pg_loss" in metrics
 
 

@@ -31,6 +31,7 @@ def test_updates_move_logp_along_the_advantages(tiny_smol, temperature):
   c.rl.mask_truncated = False  # 12-token completions are mostly cut; they must enter the loss here
   c.optimizer.learning_rate = 2e-2
   c.optimizer.warmup_steps = 1
+  c.rl.old_logp = "recompute"  # three steps on one batch with its recorded old_logp (not the one-step skip)
   job = rl_job.RLJob(c)
   tr = job.learner
   problems = generate_problems(2, "train", (1, 2), 0)

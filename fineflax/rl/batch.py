@@ -52,12 +52,12 @@ def pad_rows(batch: dict, multiple: int) -> dict:
   """The batch with copies of row 0 appended up to a multiple of `multiple` rows (fewer distinct shapes to
   compile, or rows that split evenly over devices). The copies are real token rows (no all-padding row
   reaches attention) with mask 0, advantage 0 and on-policy, so they add nothing to any loss or masked
-  metric, and `num_rows` (the real B) keeps the seq-mean losses unchanged."""
+  metric, and `num_rows` (the real B) keeps the seq-mean losses unchanged. 0-d fields stay as they are."""
   b = batch["tokens"].shape[0]
   extra = -b % multiple
   if not extra:
     return batch
-  out = {k: np.concatenate([np.asarray(v), np.repeat(np.asarray(v)[:1], extra, axis=0)])
+  out = {k: np.concatenate([np.asarray(v), np.repeat(np.asarray(v)[:1], extra, axis=0)]) if np.ndim(v) else v
          for k, v in batch.items()}
   for k in ("mask", "advantages", "is_off_policy", "response_mask"):
     if k in out:

@@ -97,8 +97,10 @@ class RLConfig:
   dense_rollouts), the loss (objective, clip, epsilon_low/high, dual_clip, beta (KL), entropy_coef,
   agg_mode, advantage_scale), num_iterations updates per batch, DAPO (mask_truncated, overlong_buffer,
   dynamic_sampling with max_refill_rounds), sft_steps leading SFT steps; the update's batching
-  (mini_batch_size prompts per optimizer step, micro_batch_tokens per device per micro-batch:
-  `fineflax.rl.minibatch`), skip_grad_bound (ExGRPO); the objective's section."""
+  (mini_batch_size prompts per optimizer step, micro-batches of micro_batch_size rows or micro_batch_tokens
+  tokens per device: `fineflax.rl.minibatch`), old_logp ("auto": reuse the current log-probs when the batch
+  gets one optimizer step, `reuses_current_logp`; "recompute"), skip_grad_bound (ExGRPO); the objective's
+  section."""
   objective: str = "grpo"
   prompts_per_step: int = 1
   group_size: int = 2
@@ -122,7 +124,9 @@ class RLConfig:
   max_refill_rounds: int = 2
   sft_steps: int = 0
   mini_batch_size: int = 0
+  micro_batch_size: int = 0
   micro_batch_tokens: int = 0
+  old_logp: str = "auto"
   skip_grad_bound: float = 0.0
   luffy: LuffyConfig | None = None
   exgrpo: ExGRPOConfig | None = None
@@ -159,6 +163,12 @@ class RLConfig:
     check("rl.micro_batch_tokens", self.micro_batch_tokens,
           lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == 0 or v > self.max_new_tokens),
           f"0 (off) or a token budget above max_new_tokens={self.max_new_tokens} (a prompt and its completion)")
+    check("rl.micro_batch_size", self.micro_batch_size, *non_negative_int(" (0 = off)"))
+    if self.micro_batch_size and self.micro_batch_tokens:
+      raise ConfigError(f"config.rl.micro_batch_size={self.micro_batch_size} and config.rl.micro_batch_tokens="
+                        f"{self.micro_batch_tokens}: set one of them (rows or packed tokens a micro-batch), the "
+                        "other 0")
+    check("rl.old_logp", self.old_logp, *choice(("auto", "recompute")))
     check("rl.skip_grad_bound", self.skip_grad_bound, *interval(0.0, INF))
     check("rl.temperature", self.temperature, *interval(0.0, INF, lo_open=True))
     check("rl.top_p", self.top_p, *interval(0.0, 1.0, lo_open=True))

@@ -14,7 +14,9 @@ out, and the update.
   collect(params, env, ...)    one step's scored groups (`fineflax.rl.collect.collect`) with the sources
   groups_batch(groups)         the update batch of the kept groups (group advantages, `fineflax.rl.update`)
   update(state, batch)         old/ref log-probs (the reference: the base with LoRA off, or a frozen copy
-                               of the initial full params), then rl.num_iterations updates -> (state, metrics);
+                               of the initial full params; no old-logp pass when the batch gets one step:
+                               `fineflax.rl.update.reuses_current_logp`), then rl.num_iterations updates
+                               -> (state, metrics);
                                with mini-/micro-batches or PPO's critic through `plan` (`fineflax.rl.minibatch`)
   sft_update(state, batch)     one SFT step on demonstrations (the SFT phase, `fineflax.rl.sft_phase`)
 
@@ -39,7 +41,7 @@ from fineflax.rl.minibatch import UpdatePlan
 from fineflax.rl.ppo import Critic
 from fineflax.rl.policy import Policy
 from fineflax.rl.step import make_rl_fns
-from fineflax.rl.update import rl_update, update_batch
+from fineflax.rl.update import reuses_current_logp, rl_update, update_batch
 from fineflax.train.loop import train_loop
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
@@ -63,9 +65,11 @@ class Learner:
     self.base = self.trainable.base  # None in full training
     self.scale = lora_lib.lora_scale(self.lora_cfg)
     self.optimizer = make_optimizer(config.optimizer)
+    # one step per rollout batch without a plan: the step reads its own logp as old_logp (rl.old_logp="auto")
+    self.on_policy = reuses_current_logp(rl, rl.num_iterations)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=self.fwd_kwargs,
-                                             skip_grad_bound=rl.skip_grad_bound)
+                                             skip_grad_bound=rl.skip_grad_bound, on_policy=self.on_policy)
     self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
     self.critic = Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs) if self.objective.critic else None
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
@@ -121,9 +125,11 @@ class Learner:
   @functools.cached_property
   def plan(self) -> UpdatePlan | None:
     """The update in mini-/micro-batches (`fineflax.rl.minibatch`) when rl.mini_batch_size splits the batch,
-    rl.micro_batch_tokens is set or the objective has a critic; None: one step per iteration (rl_update)."""
+    rl.micro_batch_size / micro_batch_tokens is set or the objective has a critic; None: one step per
+    iteration (rl_update)."""
     rl = self.rl
-    if not (rl.mini_batch_size not in (0, rl.prompts_per_step) or rl.micro_batch_tokens or self.critic):
+    if not (rl.mini_batch_size not in (0, rl.prompts_per_step) or rl.micro_batch_size or rl.micro_batch_tokens
+            or self.critic):
       return None
     return UpdatePlan(rl, optimizer=self.optimizer, objective=rl.objective, loss_kwargs=self.objective.kwargs(rl),
                       fwd_kwargs=self.fwd_kwargs, logp_fn=self.logp_fn, pad_id=self.pad_id, critic=self.critic)
@@ -132,7 +138,7 @@ class Learner:
     """(new state, metrics of the last update): `fineflax.rl.update.rl_update` on this learner's base."""
     return rl_update(state, self.base, batch, step_fn=self.step_fn, logp_fn=self.logp_fn, beta=self.rl.beta,
                      num_iterations=self.rl.num_iterations, mesh=self.mesh, plan=self.plan,
-                     reference=self.trainable.reference)
+                     reference=self.trainable.reference, on_policy=self.on_policy)
 
   @functools.cached_property
   def sft_fn(self):

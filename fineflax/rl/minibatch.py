@@ -8,13 +8,16 @@ The order follows verl (`update_policy` / `update_critic` of dp_actor / dp_criti
   1. the batch's rows are cut into mini-batches of `rl.mini_batch_size` prompts (whole groups of
      group_size rows, in order; 0 = the whole batch): prompts_per_step / mini_batch_size optimizer steps;
   2. with the state before any update, per mini-batch: old_logp (+ ref_logp when beta > 0 or PPO's
-     kl_in_reward, + the critic's values);
+     kl_in_reward, + the critic's values); old_logp is skipped when the batch gets exactly one optimizer
+     step (`fineflax.rl.update.reuses_current_logp`: the step reads its own logp under stop_gradient);
   3. PPO: token rewards with the KL penalty, GAE advantages and returns over the whole batch
      (`fineflax.rl.ppo.ppo_targets`);
   4. `num_iterations` epochs, each one optimizer step per mini-batch: the critic's (PPO), then the policy's.
-A mini-batch is one padded micro-batch, or with `rl.micro_batch_tokens` > 0 its rows packed into
-micro-batches of D rows x micro_batch_tokens tokens (`fineflax.rl.micro`, D = the mesh's devices; the
-forward passes of step 2 run on the same micro-batches). Its gradient is the sum of its micro-batches'
+A mini-batch is one padded micro-batch; with `rl.micro_batch_size` > 0 consecutive slices of D x
+micro_batch_size rows (padded as the whole batch, the last one with `pad_rows`: one compiled shape; verl's
+ppo_micro_batch_size_per_gpu); or with `rl.micro_batch_tokens` > 0 its rows packed into micro-batches of D
+rows x micro_batch_tokens tokens (`fineflax.rl.micro`, D = the mesh's devices). The forward passes of
+step 2 run on the same micro-batches. Its gradient is the sum of its micro-batches'
 (`fineflax.train.grad_accum`), each normalised by the whole mini-batch: `loss_weights`
 (`fineflax.rl.losses.token_weights` of agg_mode), `num_tokens`, and the critic's `value_weights`.
 Metrics: the mean over this batch's optimizer steps; `skipped` (rl.skip_grad_bound) counts skipped steps.
@@ -31,7 +34,7 @@ from fineflax.rl.batch import pad_rows
 from fineflax.rl.losses import token_weights
 from fineflax.rl.ppo import ppo_targets, response_mask
 from fineflax.rl.step import rl_loss
-from fineflax.rl.update import shard_update_batch
+from fineflax.rl.update import reuses_current_logp, shard_update_batch
 from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
 
 
@@ -50,8 +53,10 @@ class UpdatePlan:
                critic=None):
     self.rl, self.logp_fn, self.pad_id, self.critic = rl, logp_fn, pad_id, critic
     self.rows = rl.mini_batch_size * rl.group_size
-    self.micro = make_micro_grad(functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs,
-                                                   fwd_kwargs=fwd_kwargs))
+    # by on_policy (`rl_loss`): True reads old_logp from the step's own logp (one step per rollout batch)
+    self.micro = {on: make_micro_grad(functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs,
+                                                        fwd_kwargs=fwd_kwargs, on_policy=on))
+                  for on in (False, True)}
     self.apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_grad_bound=rl.skip_grad_bound))
 
   @property
@@ -59,11 +64,15 @@ class UpdatePlan:
     return bool(self.rl.beta) or bool(self.critic is not None and self.rl.ppo.kl_in_reward)
 
   def micro_batches(self, mini: dict, devices: int, mesh) -> tuple[list[dict], object]:
-    """(device micro-batches of a host mini-batch, its pack layout or None when unpacked)."""
+    """(device micro-batches of a host mini-batch, its pack layout or None when unpacked: then the
+    micro-batches' rows in order are the mini-batch's, padding rows after them)."""
     if self.rl.micro_batch_tokens:
       layout = M.pack_layout(mini["attention_mask"], mini["completion"].shape[1], self.rl.micro_batch_tokens,
                              devices)
       host = M.pack(mini, layout, self.pad_id)
+    elif self.rl.micro_batch_size:
+      rows = self.rl.micro_batch_size * devices
+      layout, host = None, split_rows(pad_rows(mini, rows), rows)
     else:
       layout, host = None, [pad_rows(mini, max(self.rows, 1)) if self.rows else mini]
     return [shard_update_batch(mb, mesh) if mesh is not None else mb for mb in host], layout
@@ -71,7 +80,7 @@ class UpdatePlan:
   def _forward(self, fn, mbs, layout, rows: int) -> np.ndarray:
     """[rows, N] host array of a per-token function over the micro-batches of one mini-batch."""
     outs = [M.to_host(fn(mb)) for mb in mbs]
-    return M.unpack(outs, layout) if layout is not None else outs[0][:rows]
+    return M.unpack(outs, layout) if layout is not None else np.concatenate(outs)[:rows]
 
   def update(self, state, base, batch: dict, *, mesh=None, reference=None):
     rl, critic = self.rl, self.critic
@@ -80,13 +89,14 @@ class UpdatePlan:
     if critic is not None:
       batch["response_mask"] = response_mask(batch)
     # 2. old / ref log-probs and values under the state before any update
-    fields = {"old_logp": lambda mb: self.logp_fn(state["params"], base, mb)[0]}
+    on_policy = reuses_current_logp(rl, rl.num_iterations * len(split_rows(batch, self.rows)))
+    fields = {} if on_policy else {"old_logp": lambda mb: self.logp_fn(state["params"], base, mb)[0]}
     if self.needs_ref:
       fields["ref_logp"] = lambda mb: self.logp_fn(reference, base, mb)[0]
     if critic is not None:
       fields["values"] = lambda mb: critic.values(state["critic"]["params"], critic.base, mb)
     out = {k: [] for k in fields}
-    for mini in split_rows(batch, self.rows):
+    for mini in split_rows(batch, self.rows) if fields else ():
       mbs, layout = self.micro_batches(mini, devices, mesh)
       for k, fn in fields.items():
         out[k].append(self._forward(fn, mbs, layout, mini["tokens"].shape[0]))
@@ -116,7 +126,7 @@ class UpdatePlan:
           state = dict(state, critic=new_critic)  # a new dict: the caller's state stays as it was
           for k, v in {**m, **m2}.items():
             metrics.setdefault(k, []).append(v)
-        grads, m = accumulate(self.micro, state["params"], base, mbs)
+        grads, m = accumulate(self.micro[on_policy], state["params"], base, mbs)
         state, m2 = self.apply(state, grads)
         for k, v in {**m, **m2}.items():
           metrics.setdefault(k, []).append(v)

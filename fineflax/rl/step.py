@@ -4,7 +4,8 @@ Batch (NumPy/jax arrays; B sequences, S = P + N tokens: left-padded prompt of wi
   tokens [B, S], attention_mask [B, S], positions [B, S]   the full sequences as the model reads them
   completion [B, N]       completion tokens (model-generated, inserted tool text, or an off-policy trace)
   mask [B, N]             1 = a token the policy produced and that enters the loss (not tool text/padding)
-  old_logp [B, N]         log-probs under the policy that sampled the batch (recomputed before updating)
+  old_logp [B, N]         log-probs under the policy that sampled the batch (recomputed before updating;
+                          absent with on_policy=True: the loss's own logp under stop_gradient)
   ref_logp [B, N]         log-probs under the base with LoRA off (only read when beta > 0)
   advantages [B]          group-normalised advantages
   is_off_policy [B]       LUFFY trace / ExGRPO replayed row (uses the shaping loss); optional
@@ -60,25 +61,38 @@ def completion_logp(trainable, base, batch, *, model_config, lora_scale=1.0, rem
                                         logit_softcap=model_config.final_logit_softcapping)
 
 
-def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict):
-  """(scalar loss, metrics) of `objective` (an entry of `fineflax.rl.objectives.OBJECTIVES`)."""
+def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, on_policy: bool = False):
+  """(scalar loss, metrics) of `objective` (an entry of `fineflax.rl.objectives.OBJECTIVES`).
+
+  on_policy=True: these params sampled the batch and none of its optimizer steps has run yet (one step
+  per rollout batch: `fineflax.rl.update.reuses_current_logp`), so old_logp = stop_gradient(logp): the
+  ratio is 1 and its gradient A·grad(logp), the same as with a recomputed old_logp (TRL's
+  `per_token_logps.detach()`), without the extra forward. The batch must then hold no old_logp."""
   logp, entropy = completion_logp(lora, base, batch, **fwd_kwargs)
+  if on_policy:
+    if "old_logp" in batch:
+      raise ValueError("rl_loss(on_policy=True) takes its old_logp from the current logp; the batch holds one")
+    batch = dict(batch, old_logp=jax.lax.stop_gradient(logp))
   return get_objective(objective).loss(logp, entropy, batch, **loss_kwargs)
 
 
-def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs, skip_grad_bound=0.0):
+def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs, skip_grad_bound=0.0,
+            on_policy: bool = False):
   """One optimizer update of state["params"] (LoRA, or the whole model when `base` is None) on `rl_loss`;
   a frozen base gets no gradient (`apply_gradients`: a step over `skip_grad_bound` leaves the params and
-  moments unchanged)."""
+  moments unchanged). on_policy: `rl_loss`'s."""
   (loss, metrics), grads = jax.value_and_grad(
-      functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs),
+      functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs,
+                        on_policy=on_policy),
       has_aux=True)(state["params"], base, batch)
   state, m = step_state(state, grads, optimizer, skip_grad_bound)
   return state, dict(metrics, **m)
 
 
-def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0):
-  """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]).
+def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0,
+                on_policy: bool = False):
+  """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]); on_policy: the step's (`rl_loss`:
+  its batches hold no old_logp).
 
   The state is not donated: the loop keeps the previous state when a step produces a non-finite loss
   (small for LoRA; in full training a step briefly holds two copies of params and moments).
@@ -86,6 +100,6 @@ def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dic
   get_objective(objective)
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
                                    loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs,
-                                   skip_grad_bound=skip_grad_bound))
+                                   skip_grad_bound=skip_grad_bound, on_policy=on_policy))
   logp = jax.jit(functools.partial(completion_logp, **fwd_kwargs))
   return step, logp

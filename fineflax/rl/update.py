@@ -2,7 +2,9 @@
 batch, old/ref log-probs, updates.
 
   A = group_advantages(rewards of the kept groups, K, scale)            (fineflax.rl.advantages)
-  old_logp = logp of the completions under the current params (before any update of this step)
+  old_logp = logp of the completions under the current params (before any update of this step); when the
+             batch gets exactly one optimizer step (`reuses_current_logp`) the step reads its own logp
+             under stop_gradient instead (`fineflax.rl.step.rl_loss(on_policy=True)`), one forward fewer
   ref_logp = logp under the frozen reference (only when beta > 0): the base with LoRA off, or in full
              training (`fineflax.train.trainable`) a frozen copy of the initial parameters
   then `num_iterations` jitted updates of the objective (fineflax.rl.step) on the same batch.
@@ -56,9 +58,23 @@ def shard_update_batch(batch: dict, mesh) -> dict:
           for k, v in batch.items()}
 
 
+def reuses_current_logp(rl, steps: int) -> bool:
+  """Whether the old log-probs of a rollout batch getting `steps` optimizer steps can be the current
+  policy's own logp under stop_gradient (`fineflax.rl.step.rl_loss(on_policy=True)`) instead of one more
+  forward: rl.old_logp == "auto", steps == 1 (the params that sampled the batch are the ones the single
+  step differentiates; with several mini-batches or iterations the 2nd+ step needs the pre-update logp),
+  and no critic (PPO's GAE targets read old_logp on the host before any step). Every other objective
+  reads old_logp only inside its loss: GRPO / DAPO / Search-R1's GRPO on every row, LUFFY and ExGRPO on
+  their on-policy rows (their off-policy / replayed rows use logp and behaviour_logp alone)."""
+  return rl.old_logp == "auto" and steps == 1 and not rl.objective_entry.critic
+
+
 def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iterations: int, mesh=None,
-              reference=None, plan=None):
+              reference=None, plan=None, on_policy: bool = False):
   """(new state, metrics of the last update): old/ref log-probs, then `num_iterations` updates.
+
+  on_policy: `step_fn` was made with on_policy=True (`fineflax.rl.step.make_rl_fns`; only valid when
+  `reuses_current_logp(rl, num_iterations)`): no old_logp pass, the step reads its own logp.
 
   `reference`: the trainable argument of the KL reference's log-probs, logp_fn(reference, base, .):
   None = the base with the LoRA off; in full training (base None) the frozen initial parameters.
@@ -70,7 +86,11 @@ def rl_update(state, base, batch, *, step_fn, logp_fn, beta: float, num_iteratio
     return plan.update(state, base, batch, mesh=mesh, reference=reference)
   if mesh is not None:
     batch = shard_update_batch(batch, mesh)
-  batch = dict(batch, old_logp=logp_fn(state["params"], base, batch)[0])
+  if on_policy and num_iterations != 1:
+    raise ValueError(f"rl_update(on_policy=True) with num_iterations={num_iterations}: the 2nd+ update needs "
+                     "the recomputed old log-probs")
+  if not on_policy:
+    batch = dict(batch, old_logp=logp_fn(state["params"], base, batch)[0])
   if beta:
     batch["ref_logp"] = logp_fn(reference, base, batch)[0]
   for _ in range(num_iterations):
