@@ -5,7 +5,12 @@ Set up as `fineflax.rl.learner.Learner` does (config sections from configs/commo
   rollout  `fineflax.sampling.generate` (what `Policy.sample` calls, eos_ids=() so every row has exactly
            `new_tokens` tokens) of prompts x group rows (texts decoded), `rows.sampled_rows`, the rewards;
   update   `update.update_batch` (group advantages, padded batch) + `update.rl_update` (old log-probs, one
-           jitted optimizer step of the GRPO-family loss), metrics fetched to the host.
+           jitted optimizer step of the GRPO-family loss), metrics fetched to the host; as the Learner does,
+           through `minibatch.UpdatePlan` when spec["micro_batch_size"] (rows) or ["micro_batch_tokens"] is
+           set, and without the old-log-prob pass when `update.reuses_current_logp` (spec["old_logp"],
+           default "auto": config.rl.old_logp's default).
+spec["decode_impl"] (default "auto", `fineflax.engine.decode.decode_impl`: unrolled on GPUs) picks the
+sampler's decoder, as config.rl.decode_impl does for the RL job.
 spec["params"] = "full" (benchmarks/tunix_grpo.py): `config.train.params="full"` as the Learner sets it up
 (fineflax/train/trainable.py): the trainable pytree is the whole bf16 model, base=None, AdamW moments f32
 (`make_optimizer`), rollouts sample from the current parameters (no LoRA, no weight sync).
@@ -28,9 +33,11 @@ def run(spec: dict) -> dict:
   from fineflax import lora as lora_lib
   from fineflax.models import ModelConfig, init_params
   from fineflax.rl import rows as R
-  from fineflax.rl.config import validate_rl
+  from fineflax.engine.decode import decode_impl
+  from fineflax.rl.config import RLConfig
+  from fineflax.rl.minibatch import UpdatePlan
   from fineflax.rl.step import make_rl_fns
-  from fineflax.rl.update import rl_update, update_batch
+  from fineflax.rl.update import reuses_current_logp, rl_update, update_batch
   from fineflax.sampling import generate
   from fineflax.train.optim import make_optimizer
   from fineflax.train.state import init_state
@@ -50,9 +57,14 @@ def run(spec: dict) -> dict:
             temperature=1.0)
   cfg.rl.agg_mode = spec["agg_mode"]
   cfg.rl.epsilon_low, cfg.rl.epsilon_high = C.EPS_LOW, C.EPS_HIGH
+  cfg.rl.decode_impl = spec.get("decode_impl", "auto")
+  cfg.rl.old_logp = spec.get("old_logp", "auto")
+  cfg.rl.micro_batch_size = spec.get("micro_batch_size", 0)
+  cfg.rl.micro_batch_tokens = spec.get("micro_batch_tokens", 0)
   common.optimizer(cfg, num_steps=1000, learning_rate=C.LR, warmup_steps=0, b2=0.999)
-  objective = validate_rl(cfg.rl)
-  rl = cfg.rl
+  rl = RLConfig.from_config(cfg.rl)
+  objective = rl.objective_entry
+  impl = decode_impl(rl.decode_impl)
 
   base = init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
   full = spec.get("params", "lora") == "full"
@@ -61,8 +73,11 @@ def run(spec: dict) -> dict:
   optimizer = make_optimizer(cfg.optimizer)
   fwd = dict(model_config=mc, lora_scale=scale, remat=spec["remat"], dtype=dtype,
              logits_chunk=spec["logits_chunk"], temperature=rl.temperature)
+  on_policy = reuses_current_logp(rl, rl.num_iterations)
   step_fn, logp_fn = make_rl_fns(optimizer, objective=rl.objective, loss_kwargs=objective.kwargs(rl),
-                                 fwd_kwargs=fwd)
+                                 fwd_kwargs=fwd, on_policy=on_policy)
+  plan = (UpdatePlan(rl, optimizer=optimizer, objective=rl.objective, loss_kwargs=objective.kwargs(rl), fwd_kwargs=fwd,
+                     logp_fn=logp_fn, pad_id=C.PAD_ID) if rl.micro_batch_size or rl.micro_batch_tokens else None)
   if full:  # the model is the trainable pytree; no frozen base
     state, base = init_state(base, optimizer, 0), None
   else:
@@ -80,7 +95,7 @@ def run(spec: dict) -> dict:
     weights, lora = (state["params"], None) if full else (base, state["params"])
     out = generate(weights, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
                    eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=lora,
-                   lora_scale=scale, dtype=dtype)  # returns NumPy arrays: synchronised
+                   lora_scale=scale, dtype=dtype, impl=impl)  # returns NumPy arrays: synchronised
     t1 = time.perf_counter()
     rows = R.sampled_rows(prompts, out, mask_truncated=rl.mask_truncated)
     rewards = np.array([C.reward_of_text(t) for t in rows["text"]], np.float32)
@@ -89,7 +104,8 @@ def run(spec: dict) -> dict:
                          pad_id=C.PAD_ID, max_new_tokens=n_new, advantage_scale=rl.advantage_scale,
                          fields=objective.batch_fields)
     state, metrics = rl_update(state, base, batch, step_fn=step_fn, logp_fn=logp_fn, beta=rl.beta,
-                               num_iterations=rl.num_iterations)  # metrics are host floats: synchronised
+                               num_iterations=rl.num_iterations, plan=plan,
+                               on_policy=on_policy)  # metrics are host floats: synchronised
     t3 = time.perf_counter()
     split.add("generate", t1 - t0)
     split.add("rollout", t2 - t0)
@@ -99,10 +115,14 @@ def run(spec: dict) -> dict:
     if not np.isfinite(metrics.get("loss", np.nan)):
       raise FloatingPointError(f"fineflax loss is {metrics.get('loss')}")
   res = C.summarize(split, spec["warmup"])
+  micro = (f"micro-batches of {rl.micro_batch_size} rows" if rl.micro_batch_size else
+           f"packed micro-batches of {rl.micro_batch_tokens} tokens" if rl.micro_batch_tokens else
+           "all rows in one update")
   from benchmarks import gpu
   return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
           "peak_bytes": gpu.jax_peak_bytes(), "trainable_params": int(n_trainable),
-          "settings": f"jit, all rows in one update; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
-                      f"agg={rl.agg_mode}, old log-probs recomputed"
+          "settings": f"jit, {micro}; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
+                      f"agg={rl.agg_mode}, decoder {impl}, old log-probs "
+                      + ("the step's own (stop_gradient, one step per batch)" if on_policy else "recomputed")
                       + (", all parameters trained (bf16, f32 AdamW moments)" if full else ""),
           "versions": {"jax": jax.__version__}}

@@ -39,6 +39,7 @@ class MicroGrad:
 
   def __init__(self, loss_fn, *, weight_key: str = "mask", additive: tuple[str, ...] = ADDITIVE):
     self.loss_fn, self.additive = loss_fn, additive
+    self._metric_shapes: dict = {}  # the metrics' shapes by the inputs' structure and shapes (`zeros`)
     self.step = jax.jit(functools.partial(_micro_grad, loss_fn=loss_fn, weight_key=weight_key,
                                           additive=additive), donate_argnums=0)
 
@@ -47,7 +48,11 @@ class MicroGrad:
     def metrics(t, f, b):
       (loss, m), _ = jax.value_and_grad(self.loss_fn, has_aux=True)(t, f, b)
       return dict(m, loss=loss)
-    shapes = jax.eval_shape(metrics, trainable, frozen, mb)  # traced, not run
+    leaves, tree = jax.tree.flatten((trainable, frozen, mb))
+    key = (tree, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+    if key not in self._metric_shapes:  # traced once per input shapes (a whole model's trace takes seconds)
+      self._metric_shapes[key] = jax.eval_shape(metrics, trainable, frozen, mb)
+    shapes = self._metric_shapes[key]
     return {"grads": jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), trainable),
             "metrics": {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()},
             "weight": jnp.zeros((), jnp.float32)}
