@@ -10,7 +10,8 @@ Set up as `fineflax.rl.learner.Learner` does (config sections from configs/commo
            set, and without the old-log-prob pass when `update.reuses_current_logp` (spec["old_logp"],
            default "auto": config.rl.old_logp's default).
 spec["decode_impl"] (default "auto", `fineflax.engine.decode.decode_impl`: unrolled on GPUs) picks the
-sampler's decoder, as config.rl.decode_impl does for the RL job.
+sampler's decoder, as config.rl.decode_impl does for the RL job; spec["paged_attention"] (default "auto") the
+engine's paged attention kernel (`fineflax.engine.engine.Engine(attention=)`).
 spec["params"] = "full" (benchmarks/tunix_grpo.py): `config.train.params="full"` as the Learner sets it up
 (fineflax/train/trainable.py): the trainable pytree is the whole bf16 model, base=None, AdamW moments f32
 (`make_optimizer`), rollouts sample from the current parameters (no LoRA, no weight sync).
@@ -95,7 +96,7 @@ def run(spec: dict) -> dict:
     weights, lora = (state["params"], None) if full else (base, state["params"])
     out = generate(weights, mc, prompts, max_new_tokens=n_new, temperature=rl.temperature, top_p=rl.top_p,
                    eos_ids=(), tokenizer=tok, rng=jax.random.fold_in(rng, i), lora=lora,
-                   lora_scale=scale, dtype=dtype, impl=impl)  # returns NumPy arrays: synchronised
+                   lora_scale=scale, dtype=dtype, impl=impl, attention=spec.get("paged_attention", "auto"))  # returns NumPy arrays: synchronised
     t1 = time.perf_counter()
     rows = R.sampled_rows(prompts, out, mask_truncated=rl.mask_truncated)
     rewards = np.array([C.reward_of_text(t) for t in rows["text"]], np.float32)
@@ -122,7 +123,8 @@ def run(spec: dict) -> dict:
   return {**res, "setup_s": setup_s, "loss": metrics["loss"], "completion_len": lengths[-1],
           "peak_bytes": gpu.jax_peak_bytes(), "trainable_params": int(n_trainable),
           "settings": f"jit, {micro}; remat={spec['remat']}, logits_chunk={spec['logits_chunk']}, "
-                      f"agg={rl.agg_mode}, decoder {impl}, old log-probs "
+                      f"agg={rl.agg_mode}, decoder {impl} (paged attention {spec.get('paged_attention', 'auto')}), "
+                      "old log-probs "
                       + ("the step's own (stop_gradient, one step per batch)" if on_policy else "recomputed")
                       + (", all parameters trained (bf16, f32 AdamW moments)" if full else ""),
           "versions": {"jax": jax.__version__}}
