@@ -29,6 +29,7 @@ Update phase adds:
                    of the two updates counts)
   gathered layers  full training with fsdp > 1: 2·P_L·b (one layer's parameters all-gathered, the next prefetched)
   activations      of one micro-batch of T tokens: T = rl.micro_batch_tokens (SFT: train.micro_batch_tokens)
+                   or rl.micro_batch_size rows x their tokens,
                    when set, else the optimizer step's rows (rl.mini_batch_size prompts x group_size; SFT:
                    data.batch_size rows) over n devices x their length (prompt + new; SFT: data.max_length).
                    One layer's working set  A = T·b·(4H + 3·D_q + 3·D_kv + 3I)  (its norm inputs and outputs,
@@ -86,6 +87,7 @@ class PlanInputs:
   prompt_tokens: int = DEFAULT_PROMPT_TOKENS
   new_tokens: int = 0  # completion tokens a row (RL); 0 for SFT, whose rows are prompt_tokens long
   micro_batch_tokens: int = 0  # 0 = the whole optimizer step's rows at once
+  micro_batch_rows: int = 0  # rl.micro_batch_size: rows per device per micro-batch (when no token budget)
   reference: bool = False  # a frozen copy for the KL term (full training)
   critic: str = ""  # "", lora or full (PPO)
   dense_rollouts: bool = False
@@ -137,6 +139,8 @@ def micro_batch_tokens(i: PlanInputs) -> int:
   """T: tokens per device in one micro-batch of the update."""
   if i.micro_batch_tokens:
     return int(i.micro_batch_tokens)
+  if i.micro_batch_rows:
+    return int(i.micro_batch_rows) * i.seq
   return math.ceil(i.update_rows / i.n_devices) * i.seq
 
 
@@ -226,6 +230,7 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInpu
                     update_rows=mini * rl.group_size,
                     prompt_tokens=int(plan.get("prompt_tokens", DEFAULT_PROMPT_TOKENS)),
                     new_tokens=rl.max_new_tokens, micro_batch_tokens=rl.get("micro_batch_tokens", 0),
+                    micro_batch_rows=rl.get("micro_batch_size", 0),
                     reference=kl, critic=ppo.get("critic", "full") if ppo is not None else "",
                     dense_rollouts=bool(rl.get("dense_rollouts", False)))
 
