@@ -100,7 +100,8 @@ for stage in "$@"; do
             timeout -s TERM ${SFT_TIMEOUT:-540} python3 -m benchmarks.sft --params full --models Llama-3.2-1B \
               --torch-compile --out "$OUT/sft_full.json" ;;
     tunix_grpo) # issue 31: full-parameter GRPO step at the Qwen2.5-1.5B shape vs tunix 0.1.7; carry [".whl",
-            # ".whl3"] (benchmarks/prep_whl3.sh); section tunix_grpo; one H100 / H200, ~5 min
+            # ".whl3"] (benchmarks/prep_whl3.sh); section tunix_grpo; one H100 / H200, ~5 min; TG_ARGS e.g.
+            # "--variants remat=full remat=none,micro=32 --budget 500" (fineflax cases, then tunix once)
             install_peers
             timeout -s TERM ${TG_TIMEOUT:-540} python3 -m benchmarks.tunix_grpo --out "$OUT/tunix_grpo" ${TG_ARGS:-} ;;
     cudnn)  python3 -m benchmarks.check_cudnn_segments --model "$GGUF" --out "$OUT" ;;
