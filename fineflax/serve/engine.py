@@ -27,12 +27,13 @@ import dataclasses
 import os
 import queue
 import threading
+import time
 import traceback
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
 
-from fineflax.engine import Engine as CoreEngine, Request
+from fineflax.engine import Engine as CoreEngine, Request, compiles
 from fineflax.engine.engine import FINISHED
 from fineflax.engine.keys import row_keys
 from fineflax.engine.detok import StreamText, text_decoder
@@ -97,6 +98,7 @@ class Engine:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
                        "chunk >= 1")
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    compiles.install()  # `compile_totals` counts from here: the pool's and the params' programs too
     self._decode = text_decoder(tokenizer)  # ids -> text, skip_special_tokens=True
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
@@ -104,7 +106,8 @@ class Engine:
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
-                                 interleave_prefill=True, prefix_cache=prefix_cache)
+                                 interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
+                                 coarse_buckets=True)
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
@@ -140,6 +143,19 @@ class Engine:
   def num_waiting(self) -> int:
     """Requests not yet admitted (queued for the engine thread or waiting for a row)."""
     return self.driver.queued + len(self.driver.engine.waiting)
+
+  def warm_up(self, threads: int | None = None) -> tuple[int, float]:
+    """(programs compiled, seconds): every program the engine can meet serving requests of up to `context`
+    positions (`fineflax.engine.Engine.warm_up`: decode chunks for every row bucket, table width and
+    sampling filter, the prefills of the interleaved scheduler, page copies). Call before `start`."""
+    t0 = time.perf_counter()
+    n = self.driver.engine.warm_up(self.context, threads=threads)
+    return n, time.perf_counter() - t0
+
+  @staticmethod
+  def compile_totals() -> tuple[int, float]:
+    """(XLA backend compiles, their seconds) of this process since the first server engine was made."""
+    return compiles.totals()
 
   def start(self) -> "Engine":
     if self._emitter is None:
