@@ -403,8 +403,10 @@ class Engine:
     self._copy(copies)
     table = self._table(batch, b, self._row_limit() if self.prefill_full_table else max(ends))
     program = self._prefill_program(b, width, table.shape[1])
-    self.pool = program(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens), jnp.asarray(positions),
-                        jnp.asarray(valid), self.lora, self._scale(batch, b))
+    # device_put, not jnp.asarray: in jax >= 0.10 asarray of a NumPy array compiles a `stage` program per
+    # shape (a compile inside served traffic that warm-up cannot know of)
+    self.pool = program(self.params, self.pool, *jax.device_put((table, tokens, positions, valid)), self.lora,
+                        self._scale(batch, b))
     for s, end in zip(batch, ends):
       self.stats["prefill_tokens"] += end - s.cache_len
       s.cache_len = end
@@ -449,7 +451,7 @@ class Engine:
     self._copy(copies)
     b = self._rows(len(rows))
     table = self._table(rows, b, max(ends))
-    e = -(-max(max(len(s.eos) for s in rows), 1) // 4) * 4
+    e = self._eos_width(max(len(s.eos) for s in rows))
     pad = b - len(rows)
     col = lambda f, dt: np.array([f(s) for s in rows] + [0] * pad, dt)
     state = {"pending": col(lambda s: s.full[-1], np.int32), "pos": col(lambda s: s.cache_len, np.int32),
@@ -462,8 +464,8 @@ class Engine:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
-    self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
-                                      jax.tree.map(jnp.asarray, state), self.lora, self._scale(rows, b))
+    self.pool, st, eos, out = program(self.params, self.pool, *jax.device_put((table, state)), self.lora,
+                                      self._scale(rows, b))
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
@@ -549,11 +551,11 @@ class Engine:
   def serving_programs(self, max_len: int, eos_width: int | None = None) -> list[tuple]:
     """Every program `step` can meet while each sequence stays within `max_len` positions: ("decode", rows,
     table width, eos width, filters) for every row bucket up to max_rows, table width up to max_len and
-    the three `RowFilters` (eos width: that of the engine's EOS ids, default); ("prefill", rows, block
+    the three `RowFilters` (eos width: `_eos_width` of the engine's EOS ids, default); ("prefill", rows, block
     width, table width) for every block width up to min(prefill_chunk, max_len - 1) tokens and row count
     the prefill budget allows it; ("copy", pages) for copy-on-write of up to max_rows pages at once."""
     max_len = min(int(max_len), self._row_limit())
-    e = eos_width or -(-max(len(self.eos_ids), 1) // 4) * 4
+    e = eos_width or self._eos_width(0)
     rows = sorted({self._rows(r) for r in range(1, self.max_rows + 1)})
     ends = range(1, max_len + self.page_size, self.page_size)  # every page count up to max_len
     widths = sorted({self._table_width(min(n, max_len)) for n in ends})
@@ -620,7 +622,7 @@ class Engine:
     if self.adapter_scales is None:
       return self.lora_scale
     ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
-    return jnp.asarray(row_weights(ids, self.adapter_scales))
+    return jax.device_put(row_weights(ids, self.adapter_scales))
 
   def _copy(self, copies: list[tuple[int, int]]) -> None:
     if not copies:
@@ -629,8 +631,13 @@ class Engine:
     src = np.zeros(width, np.int32)
     dst = np.zeros(width, np.int32)
     src[:len(copies)], dst[:len(copies)] = zip(*copies)
-    self.pool = self._copy_program(width)(self.pool, jnp.asarray(src), jnp.asarray(dst))
+    self.pool = self._copy_program(width)(self.pool, *jax.device_put((src, dst)))
     self.stats["copied_pages"] += len(copies)
+
+  def _eos_width(self, most: int) -> int:
+    """EOS columns of a decode call whose rows have at most `most` EOS ids: that or the engine's own count,
+    rounded up to a multiple of 4 (rows of no EOS, e.g. a server's ignore_eos, share the default's program)."""
+    return -(-max(most, len(self.eos_ids), 1) // 4) * 4
 
   def _rows(self, n: int) -> int:
     """Rows of a device call for n sequences: the row bucket (`device.row_bucket`, base 4 with

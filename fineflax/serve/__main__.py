@@ -155,8 +155,9 @@ def build(args: argparse.Namespace, checked=None):
                   dtype=resolve_dtype(args.dtype), chunk=args.chunk, prefill_tokens=args.prefill_tokens,
                   prefix_cache=args.prefix_cache)
   if args.warmup if args.warmup is not None else jax.default_backend() != "cpu":
-    count, seconds = engine.warm_up()
-    print(f"warm-up: {count} programs in {seconds:.1f} s", file=sys.stderr, flush=True)
+    count, seconds, compiled = engine.warm_up()
+    print(f"warm-up: {count} programs in {seconds:.1f} s ({compiled} XLA compiles, the rest from the "
+          "persistent compilation cache)", file=sys.stderr, flush=True)
   log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   router = ContextualRouter(variants, kind=args.router, seed=args.seed, contextual=args.contextual,
                             priors=rag.priors if rag else None).load(log.reward_sums(by_category=True))
