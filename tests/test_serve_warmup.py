@@ -82,3 +82,18 @@ def test_after_warmup_a_mixed_burst_compiles_nothing():
   finally:
     cold.stop()
   assert counter.count >= len(cold.driver.engine.programs) > 0  # a cold engine compiles while serving
+
+
+@pytest.mark.fast
+def test_coarse_buckets_are_the_smallest_power_of_4_steps_and_powers_of_2():
+  from fineflax.engine.device import page_bucket, row_bucket
+  for minimum in (1, 3, 8):
+    m = row_bucket(minimum)
+    for n in range(1, 300):
+      b = row_bucket(n, minimum, base=4)
+      k = next(k for k in range(10) if m * 4 ** k >= n)
+      assert b == m * 4 ** k, (n, minimum, b)
+  for n in range(1, 300):
+    p = page_bucket(n, steps=1)
+    assert p >= n and p & (p - 1) == 0 and p < 2 * n
+    assert page_bucket(n, limit=40, steps=1) == min(p, max(40, n))

@@ -88,7 +88,10 @@ class Engine:
   prefilled per engine step at most, each step then decodes a chunk (`Engine(interleave_prefill=True)`: a
   burst of requests does not hold back the first ones' first tokens, nor the running streams);
   prefix_cache: prompts reuse the KV pages of the longest full-page prefix seen before (a shared system
-  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens."""
+  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens. Device
+  calls use coarse shape buckets and full-width prefill tables (`Engine(coarse_buckets=True,
+  prefill_full_table=True)`), so `warm_up` compiles every program the server can meet (47 at 128 slots and a
+  512-token context) before it serves."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
