@@ -29,6 +29,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 from benchmarks._results import markdown_table, write_section
 from fineflax.io import atomic_write_text
+from fineflax.engine.compiles import CompileCounter
 
 
 def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
@@ -43,26 +44,7 @@ def write_rows(folder: pathlib.Path, problems: int) -> pathlib.Path:
   return path
 
 
-class Compiles:
-  """Counts XLA backend compilations (and their seconds) while active (`jax.monitoring` event)."""
-
-  def __init__(self):
-    import jax
-    from jax._src import dispatch
-    self.count, self.seconds, self.on = 0, 0.0, False
-    jax.monitoring.register_event_duration_secs_listener(self._event)
-    self.event = dispatch.BACKEND_COMPILE_EVENT
-
-  def _event(self, name, seconds, **_):
-    if self.on and name == self.event:
-      self.count, self.seconds = self.count + 1, self.seconds + seconds
-
-  def start(self) -> "Compiles":
-    self.count, self.seconds, self.on = 0, 0.0, True
-    return self
-
-
-def direct(args, path, compiles: Compiles) -> tuple[float, int, int]:
+def direct(args, path, compiles: CompileCounter) -> tuple[float, int, int]:
   """(seconds, completion tokens, compilations) of generate's second pass over the rows, in the runner's
   batches."""
   import jax
@@ -86,7 +68,7 @@ def direct(args, path, compiles: Compiles) -> tuple[float, int, int]:
   return out
 
 
-def runner(args, folder: pathlib.Path, compiles: Compiles) -> tuple[dict, dict, dict]:
+def runner(args, folder: pathlib.Path, compiles: CompileCounter) -> tuple[dict, dict, dict]:
   """(timing, gsm8k summary) of the runner's second run, and the first (warm-up) run's timing."""
   from fineflax.evals import bench
   runs = []
@@ -119,7 +101,7 @@ def main(argv=None) -> int:
   import jax
   folder = pathlib.Path(args.out)
   path = write_rows(folder, args.problems)
-  compiles = Compiles()
+  compiles = CompileCounter()
   g_s, g_tok, g_compiles = direct(args, path, compiles)
   timing, summary, warm = runner(args, folder, compiles)
   r_s, r_tok = timing["seconds"], timing["tokens"]

@@ -24,7 +24,9 @@ prompt (about `--system-tokens` tokens) before a question of their own; two unti
 on the server above (prefix cache on: the untimed rounds have cached the system prompt's pages) and on a
 second server started with `--no-prefix-cache`; the server's own counts (`/health`: prompt tokens prefilled
 and taken from the prefix cache during the timed round) with and without the cache.
-Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
+The server starts with `--warmup` (it compiles every program it can meet before serving); "compiles in timed
+level" = the server's XLA compiles during the timed level (`/health` before and after; 0 when warm-up covered
+every shape). Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
 is set), so the ceiling's programs, the server's own, are not compiled twice.
 Writes DIR/serve.json and DIR/serve.md.
 """
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
 import socket
@@ -46,6 +47,7 @@ import urllib.request
 from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
 from fineflax.io import atomic_write_json, atomic_write_text
+from fineflax.serve.spawn import health
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}]
 
@@ -93,7 +95,7 @@ def server_args(args, port, log):
   return ["--model", args.model, "--name", "bench", "--quant", args.quant, "--dtype", args.dtype,
           "--slots", str(args.slots), "--context", str(args.context), "--chunk", str(args.chunk),
           "--max-tokens-limit", str(args.new_tokens), "--log", str(log), "--log-sync", "NORMAL",
-          "--port", str(port)]
+          "--port", str(port), "--warmup"]
 
 
 async def _client(client, rounds, new_tokens, ttfts, messages, prompt_tokens):
@@ -132,20 +134,16 @@ async def _level(url, clients, rounds, new_tokens, messages=None):
           "prompt_tokens": int(sum(prompt_tokens)), "client_cpu": cpu / wall}
 
 
-def _health(url) -> dict:
-  return json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
-
-
 def shared_level(url, args) -> dict:
   """The shared-system-prompt case (module docstring) on the server at `url`: the timed round's row with
   the server's prefilled and prefix-hit prompt tokens."""
   c = args.shared_clients
   for k in (1, 2):  # untimed, other questions: compile (the second: the shapes of cached system prompts)
     asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, k * c + i)))
-  before = _health(url)
+  before = health(url)
   row = asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, i)))
-  after = _health(url)
-  for k in ("prefill_tokens", "prefix_hit_tokens"):
+  after = health(url)
+  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles"):
     row[k] = after[k] - before[k]
   return row
 
@@ -175,7 +173,9 @@ def run_server(args, out, levels, shared: bool, extra=()):
     for c in levels:
       for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)
         asyncio.run(_level(url, c, 1, args.new_tokens))
+      before = health(url)
       rows[c] = asyncio.run(_level(url, c, args.rounds, args.new_tokens))
+      rows[c]["compiles"] = health(url)["compiles"] - before["compiles"]
       print(f"server   clients={c}: {rows[c]}", flush=True)
     row = shared_level(url, args) if shared else None
     if row is not None:
@@ -229,10 +229,11 @@ def main(argv=None):
   args = parse_args(argv)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  if args.tiny:
-    args.model = tiny_model(out)
+  # before jax is imported (the tiny model imports it): this process (the ceiling) reads them too
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str((out / "jax_cache").resolve()))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
+  if args.tiny:
+    args.model = tiny_model(out)
   t0 = time.perf_counter()
   server, shared_on = run_server(args, out, args.levels, args.shared_clients > 0)
   shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
@@ -242,9 +243,10 @@ def main(argv=None):
   first = server[args.levels[0]]["ttft_p50_s"]
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
-       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "client CPU"],
+       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "client CPU", "compiles in timed level"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
-        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["client_cpu"]]
+        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["client_cpu"],
+        server[c]["compiles"]]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
@@ -253,13 +255,13 @@ def main(argv=None):
         f"{table}\n")
   if shared_on is not None:
     rows = [[name, r["requests"], r["prompt_tokens"], r["prefill_tokens"], r["prefix_hit_tokens"],
-             r["prefill_tokens"] / max(r["prompt_tokens"], 1), r["tok_s"], r["ttft_p50_s"]]
+             r["prefill_tokens"] / max(r["prompt_tokens"], 1), r["tok_s"], r["ttft_p50_s"], r["compiles"]]
             for name, r in (("on", shared_on), ("off (--no-prefix-cache)", shared_off))]
     md += (f"\nShared system prompt: {args.shared_clients} clients, one timed request each after two untimed "
            f"rounds (about {args.system_tokens} system tokens + a question of their own; server counts over the "
            "timed round):\n\n" + markdown_table(
                ["prefix cache", "requests", "prompt tokens", "prefilled tokens", "prefix-hit tokens",
-                "prefilled / prompt", "server tok/s", "p50 TTFT s"], rows) + "\n")
+                "prefilled / prompt", "server tok/s", "p50 TTFT s", "compiles in timed level"], rows) + "\n")
   atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server,
                                          "ceiling": ceiling, "shared": {"on": shared_on, "off": shared_off}},
                     indent=2)

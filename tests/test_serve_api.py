@@ -7,7 +7,9 @@ import time
 import urllib.error
 import urllib.request
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import openai
 import pytest
 
@@ -272,3 +274,11 @@ def test_stop_strings_cut_the_answer_before_them_streaming_or_not(served):
                                           stop=stop, stream=True, extra_body={"ignore_eos": True}))
   assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
   assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_health_counts_the_processs_xla_compiles(served):
+  status, before = http(served["url"], "/health")
+  assert status == 200 and before["compiles"] > 0 and before["compile_s"] > 0  # the engine's programs so far
+  jax.jit(lambda x: x * 3 + 1)(np.arange(7.0, dtype=np.float32))  # one new program in the server's process (idle server)
+  after = http(served["url"], "/health")[1]
+  assert after["compiles"] == before["compiles"] + 1 and after["compile_s"] >= before["compile_s"]

@@ -21,9 +21,15 @@ from fineflax.engine.decode import cast_params, decode_loop, hidden_states
 from fineflax.engine.processors import RowFilters, sample_rows
 
 
-def row_bucket(n: int, minimum: int = 1) -> int:
-  """Rows of a device call: max(n, minimum) rounded up to a power of two."""
-  return 1 << max(max(int(n), int(minimum)) - 1, 0).bit_length()
+def row_bucket(n: int, minimum: int = 1, base: int = 2) -> int:
+  """Rows of a device call: max(n, minimum) rounded up to a power of two; base 4: the smallest
+  m * 4^k >= n, m = `minimum` rounded up to a power of two (half the buckets, up to 4x the rows)."""
+  if base == 2:
+    return 1 << max(max(int(n), int(minimum)) - 1, 0).bit_length()
+  b = row_bucket(minimum)
+  while b < n:
+    b *= base
+  return b
 
 
 def geometric_bucket(n: int, steps: int) -> int:
@@ -38,10 +44,10 @@ def geometric_bucket(n: int, steps: int) -> int:
   return p
 
 
-def page_bucket(n: int, limit: int | None = None) -> int:
+def page_bucket(n: int, limit: int | None = None, steps: int = 2) -> int:
   """Pages read per row: n rounded up to the next 2^k or 3 * 2^(k-1) (`geometric_bucket` with 2 steps:
-  at most 1.5x the pages needed, two programs per doubling), capped at `limit`."""
-  out = geometric_bucket(n, 2)
+  at most 1.5x the pages needed, two programs per doubling; steps=1: powers of two), capped at `limit`."""
+  out = geometric_bucket(n, steps)
   return out if limit is None else min(out, max(int(limit), max(int(n), 1)))
 
 

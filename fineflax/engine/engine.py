@@ -142,7 +142,7 @@ class Engine:
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
-               prefix_cache: bool = False):
+               prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -158,7 +158,12 @@ class Engine:
     batch job that admits everything at once prefills fastest with False). prefix_cache=True: the full
     pages of every prefilled prompt stay in the allocator's prefix cache (per LoRA adapter) until the pool
     needs them; a new prompt starts with the cached pages of its longest cached prefix and prefills the
-    rest (`stats["prefix_hit_tokens"]`)."""
+    rest (`stats["prefix_hit_tokens"]`). prefill_full_table=True: prefill calls read block tables as wide as
+    a row may grow (not the page bucket of the batch's longest sequence): one prefill program per (rows,
+    block width) instead of per (rows, block width, table width), the server's choice (`warm_up` compiles
+    them all; a prefill reads more padding pages, a few per row). coarse_buckets=True: device calls round
+    rows up to min_row_bucket x 4^k (not 2^k) and block tables to 2^k pages (not 2^k or 3 x 2^(k-1)): fewer
+    programs to compile for more padding (the server's)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
@@ -182,6 +187,7 @@ class Engine:
     self.chunk_size, self.prefill_chunk = int(chunk_size), int(prefill_chunk)
     self.prefill_tokens = max(int(prefill_tokens), self.prefill_chunk)
     self.interleave_prefill, self.prefix_cache = bool(interleave_prefill), bool(prefix_cache)
+    self.prefill_full_table, self.coarse_buckets = bool(prefill_full_table), bool(coarse_buckets)
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
@@ -382,7 +388,7 @@ class Engine:
     return True
 
   def _prefill_call(self, batch: list[Sequence], width: int) -> None:
-    b = device.row_bucket(len(batch), self.min_row_bucket)
+    b = self._rows(len(batch))
     tokens = np.zeros((b, width), np.int32)
     positions = np.zeros((b, width), np.int32)
     valid = np.zeros((b, width), bool)
@@ -395,10 +401,12 @@ class Engine:
       copies += self.pages.grow(s.id, s.cache_len + len(seg))
       ends.append(s.cache_len + len(seg))
     self._copy(copies)
-    table = self._table(batch, b, max(ends))
-    self.pool = device.prefill(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
-                               jnp.asarray(positions), jnp.asarray(valid), self.lora, self._scale(batch, b),
-                               config=self.config, dtype=self.dtype, impl=self.impl)
+    table = self._table(batch, b, self._row_limit() if self.prefill_full_table else max(ends))
+    program = self._prefill_program(b, width, table.shape[1])
+    # device_put, not jnp.asarray: in jax >= 0.10 asarray of a NumPy array compiles a `stage` program per
+    # shape (a compile inside served traffic that warm-up cannot know of)
+    self.pool = program(self.params, self.pool, *jax.device_put((table, tokens, positions, valid)), self.lora,
+                        self._scale(batch, b))
     for s, end in zip(batch, ends):
       self.stats["prefill_tokens"] += end - s.cache_len
       s.cache_len = end
@@ -441,9 +449,9 @@ class Engine:
       copies += self.pages.grow(s.id, end)
       ends.append(end)
     self._copy(copies)
-    b = device.row_bucket(len(rows), self.min_row_bucket)
+    b = self._rows(len(rows))
     table = self._table(rows, b, max(ends))
-    e = -(-max(max(len(s.eos) for s in rows), 1) // 4) * 4
+    e = self._eos_width(max(len(s.eos) for s in rows))
     pad = b - len(rows)
     col = lambda f, dt: np.array([f(s) for s in rows] + [0] * pad, dt)
     state = {"pending": col(lambda s: s.full[-1], np.int32), "pos": col(lambda s: s.cache_len, np.int32),
@@ -456,8 +464,8 @@ class Engine:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
-    self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
-                                      jax.tree.map(jnp.asarray, state), self.lora, self._scale(rows, b))
+    self.pool, st, eos, out = program(self.params, self.pool, *jax.device_put((table, state)), self.lora,
+                                      self._scale(rows, b))
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
@@ -496,40 +504,96 @@ class Engine:
     without the GIL: a many-core host compiles them at once instead of one per new bucket mid-run).
     filters / eos_width: those the batches will use (greedy, <= 4 EOS ids by default). Returns the
     number of programs compiled."""
-    import concurrent.futures
     widths = {self._table_width(n) for n in range(1, max_len + self.page_size, self.page_size)}
-    keys = [(device.row_bucket(r, self.min_row_bucket), w, eos_width, filters)
+    keys = [("decode", self._rows(r), w, eos_width, filters)
             for r in sorted(set(rows)) for w in sorted(widths)]
-    keys = [k for k in dict.fromkeys(keys) if (self._signature, *k) not in _PROGRAMS]
-    workers = threads or max(1, min(len(keys), (os.cpu_count() or 2) // 2))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-      list(pool.map(lambda k: self._decode_program(*k), keys))
-    return len(keys)
+    return self._compile_all(keys, threads)
 
   def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
     """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
-    key = (self._signature, b, width, e, filters)
-    with _PROGRAMS_LOCK:  # engines of several devices run in threads (`sampling.replicas`)
-      program = _PROGRAMS.get(key)
-      if program is not None:
-        _PROGRAMS.move_to_end(key)
-    if program is None:
+    def build():
       i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
       f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
                "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
                "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
-      scale = self.lora_scale if self.adapter_scales is None else f32(b, len(self.adapter_scales))
-      program = device.decode_chunk.lower(
-          self.params, self.pool, i32(b, width), state, self.lora, scale, config=self.config,
+      return device.decode_chunk.lower(
+          self.params, self.pool, i32(b, width), state, self.lora, self._scale_spec(b), config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size).compile()
-      with _PROGRAMS_LOCK:
-        _PROGRAMS[key] = program
-        while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
-          _PROGRAMS.popitem(last=False)
+    key = (self._signature, b, width, e, filters)
+    program = _compiled(key, build)
     self.programs.add(key)
     return program
+
+  def _prefill_program(self, b: int, width: int, n: int):
+    """The compiled prefill of b rows of `width` tokens with block tables n pages wide."""
+    def build():
+      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+      return device.prefill.lower(
+          self.params, self.pool, i32(b, n), i32(b, width), i32(b, width),
+          jax.ShapeDtypeStruct((b, width), jnp.bool_), self.lora, self._scale_spec(b), config=self.config,
+          dtype=self.dtype, impl=self.impl).compile()
+    return _compiled((self._signature, "prefill", b, width, n), build)
+
+  def _copy_program(self, c: int):
+    """The compiled copy of c pages (`device.copy_pages`)."""
+    i32 = jax.ShapeDtypeStruct((c,), jnp.int32)
+    return _compiled((self._signature, "copy", c), lambda: device.copy_pages.lower(
+        self.pool, i32, i32, num_layers=self.config.num_layers).compile())
+
+  def _scale_spec(self, b: int):
+    """The LoRA scale argument of a b-row call: the engine's scalar, or the shape of per-row weights."""
+    if self.adapter_scales is None:
+      return self.lora_scale
+    return jax.ShapeDtypeStruct((b, len(self.adapter_scales)), jnp.float32)
+
+  def serving_programs(self, max_len: int, eos_width: int | None = None) -> list[tuple]:
+    """Every program `step` can meet while each sequence stays within `max_len` positions: ("decode", rows,
+    table width, eos width, filters) for every row bucket up to max_rows, table width up to max_len and
+    the three `RowFilters` (eos width: `_eos_width` of the engine's EOS ids, default); ("prefill", rows, block
+    width, table width) for every block width up to min(prefill_chunk, max_len - 1) tokens and row count
+    the prefill budget allows it; ("copy", pages) for copy-on-write of up to max_rows pages at once."""
+    max_len = min(int(max_len), self._row_limit())
+    e = eos_width or self._eos_width(0)
+    rows = sorted({self._rows(r) for r in range(1, self.max_rows + 1)})
+    ends = range(1, max_len + self.page_size, self.page_size)  # every page count up to max_len
+    widths = sorted({self._table_width(min(n, max_len)) for n in ends})
+    filters = (RowFilters(False), RowFilters(True, False), RowFilters(True, True))
+    keys = [("decode", b, w, e, f) for f in filters for b in rows for w in widths]
+    blocks = {}  # block width -> shortest longest-row length that picks it
+    for longest in range(1, min(self.prefill_chunk, max_len - 1) + 1):
+      blocks.setdefault(min(bucket(longest, minimum=16), self.prefill_chunk), longest)
+    for width, shortest in sorted(blocks.items()):
+      cap = min(self.max_rows, max(1, self.prefill_tokens // width))
+      tables = ({self._table_width(self._row_limit())} if self.prefill_full_table else
+                {self._table_width(min(n, max_len)) for n in range(shortest, max_len + self.page_size, self.page_size)})
+      keys += [("prefill", b, width, n) for b in sorted({self._rows(r)
+                                                         for r in range(1, cap + 1)}) for n in sorted(tables)]
+    keys += [("copy", c) for c in sorted({device.row_bucket(r) for r in range(1, self.max_rows + 1)})]
+    return keys
+
+  def warm_up(self, max_len: int, eos_width: int | None = None, threads: int | None = None) -> int:
+    """Compiles, in parallel threads, every program of `serving_programs(max_len, eos_width)` not compiled
+    yet (a server then compiles nothing while it serves); returns how many it compiled."""
+    return self._compile_all(self.serving_programs(max_len, eos_width), threads)
+
+  def _compile_all(self, keys: list[tuple], threads: int | None) -> int:
+    """Compiles the programs of `keys` (as `serving_programs`) not compiled yet, in parallel threads (XLA
+    compiles without the GIL); returns how many."""
+    import concurrent.futures
+    build = {"decode": self._decode_program, "prefill": self._prefill_program, "copy": self._copy_program}
+    todo = [k for k in dict.fromkeys(keys) if not self._has_program(k)]
+    workers = threads or max(1, min(len(todo), (os.cpu_count() or 2) // 2))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      list(pool.map(lambda k: build[k[0]](*k[1:]), todo))
+    return len(todo)
+
+  def _has_program(self, key: tuple) -> bool:
+    kind, *rest = key
+    full = (self._signature, *rest) if kind == "decode" else (self._signature, kind, *rest)
+    with _PROGRAMS_LOCK:
+      return full in _PROGRAMS
 
   def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
     s.status, s.budget = status, 0
@@ -558,7 +622,7 @@ class Engine:
     if self.adapter_scales is None:
       return self.lora_scale
     ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
-    return jnp.asarray(row_weights(ids, self.adapter_scales))
+    return jax.device_put(row_weights(ids, self.adapter_scales))
 
   def _copy(self, copies: list[tuple[int, int]]) -> None:
     if not copies:
@@ -567,15 +631,27 @@ class Engine:
     src = np.zeros(width, np.int32)
     dst = np.zeros(width, np.int32)
     src[:len(copies)], dst[:len(copies)] = zip(*copies)
-    self.pool = device.copy_pages(self.pool, jnp.asarray(src), jnp.asarray(dst), num_layers=self.config.num_layers)
+    self.pool = self._copy_program(width)(self.pool, *jax.device_put((src, dst)))
     self.stats["copied_pages"] += len(copies)
+
+  def _eos_width(self, most: int) -> int:
+    """EOS columns of a decode call whose rows have at most `most` EOS ids: that or the engine's own count,
+    rounded up to a multiple of 4 (rows of no EOS, e.g. a server's ignore_eos, share the default's program)."""
+    return -(-max(most, len(self.eos_ids), 1) // 4) * 4
+
+  def _rows(self, n: int) -> int:
+    """Rows of a device call for n sequences: the row bucket (`device.row_bucket`, base 4 with
+    coarse_buckets, capped at the bucket of max_rows)."""
+    if not self.coarse_buckets:
+      return device.row_bucket(n, self.min_row_bucket)
+    return min(device.row_bucket(n, self.min_row_bucket, 4), device.row_bucket(self.max_rows, self.min_row_bucket))
 
   def _table_width(self, longest: int) -> int:
     """Pages read per row for sequences of at most `longest` positions: the page bucket, at least
     MIN_READ_TOKENS worth (short sequences share one program; their reads are small anyway)."""
     limit = self.max_pages_per_row or (self.pages.num_pages - 1)
     need = max(pages_for(longest, self.page_size), pages_for(MIN_READ_TOKENS, self.page_size))
-    return device.page_bucket(need, limit)
+    return device.page_bucket(need, limit, steps=1 if self.coarse_buckets else 2)
 
   def _table(self, seqs: list[Sequence], rows: int, longest: int) -> np.ndarray:
     """Block table [rows, n] of `seqs` (then trash rows), n = `_table_width` of the longest sequence."""
@@ -587,14 +663,31 @@ class Engine:
     self.stats["peak_pages"] = max(self.stats["peak_pages"], self.pages.num_used)
 
 
-# Compiled decode chunks by (engine signature: statics and argument shapes, rows, table width, eos width,
-# filters), shared by engines of the same model and pool shape (a new engine does not compile them again).
+# Compiled programs: decode chunks by (engine signature: statics and argument shapes, rows, table width, eos
+# width, filters), prefills by (signature, "prefill", rows, block width, table width), page copies by
+# (signature, "copy", pages); shared by engines of the same model and pool shape (a new engine does not
+# compile them again).
 # Least recently used first out: an RL run alternates sampled rollouts and greedy evaluations, whose
 # programs together outnumbered a first-in-first-out bound of 64 and were compiled again after every
 # evaluation (Search-R1 on an H200, 2026-11-27).
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _PROGRAMS_LOCK = threading.Lock()
-MAX_PROGRAMS = 512  # compiled decode chunks kept (a chunk's executable is host code, not device memory)
+MAX_PROGRAMS = 512  # compiled programs kept (an executable is host code, not device memory)
+
+
+def _compiled(key, build):
+  """The program of `key` from `_PROGRAMS` (now the most recently used), else build() stored under it."""
+  with _PROGRAMS_LOCK:  # engines of several devices run in threads (`sampling.replicas`)
+    program = _PROGRAMS.get(key)
+    if program is not None:
+      _PROGRAMS.move_to_end(key)
+      return program
+  program = build()
+  with _PROGRAMS_LOCK:
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
+      _PROGRAMS.popitem(last=False)
+  return program
 
 
 def default_min_row_bucket(backend: str | None = None) -> int:

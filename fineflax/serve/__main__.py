@@ -35,6 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                        "(raised to the engine's 512-token prefill block if smaller)")
   ap.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                   help="prefill every prompt in full (default: reuse the KV pages of prefixes seen before)")
+  ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                  help="compile every program the engine can meet (decode chunks for each row bucket up to "
+                       "--slots, table width up to --context and sampling filter; the prefills --prefill-tokens "
+                       "allows) before serving, so no request waits for a compile (default: on unless the "
+                       "backend is the CPU)")
   ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens accepted")
   ap.add_argument("--max-n", type=int, default=8, help="largest n accepted")
   ap.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
@@ -132,6 +137,7 @@ def check_args(args: argparse.Namespace):
 def build(args: argparse.Namespace, checked=None):
   """(Server, Starlette app) from parsed arguments; loads the model (after `check_args`, or its result
   `checked`)."""
+  import jax
   import jax.numpy as jnp
   from fineflax.models import load
   from fineflax.models.dtype import resolve_dtype
@@ -148,6 +154,10 @@ def build(args: argparse.Namespace, checked=None):
   engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
                   dtype=resolve_dtype(args.dtype), chunk=args.chunk, prefill_tokens=args.prefill_tokens,
                   prefix_cache=args.prefix_cache)
+  if args.warmup if args.warmup is not None else jax.default_backend() != "cpu":
+    count, seconds, compiled = engine.warm_up()
+    print(f"warm-up: {count} programs in {seconds:.1f} s ({compiled} XLA compiles, the rest from the "
+          "persistent compilation cache)", file=sys.stderr, flush=True)
   log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   router = ContextualRouter(variants, kind=args.router, seed=args.seed, contextual=args.contextual,
                             priors=rag.priors if rag else None).load(log.reward_sums(by_category=True))

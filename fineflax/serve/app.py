@@ -10,8 +10,9 @@
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
                               category); router state
   GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
-  GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens"}
-                              (prompt tokens prefilled / taken from the prefix cache since the start)
+  GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens",
+                               "compiles", "compile_s"} (prompt tokens prefilled / taken from the prefix cache
+                              since the start; XLA backend compiles of the process and their seconds)
 
 RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
 their generator (base or adapter) answers the context messages through the same engine path (streaming,
@@ -319,9 +320,11 @@ class Server:
 
   async def health(self, request: Request):
     stats = self.engine.stats
+    count, seconds = self.engine.compile_totals()
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
                          "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
-                         "prefix_hit_tokens": stats["prefix_hit_tokens"]})
+                         "prefix_hit_tokens": stats["prefix_hit_tokens"], "compiles": count,
+                         "compile_s": round(seconds, 3)})
 
 
 def _guard(handler):

@@ -27,12 +27,13 @@ import dataclasses
 import os
 import queue
 import threading
+import time
 import traceback
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
 
-from fineflax.engine import Engine as CoreEngine, Request
+from fineflax.engine import Engine as CoreEngine, Request, compiles
 from fineflax.engine.engine import FINISHED
 from fineflax.engine.keys import row_keys
 from fineflax.engine.detok import StreamText, text_decoder
@@ -87,7 +88,10 @@ class Engine:
   prefilled per engine step at most, each step then decodes a chunk (`Engine(interleave_prefill=True)`: a
   burst of requests does not hold back the first ones' first tokens, nor the running streams);
   prefix_cache: prompts reuse the KV pages of the longest full-page prefix seen before (a shared system
-  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens."""
+  prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens. Device
+  calls use coarse shape buckets and full-width prefill tables (`Engine(coarse_buckets=True,
+  prefill_full_table=True)`), so `warm_up` compiles every program the server can meet (47 at 128 slots and a
+  512-token context) before it serves."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
@@ -97,6 +101,7 @@ class Engine:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
                        "chunk >= 1")
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    compiles.install()  # `compile_totals` counts from here: the pool's and the params' programs too
     self._decode = text_decoder(tokenizer)  # ids -> text, skip_special_tokens=True
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
@@ -104,7 +109,8 @@ class Engine:
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
-                                 interleave_prefill=True, prefix_cache=prefix_cache)
+                                 interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
+                                 coarse_buckets=True)
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
@@ -140,6 +146,20 @@ class Engine:
   def num_waiting(self) -> int:
     """Requests not yet admitted (queued for the engine thread or waiting for a row)."""
     return self.driver.queued + len(self.driver.engine.waiting)
+
+  def warm_up(self, threads: int | None = None) -> tuple[int, float, int]:
+    """(programs built, seconds, XLA backend compiles): every program the engine can meet serving requests
+    of up to `context` positions (`fineflax.engine.Engine.warm_up`: decode chunks for every row bucket, table
+    width and sampling filter, the prefills of the interleaved scheduler, page copies); a program found in
+    the persistent compilation cache is built without a backend compile. Call before `start`."""
+    t0, counter = time.perf_counter(), compiles.CompileCounter()
+    n = self.driver.engine.warm_up(self.context, threads=threads)
+    return n, time.perf_counter() - t0, counter.count
+
+  @staticmethod
+  def compile_totals() -> tuple[int, float]:
+    """(XLA backend compiles, their seconds) of this process since the first server engine was made."""
+    return compiles.totals()
 
   def start(self) -> "Engine":
     if self._emitter is None:

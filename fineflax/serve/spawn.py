@@ -1,6 +1,7 @@
 """Start `python -m fineflax.serve` in a subprocess and wait until it answers (experiments, tests)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -29,3 +30,8 @@ def spawn_server(argv: list[str], *, env: dict | None = None, log_path=None, cwd
       time.sleep(poll_s)
   proc.kill()
   raise RuntimeError(f"the server did not answer /health in {timeout:.0f} s: {where()}")
+
+
+def health(url: str, timeout: float = 10.0) -> dict:
+  """The server's GET /health JSON (active rows, waiting, prefill and compile counters)."""
+  return json.loads(urllib.request.urlopen(url + "/health", timeout=timeout).read())
