@@ -31,8 +31,9 @@ adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` app
 adapter, least recently used evicted when the pool needs pages: `PageAllocator.match_prefix`); a prompt
 about to prefill starts with the cached pages of its longest cached prefix and prefills only the rest.
 On a mesh of one process, `fineflax.sampling` with cache="replicas" runs one engine per device, rows split
-over them (`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
-(admission reserves each sequence's whole length instead).
+over them (`sampling.replicas`). `Engine(mesh=make_mesh(model=N))`: tensor-parallel decoding, the weights,
+adapters and page pool split over the mesh's "model" axis (`engine.tensor_parallel`); the host side is
+unchanged. Not yet: preemption (admission reserves each sequence's whole length instead).
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
 work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import threading
 from typing import Callable, Sequence as Seq
@@ -50,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.engine import device
+from fineflax.engine import device, tensor_parallel as tp
 from fineflax.engine.adapters import row_weights, stack_adapters
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
@@ -142,7 +144,7 @@ class Engine:
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
-               prefix_cache: bool = False):
+               prefix_cache: bool = False, mesh=None):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -158,11 +160,17 @@ class Engine:
     batch job that admits everything at once prefills fastest with False). prefix_cache=True: the full
     pages of every prefilled prompt stay in the allocator's prefix cache (per LoRA adapter) until the pool
     needs them; a new prompt starts with the cached pages of its longest cached prefix and prefills the
-    rest (`stats["prefix_hit_tokens"]`)."""
+    rest (`stats["prefix_hit_tokens"]`). mesh: a mesh with a "model" axis of N > 1 devices decodes
+    tensor-parallel over it (`engine.tensor_parallel`; heads, kv heads and intermediate size divisible by N;
+    with prepared=True the params must be prepared with fuse=False)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
-    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.mesh = mesh if tp.tp_size(mesh) > 1 else None
+    if self.mesh is not None:
+      tp.check_tp(config, tp.tp_size(mesh))
+    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base,
+                                                                fuse=self.mesh is None)
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
     self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
     self.adapter_scales = None  # per-row adapters: scale of each stacked adapter
@@ -170,6 +178,12 @@ class Engine:
       if lora is not None:
         raise ValueError("Engine(lora=..., adapters=...): pass one adapter for all rows or per-row adapters")
       self.lora, self.adapter_scales = stack_adapters(adapters, config)
+    self._pool_sharding = None
+    if self.mesh is not None:
+      self.params = tp.shard_decode_params(self.params, config, self.mesh)
+      self.lora = tp.shard_lora(self.lora, self.mesh)
+      self.lora_scale = self._put(self.lora_scale)
+      self._pool_sharding = tp.pool_sharding(self.mesh)
     attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
     if attention not in PAGED_KERNELS:
       raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
@@ -185,10 +199,14 @@ class Engine:
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
-    self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    if self.mesh is None:
+      self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    else:
+      self.pool = tp.new_pool(config, int(num_pages), self.page_size, dtype, self.mesh)
     self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
                        _shapes(self.params), _shapes(self.pool), _shapes(self.lora),
-                       tuple(jax.tree.leaves(self.pool)[0].devices()))  # a program runs on its pool's device
+                       tuple(jax.tree.leaves(self.pool)[0].devices()),  # a program runs on its pool's device
+                       self.mesh)
     self.programs: set = set()  # keys of the compiled decode programs this engine used
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
@@ -396,9 +414,10 @@ class Engine:
       ends.append(s.cache_len + len(seg))
     self._copy(copies)
     table = self._table(batch, b, max(ends))
-    self.pool = device.prefill(self.params, self.pool, jnp.asarray(table), jnp.asarray(tokens),
-                               jnp.asarray(positions), jnp.asarray(valid), self.lora, self._scale(batch, b),
-                               config=self.config, dtype=self.dtype, impl=self.impl)
+    self.pool = device.prefill(self.params, self.pool, self._put(table), self._put(tokens),
+                               self._put(positions), self._put(valid), self.lora, self._scale(batch, b),
+                               config=self.config, dtype=self.dtype, impl=self.impl,
+                               pool_sharding=self._pool_sharding)
     for s, end in zip(batch, ends):
       self.stats["prefill_tokens"] += end - s.cache_len
       s.cache_len = end
@@ -456,8 +475,8 @@ class Engine:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
-    self.pool, st, eos, out = program(self.params, self.pool, jnp.asarray(table),
-                                      jax.tree.map(jnp.asarray, state), self.lora, self._scale(rows, b))
+    self.pool, st, eos, out = program(self.params, self.pool, self._put(table),
+                                      jax.tree.map(self._put, state), self.lora, self._scale(rows, b))
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
@@ -514,16 +533,17 @@ class Engine:
       if program is not None:
         _PROGRAMS.move_to_end(key)
     if program is None:
-      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-      f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+      on = None if self.mesh is None else tp.replicated(self.mesh)  # host inputs: replicated on the mesh
+      struct = lambda dt, *shape: jax.ShapeDtypeStruct(shape, dt, sharding=on)
+      i32, f32 = functools.partial(struct, jnp.int32), functools.partial(struct, jnp.float32)
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
-               "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
-               "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
+               "active": struct(jnp.bool_, b), "temperature": f32(b), "top_k": i32(b),
+               "top_p": f32(b), "key": struct(jnp.uint32, b, 2), "eos": i32(b, e)}
       scale = self.lora_scale if self.adapter_scales is None else f32(b, len(self.adapter_scales))
       program = device.decode_chunk.lower(
           self.params, self.pool, i32(b, width), state, self.lora, scale, config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
-          num_steps=self.chunk_size).compile()
+          num_steps=self.chunk_size, pool_sharding=self._pool_sharding).compile()
       with _PROGRAMS_LOCK:
         _PROGRAMS[key] = program
         while len(_PROGRAMS) > MAX_PROGRAMS:  # least recently used first: a long process stays bounded
@@ -558,7 +578,11 @@ class Engine:
     if self.adapter_scales is None:
       return self.lora_scale
     ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
-    return jnp.asarray(row_weights(ids, self.adapter_scales))
+    return self._put(row_weights(ids, self.adapter_scales))
+
+  def _put(self, x):
+    """A host input of a device call: on the device, or replicated over the mesh (tensor parallelism)."""
+    return jnp.asarray(x) if self.mesh is None else jax.device_put(x, tp.replicated(self.mesh))
 
   def _copy(self, copies: list[tuple[int, int]]) -> None:
     if not copies:
@@ -567,7 +591,8 @@ class Engine:
     src = np.zeros(width, np.int32)
     dst = np.zeros(width, np.int32)
     src[:len(copies)], dst[:len(copies)] = zip(*copies)
-    self.pool = device.copy_pages(self.pool, jnp.asarray(src), jnp.asarray(dst), num_layers=self.config.num_layers)
+    self.pool = device.copy_pages(self.pool, self._put(src), self._put(dst), num_layers=self.config.num_layers,
+                                  pool_sharding=self._pool_sharding)
     self.stats["copied_pages"] += len(copies)
 
   def _table_width(self, longest: int) -> int:

@@ -1,0 +1,167 @@
+"""Tensor-parallel decoding: the engine's weights, LoRA adapters and KV page pool split over a mesh's
+"model" axis (Megatron layout), the decode / prefill programs partitioned by GSPMD from those shardings.
+
+Layout over N = mesh.shape["model"] devices (`decode_param_specs`, `lora_specs`, `pool_sharding`):
+
+  q, k, v, gate, up   kernel [.., in, out] split over out (columns: whole heads / intermediate units)
+                      bias [.., out] split over out
+  o, down             kernel [.., in, out] split over in (rows); bias replicated (added after the sum)
+  embed [V, H]        split over V;  lm_head/kernel [H, V] split over V (tied: embed.T, the same split)
+  norms, vectors      replicated
+  LoRA                column linears: a replicated, b split over out; row linears: a split over in,
+                      b replicated (per-row stacked adapters [.., A, in, R] / [.., A, R, out] alike)
+  KV pool             [Hkv, L P, S, Dh] split over Hkv (dimension 0): each device holds its kv heads' pages
+
+So a layer computes its own heads and intermediate units locally: one all-reduce after o (the attention
+block) and one after down (the MLP block) per layer, plus the vocabulary-split embedding lookup and logits
+(tests/test_engine_tensor_parallel.py counts them in the compiled HLO). Query head h uses kv head
+h // (Hq / Hkv): splitting both head axes into N contiguous chunks keeps each group on one device.
+
+The stacked ("scan") and the unrolled decoder layouts are covered: the unrolled one is prepared unfused
+(`prepare_unrolled(fuse=False)`: per-linear [in, out] kernels) since a fused q|k|v kernel split over its
+output axis would cut across the q / k / v boundary. Quantised kernels (NF4, int8) are not split yet: they
+are replicated (a clear limit: a 70B NF4 base does not fit this way; see `check_tp`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fineflax.models.paged import init_paged_cache
+
+MODEL_AXIS = "model"
+COLUMN = ("q", "k", "v", "gate", "up")  # split over their output axis
+ROW = ("o", "down")  # split over their input axis
+
+
+def tp_size(mesh: Mesh | None) -> int:
+  """Devices of the mesh's "model" axis (1 without a mesh or without that axis)."""
+  if mesh is None or MODEL_AXIS not in mesh.shape:
+    return 1
+  return int(mesh.shape[MODEL_AXIS])
+
+
+def check_tp(config, n: int, params=None) -> None:
+  """ValueError naming the field when the model cannot be split over n devices: attention heads, kv heads
+  and the intermediate size must be divisible by n; quantised kernels are not split (not yet)."""
+  if n <= 1:
+    return
+  for field, value in (("num_heads", config.num_heads), ("num_kv_heads", config.num_kv_heads),
+                       ("intermediate_size", config.intermediate_size)):
+    if value % n:
+      raise ValueError(f"tensor parallelism over {n} devices: config.{field}={value} is not divisible by {n}")
+  if params is not None and any(hasattr(x, "dequantize") for x in
+                                jax.tree.leaves(params, is_leaf=lambda x: hasattr(x, "dequantize"))):
+    raise ValueError("tensor parallelism: quantised (NF4 / int8) kernels are not split over the model axis yet; "
+                     "decode a dense base (dense_base=True) or one device")
+
+
+def _spec(ndim: int, axis: int | None) -> P:
+  """PartitionSpec of an ndim-array split over "model" along `axis` (negative: from the end; None: replicated)."""
+  if axis is None:
+    return P()
+  spec = [None] * ndim
+  spec[axis] = MODEL_AXIS
+  return P(*spec)
+
+
+def _leaf_axis(path: tuple[str, ...], ndim: int, vocab_split: bool) -> int | None:
+  """The split axis of the decode parameter at `path` (dict keys from the root), see the module docstring."""
+  name, leaf = (path[-2], path[-1]) if len(path) >= 2 else (None, path[-1])
+  if path[0] == "embed":
+    return 0 if vocab_split else None
+  if path[0] == "lm_head":
+    return -1 if vocab_split else None
+  if name in COLUMN and leaf in ("kernel", "bias"):
+    return -1
+  if name in ROW and leaf == "kernel":
+    return -2
+  return None
+
+
+def _keys(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def decode_param_specs(params, config, n: int):
+  """PartitionSpec of every leaf of decode params (stacked `decoder` layout or unfused `prepare_unrolled`)."""
+  vocab_split = config.vocab_size % n == 0
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: _spec(np.ndim(x), _leaf_axis(_keys(path), np.ndim(x), vocab_split)), params)
+
+
+def lora_specs(lora, n: int):
+  """PartitionSpec of every leaf of LoRA adapters {name: {"a", "b"}} (one or stacked per-row adapters)."""
+  def spec(path, x):
+    name, leaf = _keys(path)[-2:]
+    axis = -1 if (name in COLUMN and leaf == "b") else -2 if (name in ROW and leaf == "a") else None
+    return _spec(np.ndim(x), axis)
+  return None if lora is None else jax.tree_util.tree_map_with_path(spec, lora)
+
+
+def place(tree, specs, mesh: Mesh):
+  """device_put every leaf of `tree` with NamedSharding(mesh, its spec)."""
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+
+
+def shard_decode_params(params, config, mesh: Mesh):
+  """Decode params placed on the mesh in the Megatron layout (`decode_param_specs`)."""
+  n = tp_size(mesh)
+  check_tp(config, n, params)
+  fused = [g for layer in (params["layers"] if isinstance(params["layers"], list) else [])
+           for g in ("qkv", "gate_up") if g in layer]
+  if fused:
+    raise ValueError(f"tensor parallelism: decode params hold fused groups {sorted(set(fused))}; prepare "
+                     "them with prepare_decode_params(..., fuse=False)")
+  return place(params, decode_param_specs(params, config, n), mesh)
+
+
+def shard_lora(lora, mesh: Mesh):
+  """LoRA adapters placed to match their base linears (`lora_specs`)."""
+  return None if lora is None else place(lora, lora_specs(lora, tp_size(mesh)), mesh)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def pool_sharding(mesh: Mesh) -> NamedSharding:
+  """The KV page pools [Hkv, L P, S, Dh] split over their kv heads."""
+  return NamedSharding(mesh, P(MODEL_AXIS))
+
+
+def new_pool(config, num_pages: int, page_size: int, dtype, mesh: Mesh) -> dict:
+  """Zero pools created split over kv heads on the mesh (no device ever holds the whole pool)."""
+  make = jax.jit(functools.partial(init_paged_cache, config, num_pages, page_size, dtype),
+                 out_shardings=pool_sharding(mesh))
+  return make()
+
+
+def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, seed: int = 0, std: float = 0.02):
+  """Random weights of `config` (as `decoder.init_params`) created directly in the split layout: each device
+  computes only its own shards, so a model larger than one device's memory never exists whole anywhere."""
+  from fineflax.models.decoder import init_params
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(seed), dtype, std))
+  specs = decode_param_specs(shapes, config, tp_size(mesh))
+  out = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+  return jax.jit(lambda: init_params(config, jax.random.PRNGKey(seed), dtype, std), out_shardings=out)()
+
+
+def bytes_per_device(tree) -> dict:
+  """{device: bytes of `tree`'s shards it holds}."""
+  out: dict = {}
+  for x in jax.tree.leaves(tree):
+    for shard in x.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
+def constrain(tree, sharding):
+  """`tree` with every leaf constrained to `sharding` inside a jitted function (unchanged for None)."""
+  if sharding is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
