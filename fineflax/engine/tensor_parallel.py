@@ -141,14 +141,33 @@ def new_pool(config, num_pages: int, page_size: int, dtype, mesh: Mesh) -> dict:
   return make()
 
 
-def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, seed: int = 0, std: float = 0.02):
-  """Random weights of `config` (as `decoder.init_params`) created directly in the split layout: each device
-  computes only its own shards, so a model larger than one device's memory never exists whole anywhere."""
+def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, impl: str = "scan", seed: int = 0,
+                         std: float = 0.02):
+  """Random decode params of `config` in the layout `Engine(impl=impl, mesh=mesh, prepared=True)` reads
+  (stacked for "scan", unfused per layer for "unrolled"): N(0, std) weights, unit norms, each leaf created
+  by a jitted call directly in its split layout (each device computes only its shards: a model larger than
+  one device never exists whole anywhere, nor as a second copy)."""
+  from fineflax.engine.decode import prepare_decode_params
   from fineflax.models.decoder import init_params
-  shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(seed), dtype, std))
+  stacked = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))
+  shapes = jax.eval_shape(lambda p: prepare_decode_params(p, config, impl, dtype, fuse=False), stacked)
   specs = decode_param_specs(shapes, config, tp_size(mesh))
-  out = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-  return jax.jit(lambda: init_params(config, jax.random.PRNGKey(seed), dtype, std), out_shardings=out)()
+  unit = 1.0 - config.norm_offset
+
+  @functools.lru_cache(maxsize=None)
+  def maker(shape, dt, spec, norm):
+    def make(key):
+      if norm:
+        return jnp.full(shape, unit, dt)
+      return (std * jax.random.normal(key, shape, jnp.float32)).astype(dt)
+    return jax.jit(make, out_shardings=NamedSharding(mesh, spec))
+
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  spec_leaves = treedef.flatten_up_to(specs)
+  key = jax.random.PRNGKey(seed)
+  out = [maker(tuple(x.shape), jnp.dtype(x.dtype), spec, "norm" in "/".join(_keys(path)))(jax.random.fold_in(key, i))
+         for i, ((path, x), spec) in enumerate(zip(leaves, spec_leaves))]
+  return jax.tree.unflatten(treedef, out)
 
 
 def bytes_per_device(tree) -> dict:
