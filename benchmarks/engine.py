@@ -34,8 +34,8 @@ output projection, read whole each step).
     `submit(request, n=8)` (prefill once, pages shared) vs 1024 separate requests: tokens prefilled,
     pages holding prompt positions (after the samples' first token: full pages shared, the partial last
     page copied on write), prefill wall time. Target: 128 x 1023 tokens prefilled, about 1/8 the pages.
-(tp) tensor-parallel decoding: Llama-3.1-70B shape (`fineflax.models.hub_shapes`), bf16, weights and pages
-    split over a "model" mesh axis of --tp devices (`fineflax.engine.tensor_parallel`; random weights made
+(tp) tensor-parallel decoding: Llama-3.1-70B shape (`fineflax.models.hub_shapes`), linears NF4 (QLoRA
+    base; --tp-quant none: bf16), weights and pages split over a "model" mesh axis of --tp devices (`fineflax.engine.tensor_parallel`; random weights made
     directly in the split layout, never whole on one device), 32 rows of a 128-token prompt, 256 new
     tokens. ms/step as (a); per-device weight-read ms = the bytes of one device's weight shards / BW
     (BW of device 0). Target: ms/step <= 3x the per-device weight-read time. Peak memory per device.
@@ -65,6 +65,8 @@ SHAPES = {
     "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",  # fineflax.models.hub_shapes
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
+    "tiny_tp": dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
+                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True),  # blocks: out / 2 a multiple of 64
 }
 FULL = {
     "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
@@ -76,7 +78,7 @@ TINY = {
     "a": dict(shape="tiny", rows=4, prompt_len=8, new_tokens=48, rooms=[256, 64]),
     "b": dict(shape="tiny", rows=16, prompt_len=8, median=16, cap=64),
     "c": dict(shape="tiny", prompts=4, samples=4, prompt_len=40, new_tokens=4),
-    "tp": dict(shape="tiny", rows=4, prompt_len=8, new_tokens=16),
+    "tp": dict(shape="tiny_tp", rows=4, prompt_len=8, new_tokens=16),
 }
 TITLES = {"a": "(a) cost follows the live tokens", "b": "(b) long-tail rollouts", "c": "(c) shared prompts",
           "tp": "(tp) tensor-parallel decoding"}
@@ -302,7 +304,7 @@ def worker_tp(spec: dict) -> dict:
   bw = gpu.jax_copy_bandwidth(spec["copy_bytes"])
   mesh = make_mesh(data=1, model=n, devices=jax.devices()[:n])
   t = time.perf_counter()
-  params = tp.random_decode_params(config, mesh, jnp.bfloat16, impl)
+  params = tp.random_decode_params(config, mesh, jnp.bfloat16, impl, quant=spec["quant"])
   jax.block_until_ready(params)
   init_s = time.perf_counter() - t
   per_device = tp.bytes_per_device(params)
@@ -311,7 +313,8 @@ def worker_tp(spec: dict) -> dict:
   kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2 // n  # bytes a token, one device
   live_kv = rows * kv * (plen + (new - 1) / 2)
   read_ms = 1e3 * max(per_device.values()) / bw
-  out = {"device": gpu.jax_device_name(), "devices": n, "impl": impl, "bw": bw, "weight_bytes": whole,
+  out = {"device": gpu.jax_device_name(), "devices": n, "impl": impl, "quant": spec["quant"], "bw": bw,
+         "weight_bytes": whole,
          "device_weight_bytes": max(per_device.values()), "read_ms": read_ms,
          "read_kv_ms": read_ms + 1e3 * live_kv / bw, "init_s": init_s, "rows": []}
   gpu.print_result(out)
@@ -422,7 +425,8 @@ def table_c(res: dict) -> str:
 
 
 def table_tp(res: dict) -> str:
-  head = (f"Device: {res.get('device')} x {res.get('devices')} (model axis), decoder {res.get('impl')}. BW "
+  head = (f"Device: {res.get('device')} x {res.get('devices')} (model axis), decoder {res.get('impl')}, "
+          f"linears {res.get('quant')}. BW "
           f"{res.get('bw', 0) / 1e12:.2f} TB/s; weights {res.get('weight_bytes', 0) / 1e9:.1f} GB, "
           f"{res.get('device_weight_bytes', 0) / 1e9:.1f} GB a device; weight-read ms/step a device "
           f"{res.get('read_ms', 0):.2f} (with the mean live KV {res.get('read_kv_ms', 0):.2f}); random weights "
@@ -446,6 +450,7 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--only", default="a,b,c", help="cases to run, comma-separated (a, b, c, tp)")
   ap.add_argument("--tp", type=int, default=None, help="devices of the model axis (case tp; default 4, --tiny 2)")
+  ap.add_argument("--tp-quant", default="nf4", choices=("nf4", "none"), help="linears of case tp: NF4 or bf16")
   ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
   ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
   ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")
@@ -477,7 +482,7 @@ def main(argv=None) -> int:
   for case in cases:
     spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
-                tp=args.tp or (2 if args.tiny else 4),
+                tp=args.tp or (2 if args.tiny else 4), quant=args.tp_quant,
                 copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * gpu.GIB))
     run = lambda name, s: gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)],
                                           env=env, timeout=args.timeout)
@@ -492,6 +497,7 @@ def main(argv=None) -> int:
       md = {"a": table_a, "c": table_c, "tp": table_tp}[case](res) if case != "b" else table_b(res, base)
     md = f"### {TITLES[case]}\n\n{md}\n"
     name = f"engine_{case}" + (f"_{attentions[0]}" if len(attentions) == 1 and case != "c" else "")
+    name += f"_{args.tp_quant}" if case == "tp" else ""
     atomic_write_text(out_dir / f"{name}.md", md)
     atomic_write_json(out_dir / f"{name}.json", {"result": res, "baseline": base}, indent=1)
     print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)

@@ -38,6 +38,30 @@ def test_indivisible_heads_kv_heads_or_intermediate_are_clear_errors():
 
 
 @pytest.mark.fast
+def test_column_blocks_hold_the_same_nf4_kernel_and_bad_splits_are_clear_errors():
+  from fineflax.models.quantize import quantize_params
+  from fineflax.quant import quantize_nf4
+  from fineflax.quant.column_blocks import ColumnBlocks, column_blocks
+  w = quantize_nf4(jax.random.normal(jax.random.PRNGKey(0), (3, 64, 256)), lead_dims=1)  # double-quantised
+  dense = np.asarray(w.dequantize(np.float32))
+  for n in (1, 2, 4):
+    blocked = column_blocks(w, n)
+    assert blocked.shape == (64, 256) and np.array_equal(np.asarray(blocked.dequantize(np.float32)), dense)
+  with pytest.raises(ValueError, match="not a multiple of 8 devices x NF4 block 64"):
+    column_blocks(w, 8)
+  c = _config(head_dim=64, intermediate_size=256)
+  params = quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="nf4")
+  laid = tp.tp_layout(params, 2)
+  assert isinstance(laid["layers"]["q"]["kernel"], ColumnBlocks)  # column kernels re-ordered
+  assert laid["layers"]["o"]["kernel"] is params["layers"]["o"]["kernel"]  # row kernels split as they are
+  with pytest.raises(ValueError, match="NF4 kernel of 'k'"):  # k: 2 kv heads x 64 = 128 columns
+    tp.tp_layout(params, 4)
+  int8 = quantize_params(init_params(c, jax.random.PRNGKey(0)), kind="int8")
+  with pytest.raises(ValueError, match="Int8Tensor kernel"):
+    tp.tp_layout(int8, 2)
+
+
+@pytest.mark.fast
 def test_megatron_layout_of_the_decode_params():
   c = _config()
   shapes = jax.eval_shape(lambda: init_params(c, jax.random.PRNGKey(0)))
@@ -89,8 +113,8 @@ SCRIPT = textwrap.dedent("""
       e.run()
       return e, [s.tokens for s in seqs], np.array([s.raw_logprobs for s in seqs])
 
-    def check(c, n, impl, layer_bodies, **kw):
-      params = init_params(c, jax.random.PRNGKey(0), std=0.3)
+    def check(c, n, impl, layer_bodies, params=None, **kw):
+      params = init_params(c, jax.random.PRNGKey(0), std=0.3) if params is None else params
       _, tok1, lp1 = run(params, c, None, impl, **kw)
       mesh = make_mesh(data=1, model=n, devices=jax.devices()[:n])
       e, tokn, lpn = run(params, c, mesh, impl, **kw)
@@ -100,7 +124,7 @@ SCRIPT = textwrap.dedent("""
       # memory: each device holds its 1/n of every split leaf (here all but norms), and 1/n of the pool
       whole = sum(x.nbytes for x in jax.tree.leaves(e.params))
       per = tp.bytes_per_device(e.params)
-      assert len(per) == n and max(per.values()) <= whole / n * 1.02, (per, whole)
+      assert len(per) == n and max(per.values()) <= whole / n * 1.05, (per, whole)
       pool = tp.bytes_per_device(e.pool)
       assert max(pool.values()) * n == sum(x.nbytes for x in jax.tree.leaves(e.pool)), pool
       ops = collectives(e)
@@ -126,6 +150,13 @@ SCRIPT = textwrap.dedent("""
     adapters = [(jax.tree.map(lambda x: x + 0.03 * (i + 1), L.init_lora(base, c, lcfg, jax.random.PRNGKey(i))), 1.5)
                 for i in range(2)]
     check(c, 2, "unrolled", c.num_layers, adapters=adapters)
+    # NF4 (QLoRA) base on 2 devices with a LoRA: codes and block scales split (q/k/v/gate/up as column blocks)
+    from fineflax.models.quantize import quantize_params
+    c4 = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=64, eos_token_ids=(1,))
+    nf4 = quantize_params(init_params(c4, jax.random.PRNGKey(0), std=0.3), kind="nf4")
+    lora = jax.tree.map(lambda x: x + 0.05, L.init_lora(nf4, c4, lcfg, jax.random.PRNGKey(1)))
+    check(c4, 2, "scan", 1, params=nf4, lora=lora)
     # generate() on a model mesh equals one device (greedy)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     one = generate(base, c, prompts, max_new_tokens=6, temperature=0.0, dtype=jnp.float32, impl="scan")

@@ -19,8 +19,14 @@ h // (Hq / Hkv): splitting both head axes into N contiguous chunks keeps each gr
 
 The stacked ("scan") and the unrolled decoder layouts are covered: the unrolled one is prepared unfused
 (`prepare_unrolled(fuse=False)`: per-linear [in, out] kernels) since a fused q|k|v kernel split over its
-output axis would cut across the q / k / v boundary. Quantised kernels (NF4, int8) are not split yet: they
-are replicated (a clear limit: a 70B NF4 base does not fit this way; see `check_tp`).
+output axis would cut across the q / k / v boundary.
+
+NF4 (QLoRA) kernels are split too, their codes and per-block scales (flat leaves [.., in out / 2] and
+[.., in out / block]) along their last axis: for o / down (rows) a contiguous split of the row-major
+tensor is a split by input rows as it is; q / k / v / gate / up are first re-ordered into column blocks
+(`fineflax.quant.column_blocks`: a permutation of whole NF4 blocks, the same dequantised values), each
+device's columns then one contiguous range. Nested (double-quantised) scale groups and offsets are
+replicated (a few bytes a block group). int8 kernels are not split (a clear error).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fineflax.models.paged import init_paged_cache
+from fineflax.quant.column_blocks import ColumnBlocks, column_blocks
+from fineflax.quant.nf4 import NF4Tensor
 
 MODEL_AXIS = "model"
 COLUMN = ("q", "k", "v", "gate", "up")  # split over their output axis
@@ -45,33 +53,61 @@ def tp_size(mesh: Mesh | None) -> int:
   return int(mesh.shape[MODEL_AXIS])
 
 
-def check_tp(config, n: int, params=None) -> None:
+def check_tp(config, n: int) -> None:
   """ValueError naming the field when the model cannot be split over n devices: attention heads, kv heads
-  and the intermediate size must be divisible by n; quantised kernels are not split (not yet)."""
+  and the intermediate size must be divisible by n."""
   if n <= 1:
     return
   for field, value in (("num_heads", config.num_heads), ("num_kv_heads", config.num_kv_heads),
                        ("intermediate_size", config.intermediate_size)):
     if value % n:
       raise ValueError(f"tensor parallelism over {n} devices: config.{field}={value} is not divisible by {n}")
-  if params is not None and any(hasattr(x, "dequantize") for x in
-                                jax.tree.leaves(params, is_leaf=lambda x: hasattr(x, "dequantize"))):
-    raise ValueError("tensor parallelism: quantised (NF4 / int8) kernels are not split over the model axis yet; "
-                     "decode a dense base (dense_base=True) or one device")
 
 
-def _spec(ndim: int, axis: int | None) -> P:
-  """PartitionSpec of an ndim-array split over "model" along `axis` (negative: from the end; None: replicated)."""
-  if axis is None:
+def _quantized(x) -> bool:
+  return hasattr(x, "dequantize")
+
+
+def tp_layout(params, n: int):
+  """Decode params with every NF4 column kernel (q / k / v / gate / up) as column blocks for n devices
+  (`quant.column_blocks`, exact); dense and row kernels unchanged. ValueError for other quantised kernels."""
+  def convert(path, x):
+    if not _quantized(x) or (isinstance(x, ColumnBlocks) and x.blocks.shape[0] == n):  # done already
+      return x
+    name = _linear(_keys(path))
+    if not isinstance(x, NF4Tensor):
+      raise ValueError(f"tensor parallelism: the {type(x).__name__} kernel of {name!r} is not split over the "
+                       "model axis (NF4 and dense are); decode a dense base (dense_base=True)")
+    if name not in COLUMN or n == 1:
+      return x
+    try:
+      return column_blocks(x, n)
+    except ValueError as e:
+      raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {e}") from None
+  return jax.tree_util.tree_map_with_path(convert, params, is_leaf=_quantized)
+
+
+def _linear(path: tuple[str, ...]) -> str | None:
+  """The linear (q, k, ..., down) a parameter path belongs to, if any."""
+  return next((k for k in path if k in COLUMN or k in ROW), None)
+
+
+def _spec(shape, axis: int | None, n: int) -> P:
+  """PartitionSpec of an array of `shape` split over "model" along `axis` (negative: from the end); None, or
+  a dimension not divisible by n: replicated."""
+  ndim = len(shape)
+  if axis is None or shape[axis] % n:
     return P()
   spec = [None] * ndim
   spec[axis] = MODEL_AXIS
   return P(*spec)
 
 
-def _leaf_axis(path: tuple[str, ...], ndim: int, vocab_split: bool) -> int | None:
+def _leaf_axis(path: tuple[str, ...], vocab_split: bool) -> int | None:
   """The split axis of the decode parameter at `path` (dict keys from the root), see the module docstring."""
   name, leaf = (path[-2], path[-1]) if len(path) >= 2 else (None, path[-1])
+  if "kernel" in path[:-1] and _linear(path):  # a leaf of a quantised kernel: flat codes / block scales
+    return -1 if leaf in ("codes", "absmax") else None
   if path[0] == "embed":
     return 0 if vocab_split else None
   if path[0] == "lm_head":
@@ -84,14 +120,14 @@ def _leaf_axis(path: tuple[str, ...], ndim: int, vocab_split: bool) -> int | Non
 
 
 def _keys(path) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 def decode_param_specs(params, config, n: int):
   """PartitionSpec of every leaf of decode params (stacked `decoder` layout or unfused `prepare_unrolled`)."""
   vocab_split = config.vocab_size % n == 0
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: _spec(np.ndim(x), _leaf_axis(_keys(path), np.ndim(x), vocab_split)), params)
+      lambda path, x: _spec(np.shape(x), _leaf_axis(_keys(path), vocab_split), n), params)
 
 
 def lora_specs(lora, n: int):
@@ -99,7 +135,7 @@ def lora_specs(lora, n: int):
   def spec(path, x):
     name, leaf = _keys(path)[-2:]
     axis = -1 if (name in COLUMN and leaf == "b") else -2 if (name in ROW and leaf == "a") else None
-    return _spec(np.ndim(x), axis)
+    return _spec(np.shape(x), axis, n)
   return None if lora is None else jax.tree_util.tree_map_with_path(spec, lora)
 
 
@@ -109,9 +145,10 @@ def place(tree, specs, mesh: Mesh):
 
 
 def shard_decode_params(params, config, mesh: Mesh):
-  """Decode params placed on the mesh in the Megatron layout (`decode_param_specs`)."""
+  """Decode params placed on the mesh in the Megatron layout (`tp_layout`, `decode_param_specs`)."""
   n = tp_size(mesh)
-  check_tp(config, n, params)
+  check_tp(config, n)
+  params = tp_layout(params, n)
   fused = [g for layer in (params["layers"] if isinstance(params["layers"], list) else [])
            for g in ("qkv", "gate_up") if g in layer]
   if fused:
@@ -141,17 +178,23 @@ def new_pool(config, num_pages: int, page_size: int, dtype, mesh: Mesh) -> dict:
   return make()
 
 
-def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, impl: str = "scan", seed: int = 0,
-                         std: float = 0.02):
+def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, impl: str = "scan", quant: str = "none",
+                         seed: int = 0, std: float = 0.02):
   """Random decode params of `config` in the layout `Engine(impl=impl, mesh=mesh, prepared=True)` reads
-  (stacked for "scan", unfused per layer for "unrolled"): N(0, std) weights, unit norms, each leaf created
-  by a jitted call directly in its split layout (each device computes only its shards: a model larger than
-  one device never exists whole anywhere, nor as a second copy)."""
+  (stacked for "scan", unfused per layer for "unrolled"; quant="nf4": the linears NF4 as
+  `models.quantize.quantize_params` makes them, in the split layout of `tp_layout`): N(0, std) floating
+  leaves, random NF4 codes, unit norms, each leaf created by a jitted call directly in its split layout
+  (each device computes only its shards: a model larger than one device never exists whole anywhere)."""
   from fineflax.engine.decode import prepare_decode_params
   from fineflax.models.decoder import init_params
-  stacked = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))
-  shapes = jax.eval_shape(lambda p: prepare_decode_params(p, config, impl, dtype, fuse=False), stacked)
-  specs = decode_param_specs(shapes, config, tp_size(mesh))
+  from fineflax.models.quantize import quantize_params
+  n = tp_size(mesh)
+
+  def layout(p):
+    p = quantize_params(p, kind=quant) if quant != "none" else p
+    return tp_layout(prepare_decode_params(p, config, impl, dtype, fuse=False), n)
+  shapes = jax.eval_shape(lambda: layout(init_params(config, jax.random.PRNGKey(0), dtype)))
+  specs = decode_param_specs(shapes, config, n)
   unit = 1.0 - config.norm_offset
 
   @functools.lru_cache(maxsize=None)
@@ -159,6 +202,8 @@ def random_decode_params(config, mesh: Mesh, dtype=jnp.bfloat16, impl: str = "sc
     def make(key):
       if norm:
         return jnp.full(shape, unit, dt)
+      if not jnp.issubdtype(dt, jnp.floating):  # quantised codes
+        return jax.random.bits(key, shape, jnp.uint8).astype(dt)
       return (std * jax.random.normal(key, shape, jnp.float32)).astype(dt)
     return jax.jit(make, out_shardings=NamedSharding(mesh, spec))
 
