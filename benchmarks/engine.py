@@ -132,11 +132,32 @@ def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
                 attention=attention, prepared=prepared, impl=spec.get("impl", "auto"))
 
 
+def _time_decode(engine, prompts, new: int, room: int) -> tuple[float, int]:
+  """(decode wall s, decode steps) of the second of two runs (the first also compiles the prefill program):
+  the prompts prefilled and held (reserve `room`), then every row resumed for `new` tokens."""
+  import jax
+  from fineflax.engine import Request
+  timings = []
+  for _ in range(2):
+    seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
+    engine.run()
+    jax.block_until_ready(engine.pool)
+    steps0 = engine.stats["decode_steps"]
+    t = time.perf_counter()
+    for s in seqs:
+      engine.resume(s, new)
+    engine.run()
+    timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
+    assert all(len(s.tokens) == new for s in seqs), "a row stopped early"
+    for s in seqs:
+      engine.release(s)
+  return timings[-1]
+
+
 # ----------------------------------------------------------------------------- case workers
 
 def worker_a(spec: dict) -> dict:
   import jax
-  from fineflax.engine import Request
   from fineflax.engine.decode import decode_impl, prepare_decode_params
   import jax.numpy as jnp
   config, params, wbytes, kv, bw = _setup(spec)
@@ -154,21 +175,7 @@ def worker_a(spec: dict) -> dict:
         t = time.perf_counter()
         compiled = engine.precompile([rows], plen + n)
         compile_s = time.perf_counter() - t
-        timings = []
-        for _ in range(2):  # the first run also compiles the prefill program
-          seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
-          engine.run()
-          jax.block_until_ready(engine.pool)
-          steps0 = engine.stats["decode_steps"]
-          t = time.perf_counter()
-          for s in seqs:
-            engine.resume(s, n)
-          engine.run()
-          timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
-          assert all(len(s.tokens) == n for s in seqs), "a row stopped early"
-          for s in seqs:
-            engine.release(s)
-        dt, steps = timings[-1]
+        dt, steps = _time_decode(engine, prompts, n, room)
         pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / gpu.GIB
         out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
                             "pool_gib": pool_gib, "programs": compiled, "compile_s": compile_s,
@@ -295,7 +302,7 @@ def worker_c(spec: dict) -> dict:
 def worker_tp(spec: dict) -> dict:
   import jax
   import jax.numpy as jnp
-  from fineflax.engine import Engine, Request, tensor_parallel as tp
+  from fineflax.engine import Engine, tensor_parallel as tp
   from fineflax.engine.decode import decode_impl
   from fineflax.mesh import make_mesh
   from fineflax.sampling.session import engine_pool_pages
@@ -326,22 +333,7 @@ def worker_tp(spec: dict) -> dict:
       t = time.perf_counter()
       compiled = engine.precompile([rows], plen + new)
       compile_s = time.perf_counter() - t
-      prompts = _prompts(rows, plen, config.vocab_size)
-      timings = []
-      for _ in range(2):  # the first run also compiles the prefill program
-        seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=new)) for p in prompts]
-        engine.run()
-        jax.block_until_ready(engine.pool)
-        steps0 = engine.stats["decode_steps"]
-        t = time.perf_counter()
-        for s in seqs:
-          engine.resume(s, new)
-        engine.run()
-        timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
-        assert all(len(s.tokens) == new for s in seqs), "a row stopped early"
-        for s in seqs:
-          engine.release(s)
-      dt, steps = timings[-1]
+      dt, steps = _time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
       peaks = [int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)) for d in mesh.devices.flat]
       pool = tp.bytes_per_device(engine.pool)
       out["rows"].append({"attention": attention, "ms_step": 1e3 * dt / steps, "steps": steps,
