@@ -168,6 +168,11 @@ SCRIPT = textwrap.dedent("""
       raise AssertionError("a mesh splitting rows and weights was accepted")
     except ValueError as e:
       assert "model axis only" in str(e), e
+    try:
+      Engine(base, c, max_rows=1, num_pages=4, attention="pallas", mesh=make_mesh(data=1, model=2, devices=jax.devices()[:2]))
+      raise AssertionError("the unpartitioned Pallas kernel was accepted on a model mesh")
+    except ValueError as e:
+      assert "pallas" in str(e), e
     print("TP-OK")
 """)
 

@@ -189,6 +189,9 @@ class Engine:
       raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
     if attention == "pallas" and not pallas_available():
       raise ValueError("attention='pallas': this jax has no jax.experimental.pallas.ops.gpu.paged_attention")
+    if attention == "pallas" and self.mesh is not None:
+      raise ValueError("attention='pallas' with tensor parallelism (a mesh with a model axis): the Pallas kernel "
+                       "is not partitioned over kv heads yet; use attention='gather'")
     self.attention = attention
     self.max_rows, self.page_size = int(max_rows), int(page_size)
     floor = default_min_row_bucket() if min_row_bucket is None else int(min_row_bucket)
