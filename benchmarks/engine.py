@@ -4,6 +4,7 @@
   python -m benchmarks.engine --only b --baseline-path .baseline                # b against the old sampler
   python -m benchmarks.engine --only a --attention pallas                       # one case, one kernel
   python -m benchmarks.engine --tiny                                            # CPU check: tiny shapes
+  python -m benchmarks.engine --only tp                                         # 4 GPUs: 70B shape, TP=4
 
 Tables go to --out as engine_<case>.md (engine_<case>_<kernel>.md with one --attention kernel) and .json.
 
@@ -33,6 +34,11 @@ output projection, read whole each step).
     `submit(request, n=8)` (prefill once, pages shared) vs 1024 separate requests: tokens prefilled,
     pages holding prompt positions (after the samples' first token: full pages shared, the partial last
     page copied on write), prefill wall time. Target: 128 x 1023 tokens prefilled, about 1/8 the pages.
+(tp) tensor-parallel decoding: Llama-3.1-70B shape (`fineflax.models.hub_shapes`), linears NF4 (QLoRA
+    base; --tp-quant none: bf16), weights and pages split over a "model" mesh axis of --tp devices (`fineflax.engine.tensor_parallel`; random weights made
+    directly in the split layout, never whole on one device), 32 rows of a 128-token prompt, 256 new
+    tokens. ms/step as (a); per-device weight-read ms = the bytes of one device's weight shards / BW
+    (BW of device 0). Target: ms/step <= 3x the per-device weight-read time. Peak memory per device.
 """
 from __future__ import annotations
 
@@ -56,26 +62,36 @@ SHAPES = {
                          num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                          tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE),
     "Llama-3.2-1B": SAMPLER_SHAPES["Llama-3.2-1B"],
+    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",  # fineflax.models.hub_shapes
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
+    "tiny_tp": dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
+                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True),  # blocks: out / 2 a multiple of 64
 }
 FULL = {
     "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
     "b": dict(shape="Llama-3.2-1B", rows=256, prompt_len=128, median=512, cap=4096),
     "c": dict(shape="Llama-3.2-1B", prompts=128, samples=8, prompt_len=1024, new_tokens=16),
+    "tp": dict(shape="Llama-3.1-70B", rows=32, prompt_len=128, new_tokens=256),
 }
 TINY = {
     "a": dict(shape="tiny", rows=4, prompt_len=8, new_tokens=48, rooms=[256, 64]),
     "b": dict(shape="tiny", rows=16, prompt_len=8, median=16, cap=64),
     "c": dict(shape="tiny", prompts=4, samples=4, prompt_len=40, new_tokens=4),
+    "tp": dict(shape="tiny_tp", rows=4, prompt_len=8, new_tokens=16),
 }
-TITLES = {"a": "(a) cost follows the live tokens", "b": "(b) long-tail rollouts", "c": "(c) shared prompts"}
+TITLES = {"a": "(a) cost follows the live tokens", "b": "(b) long-tail rollouts", "c": "(c) shared prompts",
+          "tp": "(tp) tensor-parallel decoding"}
+TINY_DEVICES = 4  # forced CPU devices of --tiny (case tp splits over --tp of them)
 
 
 # ----------------------------------------------------------------------------- worker helpers
 
-def _config(shape: dict):
+def _config(shape: dict | str):
   from fineflax.models import ModelConfig
+  if isinstance(shape, str):  # a hub name: its config.json fields from fineflax.models.hub_shapes
+    from fineflax.models.estimate import load_config
+    return load_config(shape)
   shape = dict(shape)
   if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
     shape["rope_scaling"] = tuple(tuple(kv) for kv in shape["rope_scaling"])
@@ -116,11 +132,32 @@ def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
                 attention=attention, prepared=prepared, impl=spec.get("impl", "auto"))
 
 
+def _time_decode(engine, prompts, new: int, room: int) -> tuple[float, int]:
+  """(decode wall s, decode steps) of the second of two runs (the first also compiles the prefill program):
+  the prompts prefilled and held (reserve `room`), then every row resumed for `new` tokens."""
+  import jax
+  from fineflax.engine import Request
+  timings = []
+  for _ in range(2):
+    seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
+    engine.run()
+    jax.block_until_ready(engine.pool)
+    steps0 = engine.stats["decode_steps"]
+    t = time.perf_counter()
+    for s in seqs:
+      engine.resume(s, new)
+    engine.run()
+    timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
+    assert all(len(s.tokens) == new for s in seqs), "a row stopped early"
+    for s in seqs:
+      engine.release(s)
+  return timings[-1]
+
+
 # ----------------------------------------------------------------------------- case workers
 
 def worker_a(spec: dict) -> dict:
   import jax
-  from fineflax.engine import Request
   from fineflax.engine.decode import decode_impl, prepare_decode_params
   import jax.numpy as jnp
   config, params, wbytes, kv, bw = _setup(spec)
@@ -138,21 +175,7 @@ def worker_a(spec: dict) -> dict:
         t = time.perf_counter()
         compiled = engine.precompile([rows], plen + n)
         compile_s = time.perf_counter() - t
-        timings = []
-        for _ in range(2):  # the first run also compiles the prefill program
-          seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
-          engine.run()
-          jax.block_until_ready(engine.pool)
-          steps0 = engine.stats["decode_steps"]
-          t = time.perf_counter()
-          for s in seqs:
-            engine.resume(s, n)
-          engine.run()
-          timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
-          assert all(len(s.tokens) == n for s in seqs), "a row stopped early"
-          for s in seqs:
-            engine.release(s)
-        dt, steps = timings[-1]
+        dt, steps = _time_decode(engine, prompts, n, room)
         pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / gpu.GIB
         out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
                             "pool_gib": pool_gib, "programs": compiled, "compile_s": compile_s,
@@ -276,7 +299,54 @@ def worker_c(spec: dict) -> dict:
   return out
 
 
-WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "baseline": worker_baseline}
+def worker_tp(spec: dict) -> dict:
+  import jax
+  import jax.numpy as jnp
+  from fineflax.engine import Engine, tensor_parallel as tp
+  from fineflax.engine.decode import decode_impl
+  from fineflax.mesh import make_mesh
+  from fineflax.sampling.session import engine_pool_pages
+  config = _config(SHAPES[spec["shape"]])
+  n, impl = spec["tp"], decode_impl(spec.get("impl", "auto"))
+  bw = gpu.jax_copy_bandwidth(spec["copy_bytes"])
+  mesh = make_mesh(data=1, model=n, devices=jax.devices()[:n])
+  t = time.perf_counter()
+  params = tp.random_decode_params(config, mesh, jnp.bfloat16, impl, quant=spec["quant"])
+  jax.block_until_ready(params)
+  init_s = time.perf_counter() - t
+  per_device = tp.bytes_per_device(params)
+  whole = sum(x.nbytes for x in jax.tree.leaves(params))
+  rows, plen, new = spec["rows"], spec["prompt_len"], spec["new_tokens"]
+  kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2 // n  # bytes a token, one device
+  live_kv = rows * kv * (plen + (new - 1) / 2)
+  read_ms = 1e3 * max(per_device.values()) / bw
+  out = {"device": gpu.jax_device_name(), "devices": n, "impl": impl, "quant": spec["quant"], "bw": bw,
+         "weight_bytes": whole,
+         "device_weight_bytes": max(per_device.values()), "read_ms": read_ms,
+         "read_kv_ms": read_ms + 1e3 * live_kv / bw, "init_s": init_s, "rows": []}
+  gpu.print_result(out)
+  for attention in spec["attentions"]:
+    try:
+      engine = Engine(params, config, max_rows=rows, page_size=spec["page_size"], chunk_size=spec["chunk_size"],
+                      num_pages=engine_pool_pages([plen + new] * rows, spec["page_size"]), eos_ids=(),
+                      dtype=jnp.bfloat16, attention=attention, impl=impl, prepared=True, mesh=mesh)
+      t = time.perf_counter()
+      compiled = engine.precompile([rows], plen + new)
+      compile_s = time.perf_counter() - t
+      dt, steps = _time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
+      peaks = [int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)) for d in mesh.devices.flat]
+      pool = tp.bytes_per_device(engine.pool)
+      out["rows"].append({"attention": attention, "ms_step": 1e3 * dt / steps, "steps": steps,
+                          "programs": compiled, "compile_s": compile_s, "peak_gib": [p / gpu.GIB for p in peaks],
+                          "pool_gib_device": max(pool.values()) / gpu.GIB})
+      del engine
+    except Exception as e:  # noqa: BLE001 - reported in the table
+      out["rows"].append({"attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    gpu.print_result(out)
+  return out
+
+
+WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "tp": worker_tp, "baseline": worker_baseline}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -346,11 +416,33 @@ def table_c(res: dict) -> str:
       rows) + note)
 
 
+def table_tp(res: dict) -> str:
+  head = (f"Device: {res.get('device')} x {res.get('devices')} (model axis), decoder {res.get('impl')}, "
+          f"linears {res.get('quant')}. BW "
+          f"{res.get('bw', 0) / 1e12:.2f} TB/s; weights {res.get('weight_bytes', 0) / 1e9:.1f} GB, "
+          f"{res.get('device_weight_bytes', 0) / 1e9:.1f} GB a device; weight-read ms/step a device "
+          f"{res.get('read_ms', 0):.2f} (with the mean live KV {res.get('read_kv_ms', 0):.2f}); random weights "
+          f"made in {res.get('init_s', 0):.0f} s.\n\n")
+  rows = []
+  for r in res.get("rows", []):
+    if "error" in r:
+      rows.append([r["attention"], "error", "-", "-", "-", "-", r["error"][:160]])
+      continue
+    ratio = r["ms_step"] / res["read_ms"]
+    rows.append([r["attention"], r["ms_step"], f"{ratio:.2f} ({'met' if ratio <= 3 else 'missed'})",
+                 " / ".join(f"{p:.1f}" for p in r["peak_gib"]), r["pool_gib_device"], r["compile_s"],
+                 f"{r['steps']} steps; {r['programs']} programs"])
+  return head + markdown_table(["attention", "ms/step", "/ weight read a device (target <= 3)",
+                                "peak GiB per device", "pool GiB a device", "compile s", "note"], rows)
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--only", default="a,b,c", help="cases to run, comma-separated (a, b, c)")
+  ap.add_argument("--only", default="a,b,c", help="cases to run, comma-separated (a, b, c, tp)")
+  ap.add_argument("--tp", type=int, default=None, help="devices of the model axis (case tp; default 4, --tiny 2)")
+  ap.add_argument("--tp-quant", default="nf4", choices=("nf4", "none"), help="linears of case tp: NF4 or bf16")
   ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
   ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
   ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")
@@ -372,15 +464,17 @@ def main(argv=None) -> int:
   cases = [c.strip() for c in args.only.split(",") if c.strip()]
   bad = [c for c in cases if c not in FULL]
   if bad:
-    ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c")
+    ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c, tp")
   attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  env = gpu.jax_env(**({"JAX_PLATFORMS": "cpu"} if args.tiny else {}))
+  env = gpu.jax_env(**({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={TINY_DEVICES}"}
+                       if args.tiny else {}))
   print(f"device: {gpu.device_name()}", flush=True)
   for case in cases:
     spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
+                tp=args.tp or (2 if args.tiny else 4), quant=args.tp_quant,
                 copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * gpu.GIB))
     run = lambda name, s: gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)],
                                           env=env, timeout=args.timeout)
@@ -392,9 +486,10 @@ def main(argv=None) -> int:
     if "error" in res and not res.get("rows"):
       md = f"error: {res['error']}"
     else:
-      md = {"a": table_a, "c": table_c}[case](res) if case != "b" else table_b(res, base)
+      md = {"a": table_a, "c": table_c, "tp": table_tp}[case](res) if case != "b" else table_b(res, base)
     md = f"### {TITLES[case]}\n\n{md}\n"
     name = f"engine_{case}" + (f"_{attentions[0]}" if len(attentions) == 1 and case != "c" else "")
+    name += f"_{args.tp_quant}" if case == "tp" else ""
     atomic_write_text(out_dir / f"{name}.md", md)
     atomic_write_json(out_dir / f"{name}.json", {"result": res, "baseline": base}, indent=1)
     print(md, f"({time.perf_counter() - t:.0f} s)", flush=True)

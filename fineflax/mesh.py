@@ -1,4 +1,6 @@
-"""Device mesh with axes ("data", "fsdp"): batches split over both, large frozen weights over "fsdp".
+"""Device mesh with axes ("data", "fsdp", "model"): batches split over data and fsdp, large frozen weights
+over "fsdp"; the generation engine's weights and KV pages over "model" (tensor parallelism,
+`fineflax.engine.tensor_parallel`; size 1 unless asked for).
 
 One device and many run the same jitted steps: arrays are placed with these shardings before the call
 and XLA's sharding propagation does the rest (gradients of the replicated LoRA are all-reduced).
@@ -12,12 +14,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 BATCH_AXES = ("data", "fsdp")
+MESH_AXES = (*BATCH_AXES, "model")
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, devices=None) -> Mesh:
-  """Mesh of shape (data, fsdp) over `devices` (default all); data = -1 takes what fsdp leaves."""
+def make_mesh(data: int = -1, fsdp: int = 1, devices=None, model: int = 1) -> Mesh:
+  """Mesh of shape (data, fsdp, model) over `devices` (default all); data = -1 takes what fsdp x model
+  leaves."""
   devices = np.asarray(jax.devices() if devices is None else devices)
-  return Mesh(devices.reshape(*mesh_shape(data, fsdp, devices.size)), BATCH_AXES)
+  if model < 1 or devices.size % model:
+    raise ValueError(f"mesh: {devices.size} devices are not divisible by model={model}")
+  return Mesh(devices.reshape(*mesh_shape(data, fsdp, devices.size // model), model), MESH_AXES)
 
 
 def mesh_shape(data: int, fsdp: int, n: int) -> tuple[int, int]:
@@ -50,7 +56,7 @@ def batch_sharding(mesh: Mesh, batch_axis: int = 0, ndim: int = 2) -> NamedShard
 
 def shard_batch(batch: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
   """device_put every array of `batch`, split along `batch_axis` (which must divide evenly)."""
-  size = mesh.devices.size
+  size = mesh.shape["data"] * mesh.shape["fsdp"]
   out = {}
   for k, v in batch.items():
     if v.shape[batch_axis] % size:

@@ -66,12 +66,13 @@ def resolve_eos_ids(eos_ids, config, tokenizer=None) -> tuple[int, ...]:
   return tuple(sorted({int(t) for t in eos_ids}))
 
 
-def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = False):
+def prepare_decode_params(params, config, impl: str, dtype, dense_base: bool = False, fuse: bool = True):
   """The params a decoder reads: "unrolled" re-lays the weights out once (`prepare_unrolled`: an extra
-  copy of the dense weights); dense_base=True decodes a quantised base from a `dtype` copy of its
-  dequantised weights (same weights, a dense kernel's speed, the memory of that copy)."""
+  copy of the dense weights; fuse=False keeps the linears apart, as tensor parallelism needs);
+  dense_base=True decodes a quantised base from a `dtype` copy of its dequantised weights (same weights, a
+  dense kernel's speed, the memory of that copy)."""
   if impl == "unrolled":
-    return prepare_unrolled(params, config, dtype, dequantize=dense_base)
+    return prepare_unrolled(params, config, dtype, dequantize=dense_base, fuse=fuse)
   return dequantize_params(params, dtype) if dense_base else params
 
 

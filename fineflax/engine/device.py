@@ -2,7 +2,9 @@
 
 Every function donates the pool (updated in place) and is compiled once per (static settings, shapes);
 the host rounds shapes up to buckets: rows (`row_bucket`), pages read per row (`page_bucket`), block
-lengths (`engine.decode.bucket`), so a few programs serve any mix of lengths.
+lengths (`engine.decode.bucket`), so a few programs serve any mix of lengths. `pool_sharding` (static;
+None on one device): the returned pool keeps the input pool's split over the mesh (tensor parallelism,
+`engine.tensor_parallel`), so the donated buffers are reused and the next call sees the same layout.
 
 State of a decoding row ("pending token" scheme, as `fineflax.engine.decode`): the row's sequence is in
 the cache up to position pos - 1; `pending` is its last token, at position pos, not yet in the cache. A
@@ -19,6 +21,7 @@ from fineflax.models.decoder import logits_from_hidden
 from fineflax.models.paged import init_paged_cache
 from fineflax.engine.decode import cast_params, decode_loop, hidden_states
 from fineflax.engine.processors import RowFilters, sample_rows
+from fineflax.engine.tensor_parallel import constrain
 
 
 def row_bucket(n: int, minimum: int = 1, base: int = 2) -> int:
@@ -57,31 +60,32 @@ def new_pool(config, num_pages: int, page_size: int, dtype) -> dict:
   return init_paged_cache(config, num_pages, page_size, dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("num_layers",), donate_argnames=("pool",))
-def copy_pages(pool, src, dst, *, num_layers: int):
+@functools.partial(jax.jit, static_argnames=("num_layers", "pool_sharding"), donate_argnames=("pool",))
+def copy_pages(pool, src, dst, *, num_layers: int, pool_sharding=None):
   """The pool with page src[i] copied to page dst[i] in every layer (copy on write); src, dst int32 [C]
   (pairs (0, 0) copy the trash page onto itself: padding)."""
   per_layer = pool["k"].shape[1] // num_layers
   offsets = (jnp.arange(num_layers) * per_layer)[:, None]
   s, d = (src[None] + offsets).reshape(-1), (dst[None] + offsets).reshape(-1)
-  return {name: x.at[:, d].set(x[:, s]) for name, x in pool.items()}
+  return constrain({name: x.at[:, d].set(x[:, s]) for name, x in pool.items()}, pool_sharding)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl"), donate_argnames=("pool",))
-def prefill(params, pool, block_table, tokens, positions, valid, lora, lora_scale, *, config, dtype, impl):
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl", "pool_sharding"), donate_argnames=("pool",))
+def prefill(params, pool, block_table, tokens, positions, valid, lora, lora_scale, *, config, dtype, impl,
+            pool_sharding=None):
   """Writes tokens [B, T] (valid [B, T]: real tokens, a prefix of each row) at `positions` [B, T] of the
   rows' pages (block_table [B, n]); returns the pool. No logits are computed."""
   params = cast_params(params, dtype)
   cache = {"k": pool["k"], "v": pool["v"], "block_table": block_table}
   _, cache = hidden_states(impl, params, config, tokens, cache, positions=positions, attention_mask=valid,
                      lora=lora, lora_scale=lora_scale, dtype=dtype)
-  return {"k": cache["k"], "v": cache["v"]}
+  return constrain({"k": cache["k"], "v": cache["v"]}, pool_sharding)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl", "kernel", "filters", "num_steps"),
-                   donate_argnames=("pool",))
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "impl", "kernel", "filters", "num_steps",
+                                             "pool_sharding"), donate_argnames=("pool",))
 def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, dtype, impl: str,
-                 kernel: str, filters: RowFilters, num_steps: int):
+                 kernel: str, filters: RowFilters, num_steps: int, pool_sharding=None):
   """Up to `num_steps` decode steps under `lax.while_loop`, stopping early once no row is active.
 
   block_table [B, n]: each row's pages, covering every position it may write in this chunk.
@@ -102,6 +106,7 @@ def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, 
     logits = logits_from_hidden(params, config, h)[:, 0]
     step_keys = jax.vmap(jax.random.fold_in)(keys, st["count"])
     tok, lp, raw = sample_rows(logits, step_keys, st["temperature"], st["top_k"], st["top_p"], filters)
-    return {"k": cache["k"], "v": cache["v"]}, tok, lp, raw
+    return constrain({"k": cache["k"], "v": cache["v"]}, pool_sharding), tok, lp, raw
 
-  return decode_loop(step_fn, pool, state, state["eos"], num_steps)
+  pool, state, hit_eos, out = decode_loop(step_fn, pool, state, state["eos"], num_steps)
+  return constrain(pool, pool_sharding), state, hit_eos, out

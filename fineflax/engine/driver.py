@@ -23,19 +23,26 @@ from typing import Callable
 from fineflax.engine.decode import decode_impl, prepare_decode_params
 from fineflax.engine.engine import Engine
 from fineflax.engine.pages import pages_for
+from fineflax.engine.tensor_parallel import shard_decode_params, tp_size
 
 
 def engine_factory(params, config, *, max_rows: int, context: int, page_size: int = 16, impl: str | None = "auto",
-                   dtype, dense_base: bool = False, **engine_kwargs) -> Callable[[], Engine]:
+                   dtype, dense_base: bool = False, mesh=None, **engine_kwargs) -> Callable[[], Engine]:
   """make_engine() -> a fresh `Engine` of `max_rows` rows, each up to `context` positions: pages_for(context)
   pages a row (max_pages_per_row) and a pool of max_rows x (that + 1) pages plus the trash page. The decode
   params are prepared once (`prepare_decode_params`, impl, dtype, dense_base) and shared by every engine it
-  makes; `engine_kwargs` go to `Engine` (chunk_size, tokenizer, eos_ids, lora, adapters, ...)."""
+  makes; `engine_kwargs` go to `Engine` (chunk_size, tokenizer, eos_ids, lora, adapters, ...). mesh: decode
+  tensor-parallel over its "model" axis (`engine.tensor_parallel`; the params are split once, here)."""
   impl = decode_impl(impl)
-  prepared = prepare_decode_params(params, config, impl, dtype, dense_base)
+  if tp_size(mesh) > 1:
+    prepared = shard_decode_params(prepare_decode_params(params, config, impl, dtype, dense_base, fuse=False),
+                                   config, mesh)
+  else:
+    prepared, mesh = prepare_decode_params(params, config, impl, dtype, dense_base), None
   row_pages = pages_for(context, page_size)
   kwargs = dict(max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1, page_size=page_size,
-                max_pages_per_row=row_pages, dtype=dtype, impl=impl, prepared=True, **engine_kwargs)
+                max_pages_per_row=row_pages, dtype=dtype, impl=impl, prepared=True, mesh=mesh,
+                **engine_kwargs)
   return lambda: Engine(prepared, config, **kwargs)
 
 

@@ -31,8 +31,9 @@ adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` app
 adapter, least recently used evicted when the pool needs pages: `PageAllocator.match_prefix`); a prompt
 about to prefill starts with the cached pages of its longest cached prefix and prefills only the rest.
 On a mesh of one process, `fineflax.sampling` with cache="replicas" runs one engine per device, rows split
-over them (`sampling.replicas`). Not yet: one pool sharded over a mesh (tensor-parallel decoding), preemption
-(admission reserves each sequence's whole length instead).
+over them (`sampling.replicas`). `Engine(mesh=make_mesh(model=N))`: tensor-parallel decoding, the weights,
+adapters and page pool split over the mesh's "model" axis (`engine.tensor_parallel`); the host side is
+unchanged. Not yet: preemption (admission reserves each sequence's whole length instead).
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
 work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
@@ -50,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.engine import device
+from fineflax.engine import device, tensor_parallel as tp
 from fineflax.engine.adapters import row_weights, stack_adapters
 from fineflax.engine.pages import PageAllocator, pages_for
 from fineflax.models.paged import PAGED_KERNELS, pallas_available
@@ -142,7 +143,8 @@ class Engine:
                lora=None, lora_scale: float = 1.0, adapters=None, dtype=jnp.bfloat16,
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
-               prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False):
+               prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False,
+               mesh=None):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -163,11 +165,17 @@ class Engine:
     block width) instead of per (rows, block width, table width), the server's choice (`warm_up` compiles
     them all; a prefill reads more padding pages, a few per row). coarse_buckets=True: device calls round
     rows up to min_row_bucket x 4^k (not 2^k) and block tables to 2^k pages (not 2^k or 3 x 2^(k-1)): fewer
-    programs to compile for more padding (the server's)."""
+    programs to compile for more padding (the server's). mesh: a mesh with a "model" axis of N > 1 devices
+    decodes tensor-parallel over it (`engine.tensor_parallel`; heads, kv heads and intermediate size divisible
+    by N; with prepared=True the params must be prepared with fuse=False)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     self.impl = decode_impl(impl)
-    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.mesh = mesh if tp.tp_size(mesh) > 1 else None
+    if self.mesh is not None:
+      tp.check_tp(config, tp.tp_size(mesh))
+    self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base,
+                                                                fuse=self.mesh is None)
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
     self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
     self.adapter_scales = None  # per-row adapters: scale of each stacked adapter
@@ -175,11 +183,20 @@ class Engine:
       if lora is not None:
         raise ValueError("Engine(lora=..., adapters=...): pass one adapter for all rows or per-row adapters")
       self.lora, self.adapter_scales = stack_adapters(adapters, config)
+    self._pool_sharding = None
+    if self.mesh is not None:
+      self.params = tp.shard_decode_params(self.params, config, self.mesh)
+      self.lora = tp.shard_lora(self.lora, self.mesh)
+      self.lora_scale = self._put(self.lora_scale)
+      self._pool_sharding = tp.pool_sharding(self.mesh)
     attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
     if attention not in PAGED_KERNELS:
       raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
     if attention == "pallas" and not pallas_available():
       raise ValueError("attention='pallas': this jax has no jax.experimental.pallas.ops.gpu.paged_attention")
+    if attention == "pallas" and self.mesh is not None:
+      raise ValueError("attention='pallas' with tensor parallelism (a mesh with a model axis): the Pallas kernel "
+                       "is not partitioned over kv heads yet; use attention='gather'")
     self.attention = attention
     self.max_rows, self.page_size = int(max_rows), int(page_size)
     floor = default_min_row_bucket() if min_row_bucket is None else int(min_row_bucket)
@@ -191,10 +208,14 @@ class Engine:
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
-    self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    if self.mesh is None:
+      self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
+    else:
+      self.pool = tp.new_pool(config, int(num_pages), self.page_size, dtype, self.mesh)
     self._signature = (config, jnp.dtype(dtype).name, self.impl, self.attention, self.chunk_size,
                        _shapes(self.params), _shapes(self.pool), _shapes(self.lora),
-                       tuple(jax.tree.leaves(self.pool)[0].devices()))  # a program runs on its pool's device
+                       tuple(jax.tree.leaves(self.pool)[0].devices()),  # a program runs on its pool's device
+                       self.mesh)
     self.programs: set = set()  # keys of the compiled decode programs this engine used
     self.waiting: list[list[Sequence]] = []  # groups, first come first served
     self.live: list[Sequence] = []
@@ -403,9 +424,7 @@ class Engine:
     self._copy(copies)
     table = self._table(batch, b, self._row_limit() if self.prefill_full_table else max(ends))
     program = self._prefill_program(b, width, table.shape[1])
-    # device_put, not jnp.asarray: in jax >= 0.10 asarray of a NumPy array compiles a `stage` program per
-    # shape (a compile inside served traffic that warm-up cannot know of)
-    self.pool = program(self.params, self.pool, *jax.device_put((table, tokens, positions, valid)), self.lora,
+    self.pool = program(self.params, self.pool, *self._put((table, tokens, positions, valid)), self.lora,
                         self._scale(batch, b))
     for s, end in zip(batch, ends):
       self.stats["prefill_tokens"] += end - s.cache_len
@@ -464,7 +483,7 @@ class Engine:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
-    self.pool, st, eos, out = program(self.params, self.pool, *jax.device_put((table, state)), self.lora,
+    self.pool, st, eos, out = program(self.params, self.pool, *self._put((table, state)), self.lora,
                                       self._scale(rows, b))
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
@@ -512,15 +531,14 @@ class Engine:
   def _decode_program(self, b: int, width: int, e: int, filters: RowFilters):
     """The compiled decode chunk for b rows, block tables `width` pages wide, e EOS ids a row."""
     def build():
-      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-      f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+      i32, f32 = self._spec(jnp.int32), self._spec(jnp.float32)
       state = {"pending": i32(b), "pos": i32(b), "budget": i32(b), "count": i32(b),
-               "active": jax.ShapeDtypeStruct((b,), jnp.bool_), "temperature": f32(b), "top_k": i32(b),
-               "top_p": f32(b), "key": jax.ShapeDtypeStruct((b, 2), jnp.uint32), "eos": i32(b, e)}
+               "active": self._spec(jnp.bool_)(b), "temperature": f32(b), "top_k": i32(b),
+               "top_p": f32(b), "key": self._spec(jnp.uint32)(b, 2), "eos": i32(b, e)}
       return device.decode_chunk.lower(
           self.params, self.pool, i32(b, width), state, self.lora, self._scale_spec(b), config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
-          num_steps=self.chunk_size).compile()
+          num_steps=self.chunk_size, pool_sharding=self._pool_sharding).compile()
     key = (self._signature, b, width, e, filters)
     program = _compiled(key, build)
     self.programs.add(key)
@@ -529,24 +547,24 @@ class Engine:
   def _prefill_program(self, b: int, width: int, n: int):
     """The compiled prefill of b rows of `width` tokens with block tables n pages wide."""
     def build():
-      i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+      i32 = self._spec(jnp.int32)
       return device.prefill.lower(
-          self.params, self.pool, i32(b, n), i32(b, width), i32(b, width),
-          jax.ShapeDtypeStruct((b, width), jnp.bool_), self.lora, self._scale_spec(b), config=self.config,
-          dtype=self.dtype, impl=self.impl).compile()
+          self.params, self.pool, i32(b, n), i32(b, width), i32(b, width), self._spec(jnp.bool_)(b, width),
+          self.lora, self._scale_spec(b), config=self.config, dtype=self.dtype, impl=self.impl,
+          pool_sharding=self._pool_sharding).compile()
     return _compiled((self._signature, "prefill", b, width, n), build)
 
   def _copy_program(self, c: int):
     """The compiled copy of c pages (`device.copy_pages`)."""
-    i32 = jax.ShapeDtypeStruct((c,), jnp.int32)
+    i32 = self._spec(jnp.int32)(c)
     return _compiled((self._signature, "copy", c), lambda: device.copy_pages.lower(
-        self.pool, i32, i32, num_layers=self.config.num_layers).compile())
+        self.pool, i32, i32, num_layers=self.config.num_layers, pool_sharding=self._pool_sharding).compile())
 
   def _scale_spec(self, b: int):
     """The LoRA scale argument of a b-row call: the engine's scalar, or the shape of per-row weights."""
     if self.adapter_scales is None:
       return self.lora_scale
-    return jax.ShapeDtypeStruct((b, len(self.adapter_scales)), jnp.float32)
+    return self._spec(jnp.float32)(b, len(self.adapter_scales))
 
   def serving_programs(self, max_len: int, eos_width: int | None = None) -> list[tuple]:
     """Every program `step` can meet while each sequence stays within `max_len` positions: ("decode", rows,
@@ -622,7 +640,19 @@ class Engine:
     if self.adapter_scales is None:
       return self.lora_scale
     ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
-    return jax.device_put(row_weights(ids, self.adapter_scales))
+    return self._put(row_weights(ids, self.adapter_scales))
+
+  def _put(self, x):
+    """Host inputs (a pytree) of a device call: on the device, or replicated over the mesh (tensor
+    parallelism). device_put, not jnp.asarray: in jax >= 0.10 asarray of a NumPy array compiles a `stage`
+    program per shape (a compile inside served traffic that warm-up cannot know of)."""
+    return jax.device_put(x) if self.mesh is None else jax.device_put(x, tp.replicated(self.mesh))
+
+  def _spec(self, dtype):
+    """shape -> the ShapeDtypeStruct of a host input of that shape (replicated over the mesh under tensor
+    parallelism), for lowering a program ahead of its first call."""
+    on = None if self.mesh is None else tp.replicated(self.mesh)
+    return lambda *shape: jax.ShapeDtypeStruct(shape, dtype, sharding=on)
 
   def _copy(self, copies: list[tuple[int, int]]) -> None:
     if not copies:
@@ -631,7 +661,7 @@ class Engine:
     src = np.zeros(width, np.int32)
     dst = np.zeros(width, np.int32)
     src[:len(copies)], dst[:len(copies)] = zip(*copies)
-    self.pool = self._copy_program(width)(self.pool, *jax.device_put((src, dst)))
+    self.pool = self._copy_program(width)(self.pool, *self._put((src, dst)))
     self.stats["copied_pages"] += len(copies)
 
   def _eos_width(self, most: int) -> int:

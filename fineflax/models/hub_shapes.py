@@ -42,6 +42,9 @@ HUB_CONFIGS: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                     tie_word_embeddings=False, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
+    "meta-llama/Llama-3.1-70B": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                     num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                                     tie_word_embeddings=False, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
 }
 
 

@@ -50,7 +50,7 @@ def _cast(x, dtype):
 
 
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,
-                     dequantize: bool = False) -> dict:
+                     dequantize: bool = False, fuse: bool = True) -> dict:
   """The decode weights (see the module docstring) from a stacked `decoder` parameter pytree.
 
   Dense kernels are cast to `dtype`, concatenated per group along the output axis and (transpose=True)
@@ -59,7 +59,9 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   "bias"?}} and `forward_unrolled` indexes layer i inside its jitted step, where the slice fuses into
   the dequantisation. dequantize=True instead dequantises them (to `dtype`) into the dense groups like
   the rest: a dense copy of the whole base, decoded at a dense kernel's speed. embed / final_norm /
-  lm_head are cast (no copy when already `dtype`).
+  lm_head are cast (no copy when already `dtype`). fuse=False keeps each dense linear apart, per layer
+  {name: {"kernel": [in, out], "bias"?}} (tensor parallelism splits q, k, v over their own heads:
+  `fineflax.engine.tensor_parallel`).
   """
   layers = params["layers"]
   quantized = {} if dequantize else {
@@ -67,7 +69,7 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
       if n in layers and any(_is_quantized(layers[m]["kernel"]) for m in names if m in layers)}
   dense = {n: p for n, p in layers.items() if n not in quantized}
   out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
-         "layers": _prepare_layers(dense, config, dtype, transpose)}
+         "layers": _prepare_layers(dense, config, dtype, transpose, fuse)}
   if quantized:
     out["quantized"] = {n: {k: v if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
                         for n, p in quantized.items()}
@@ -77,15 +79,21 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype", "transpose"))
-def _prepare_layers(layers, config: ModelConfig, dtype, transpose: bool) -> list:
-  """Per-layer dicts of the vectors and the fused dense groups (groups absent from `layers` skipped)."""
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "transpose", "fuse"))
+def _prepare_layers(layers, config: ModelConfig, dtype, transpose: bool, fuse: bool = True) -> list:
+  """Per-layer dicts of the vectors and the fused dense groups (groups absent from `layers` skipped);
+  fuse=False: each linear apart, {name: {"kernel": [in, out], "bias"?}}."""
   out = []
   for i in range(config.num_layers):
     lp = {n: _cast(layers[n][i], dtype) for n in config.vector_names()}
     for group, names in GROUPS:
       names = [n for n in names if n in layers]
       if not names:
+        continue
+      if not fuse:
+        for n in names:
+          lp[n] = {k: _cast(materialize(jax.tree.map(lambda a: a[i], v), dtype), dtype)
+                   for k, v in layers[n].items()}
         continue
       w = jnp.concatenate([materialize(jax.tree.map(lambda a: a[i], layers[n]["kernel"]), dtype) for n in names],
                           axis=1)

@@ -14,7 +14,7 @@ from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.replicas import assign_rows, on_devices, place, replica_devices
-from fineflax.sampling.session import engine_pool_pages, uses_static_cache
+from fineflax.sampling.session import engine_pool_pages, tensor_parallel_mesh, uses_static_cache
 
 
 def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature: float = 1.0,
@@ -34,7 +34,9 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   Identical prompts are prefilled once and share their pages. page_size / attention: the engine's.
   cache="replicas" with a mesh of several devices of one process splits the rows over its devices, one
   engine each (`replicas`; the same tokens as on one device); max_rows then counts over all of them.
-  cache="static": the static-cache sampler (also used for any other mesh of several devices).
+  cache="paged" with a mesh of only a "model" axis of N > 1 devices: one engine decoding tensor-parallel
+  over it (`engine.tensor_parallel`). cache="static": the static-cache sampler (also used for any other
+  mesh of several devices).
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
@@ -61,7 +63,7 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
     raise ValueError(f"max_rows={max_rows}: must be >= 1")
   kw = dict(max_new_tokens=int(max_new_tokens), sc=sc, stop_strings=tuple(stop_strings), page_size=page_size,
             chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora_scale=lora_scale, dtype=dtype,
-            impl=impl, attention=attention, dense_base=dense_base)
+            impl=impl, attention=attention, dense_base=dense_base, mesh=tensor_parallel_mesh(cache, mesh))
   devices = replica_devices(mesh) if cache == "replicas" else None
   if not devices:
     seqs = engine_rows(params, config, prompts, range(len(prompts)), rows, rng=rng, lora=lora, **kw)
@@ -80,14 +82,15 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
 
 def engine_rows(params, config, prompts, row_ids, rows: int, *, max_new_tokens: int, sc: SamplingConfig,
                 rng, stop_strings, page_size, chunk_size, tokenizer, eos_ids, lora, lora_scale, dtype, impl,
-                attention, dense_base) -> list:
-  """The finished engine sequences of `prompts` decoded `rows` at a time on one engine (default device);
-  prompt i samples with key fold_in(rng, row_ids[i])."""
+                attention, dense_base, mesh=None) -> list:
+  """The finished engine sequences of `prompts` decoded `rows` at a time on one engine (default device, or
+  tensor-parallel over `mesh`); prompt i samples with key fold_in(rng, row_ids[i])."""
   groups = [g[i:i + rows] for g in group_identical(prompts) for i in range(0, len(g), rows)]
   concurrent = sorted((len(p) + max_new_tokens for p in prompts), reverse=True)[:rows]
   engine = Engine(params, config, max_rows=rows, num_pages=engine_pool_pages(concurrent, page_size),
                   page_size=page_size, chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora=lora,
-                  lora_scale=lora_scale, dtype=dtype, impl=impl, attention=attention, dense_base=dense_base)
+                  lora_scale=lora_scale, dtype=dtype, impl=impl, attention=attention, dense_base=dense_base,
+                  mesh=mesh)
   row_ids = list(row_ids)
   seqs = [None] * len(prompts)
   for group in groups:

@@ -16,7 +16,9 @@ the kept text. Each row may hold max_total_len completion tokens (generated and 
 
 Backed by the engine (`fineflax.engine`, cache="paged", the default): every row is a held sequence of
 one paged KV cache; identical prompts are prefilled once and share their pages; decoding reads only the
-live tokens. cache="replicas" on a mesh of several devices of one process splits the rows over the
+live tokens. A paged session on a mesh of only a "model" axis (`make_mesh(data=1, model=N)`) decodes
+tensor-parallel: one engine, weights and pages split over the axis (`engine.tensor_parallel`).
+cache="replicas" on a mesh of several devices of one process splits the rows over the
 devices, one engine and page pool each (`replicas.ReplicaSession`; opt-in: RL on a mesh still samples
 with the static session, whose draws multi-process runs reproduce). cache="static" (and any other
 session on a mesh of several devices) runs the static-cache session (`static_session.StaticSession`, one
@@ -37,6 +39,7 @@ from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params
 from fineflax.engine.device import geometric_bucket
 from fineflax.engine.pages import pages_for
 from fineflax.engine.processors import SamplingConfig
+from fineflax.engine.tensor_parallel import tp_size
 from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 from fineflax.sampling.output import SampleOutput, build_output
 from fineflax.sampling.replicas import ReplicaSession, place, replica_devices
@@ -46,11 +49,25 @@ CACHES = ("paged", "static", "replicas")
 
 def uses_static_cache(cache: str, mesh) -> bool:
   """Whether a session / generate call runs the static-cache path: cache="static", or a mesh of several
-  devices, unless cache="replicas" and the mesh is one process's (rows split over per-device engines)."""
+  devices, unless cache="replicas" and the mesh is one process's (rows split over per-device engines) or
+  cache="paged" and the mesh is a tensor-parallel one (`tensor_parallel_mesh`)."""
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}; choose one of {CACHES}")
   multi = mesh is not None and mesh.devices.size > 1
-  return cache == "static" or (multi and not (cache == "replicas" and replica_devices(mesh)))
+  return cache == "static" or (multi and not (cache == "replicas" and replica_devices(mesh))
+                               and tensor_parallel_mesh(cache, mesh) is None)
+
+
+def tensor_parallel_mesh(cache: str, mesh):
+  """The mesh when a paged session decodes tensor-parallel on it (one engine, weights and pages split over
+  its "model" axis: `engine.tensor_parallel`): cache="paged" and a "model" axis of > 1 devices; None
+  otherwise. ValueError when the mesh also splits rows (data or fsdp > 1): not supported yet."""
+  if cache != "paged" or tp_size(mesh) < 2:
+    return None
+  if mesh.devices.size != tp_size(mesh):
+    raise ValueError(f"tensor-parallel decoding: mesh {dict(mesh.shape)} also splits rows; use a mesh of "
+                     "the model axis only (make_mesh(data=1, fsdp=1, model=N))")
+  return mesh
 
 
 _RECENT_POOLS: list[int] = []  # pool sizes of the latest engines, newest first (engine_pool_pages)
@@ -112,7 +129,8 @@ class SamplerSession:
     if max_total_len < 1:
       raise ValueError(f"max_total_len={max_total_len}: must be >= 1")
     self.impl = decode_impl(impl)
-    self.params = prepare_decode_params(params, config, self.impl, dtype, dense_base)
+    self.tp_mesh = tensor_parallel_mesh(cache, mesh)
+    self.params = prepare_decode_params(params, config, self.impl, dtype, dense_base, fuse=self.tp_mesh is None)
     self.config, self.tokenizer, self.mesh = config, tokenizer, mesh
     self.rng, self.eos_ids, self.lora, self.lora_scale, self.dtype = rng, eos_ids, lora, lora_scale, dtype
     self.max_total_len, self.chunk_size = int(max_total_len), int(chunk_size)
@@ -150,7 +168,7 @@ class SamplerSession:
         self.params, self.config, max_rows=len(prompts), tokenizer=self.tokenizer, eos_ids=self.eos_ids,
         num_pages=engine_pool_pages([len(p) + self.max_total_len for p in prompts], self.page_size),
         page_size=self.page_size, chunk_size=self.chunk_size, lora=self.lora, lora_scale=self.lora_scale,
-        dtype=self.dtype, impl=self.impl, attention=self.attention, prepared=True)
+        dtype=self.dtype, impl=self.impl, attention=self.attention, prepared=True, mesh=self.tp_mesh)
     sc = self.sampling
     requests = [Request(p, max_new_tokens=0, temperature=sc.temperature, top_k=sc.top_k, top_p=sc.top_p,
                         key=None if self.rng is None else jax.random.fold_in(self.rng, i), hold=True,
