@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import pathlib
-import socket
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.serve.spawn import health, spawn_server
+from fineflax.testing.serve import free_port
 
 
 def parse_args(argv=None):
@@ -96,9 +96,7 @@ def main(argv=None):
   atomic_write_text(out / "rag.json", json.dumps({
       "retrievers": {"kb": {"kind": args.retriever, "corpus": "corpus.jsonl"}},
       "variants": {"naive_rag": {"retriever": "kb", "k": 3}}}))
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   log = out / "serve_log.sqlite"
   for p in out.glob("serve_log.sqlite*"):
     p.unlink()

@@ -36,18 +36,16 @@ import argparse
 import asyncio
 import os
 import pathlib
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 
 from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
 from fineflax.io import atomic_write_json, atomic_write_text
-from fineflax.serve.spawn import health
+from fineflax.serve.spawn import health, spawn_server
+from fineflax.testing.serve import free_port
 
 PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}]
 
@@ -151,24 +149,14 @@ def shared_level(url, args) -> dict:
 def run_server(args, out, levels, shared: bool, extra=()):
   """({clients: row} of the plain levels, the shared case's row or None) of one server process started with
   the benchmark's arguments plus `extra`."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(gpu.REPO), os.environ.get("PYTHONPATH", "")]))
   log = out / "serve_log.sqlite"
   for p in out.glob("serve_log.sqlite*"):
     p.unlink()
-  proc = subprocess.Popen([sys.executable, "-m", "fineflax.serve", *server_args(args, port, log), *extra], env=env)
-  url = f"http://127.0.0.1:{port}"
+  server_log = out / f"server{''.join(extra).replace('--', '_')}.log"  # one per server of the run
+  proc, url = spawn_server([*server_args(args, free_port(), log), *extra], env=env, log_path=server_log,
+                           timeout=1800, poll_s=0.5)
   try:
-    while True:
-      if proc.poll() is not None:
-        raise SystemExit(f"the server exited with {proc.returncode}")
-      try:
-        urllib.request.urlopen(url + "/health", timeout=1).read()
-        break
-      except OSError:
-        time.sleep(0.5)
     rows = {}
     for c in levels:
       for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)

@@ -539,7 +539,7 @@ class Engine:
           self.params, self.pool, i32(b, width), state, self.lora, self._scale_spec(b), config=self.config,
           dtype=self.dtype, impl=self.impl, kernel=self.attention, filters=filters,
           num_steps=self.chunk_size, pool_sharding=self._pool_sharding).compile()
-    key = (self._signature, b, width, e, filters)
+    key = self._program_key("decode", b, width, e, filters)
     program = _compiled(key, build)
     self.programs.add(key)
     return program
@@ -552,12 +552,12 @@ class Engine:
           self.params, self.pool, i32(b, n), i32(b, width), i32(b, width), self._spec(jnp.bool_)(b, width),
           self.lora, self._scale_spec(b), config=self.config, dtype=self.dtype, impl=self.impl,
           pool_sharding=self._pool_sharding).compile()
-    return _compiled((self._signature, "prefill", b, width, n), build)
+    return _compiled(self._program_key("prefill", b, width, n), build)
 
   def _copy_program(self, c: int):
     """The compiled copy of c pages (`device.copy_pages`)."""
     i32 = self._spec(jnp.int32)(c)
-    return _compiled((self._signature, "copy", c), lambda: device.copy_pages.lower(
+    return _compiled(self._program_key("copy", c), lambda: device.copy_pages.lower(
         self.pool, i32, i32, num_layers=self.config.num_layers, pool_sharding=self._pool_sharding).compile())
 
   def _scale_spec(self, b: int):
@@ -601,17 +601,17 @@ class Engine:
     compiles without the GIL); returns how many."""
     import concurrent.futures
     build = {"decode": self._decode_program, "prefill": self._prefill_program, "copy": self._copy_program}
-    todo = [k for k in dict.fromkeys(keys) if not self._has_program(k)]
+    with _PROGRAMS_LOCK:
+      todo = [k for k in dict.fromkeys(keys) if self._program_key(*k) not in _PROGRAMS]
     workers = threads or max(1, min(len(todo), (os.cpu_count() or 2) // 2))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
       list(pool.map(lambda k: build[k[0]](*k[1:]), todo))
     return len(todo)
 
-  def _has_program(self, key: tuple) -> bool:
-    kind, *rest = key
-    full = (self._signature, *rest) if kind == "decode" else (self._signature, kind, *rest)
-    with _PROGRAMS_LOCK:
-      return full in _PROGRAMS
+  def _program_key(self, kind: str, *shape) -> tuple:
+    """The `_PROGRAMS` key of a program of `serving_programs`' form (kind, *shape): decode chunks by
+    (signature, rows, table width, eos width, filters), the others by (signature, kind, *shape)."""
+    return (self._signature, *shape) if kind == "decode" else (self._signature, kind, *shape)
 
   def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
     s.status, s.budget = status, 0

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fineflax.mesh import put
 from fineflax.models.paged import init_paged_cache
 from fineflax.quant.column_blocks import ColumnBlocks, column_blocks
 from fineflax.quant.nf4 import NF4Tensor
@@ -140,8 +141,8 @@ def lora_specs(lora, n: int):
 
 
 def place(tree, specs, mesh: Mesh):
-  """device_put every leaf of `tree` with NamedSharding(mesh, its spec)."""
-  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+  """Every leaf of `tree` placed with NamedSharding(mesh, its spec) (`fineflax.mesh.put`)."""
+  return jax.tree.map(lambda x, s: put(x, NamedSharding(mesh, s)), tree, specs)
 
 
 def shard_decode_params(params, config, mesh: Mesh):

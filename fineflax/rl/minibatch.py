@@ -89,7 +89,8 @@ class UpdatePlan:
     if critic is not None:
       batch["response_mask"] = response_mask(batch)
     # 2. old / ref log-probs and values under the state before any update
-    on_policy = reuses_current_logp(rl, rl.num_iterations * len(split_rows(batch, self.rows)))
+    b = batch["tokens"].shape[0]
+    on_policy = reuses_current_logp(rl, rl.num_iterations * -(-b // (self.rows or b)))  # steps: epochs x minis
     fields = {} if on_policy else {"old_logp": lambda mb: self.logp_fn(state["params"], base, mb)[0]}
     if self.needs_ref:
       fields["ref_logp"] = lambda mb: self.logp_fn(reference, base, mb)[0]
