@@ -70,9 +70,11 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
     return build_output(seqs, max_new_tokens, tokenizer)
   parts = [p for p in assign_rows(prompts, len(devices), int(max_new_tokens)) if p]
   per = -(-rows // len(parts))
-  outs = on_devices(devices[:len(parts)], lambda d, part: engine_rows(
-      place(params, d), config, [prompts[r] for r in part], part, min(per, len(part)), rng=place(rng, d),
-      lora=place(lora, d), **kw), parts)
+  used = devices[:len(parts)]
+  placed = {d: (place(params, d), place(rng, d), place(lora, d)) for d in used}  # see ReplicaSession.start
+  outs = on_devices(used, lambda d, part: engine_rows(
+      placed[d][0], config, [prompts[r] for r in part], part, min(per, len(part)), rng=placed[d][1],
+      lora=placed[d][2], **kw), parts)
   seqs = [None] * len(prompts)
   for part, out in zip(parts, outs):
     for r, seq in zip(part, out):

@@ -71,8 +71,12 @@ class ReplicaSession:
     used = [(d, p) for d, p in zip(self.devices, assign_rows(prompts, len(self.devices), self.max_total_len))
             if p]
 
+    # Copies are made here, one device after another: jax's gather of a sharded array onto one device
+    # is not safe from several threads at once (CI saw safe_zip length mismatches).
+    placed = {d: (place(self.params, d), place(self.lora, d)) for d, _ in used}
+
     def start_one(d, rows):
-      s = self.make(d, place(self.params, d), place(self.lora, d))
+      s = self.make(d, *placed[d])
       s.start([prompts[r] for r in rows], row_ids=rows)
       return s
     self.used = [d for d, _ in used]
