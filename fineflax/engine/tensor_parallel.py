@@ -95,9 +95,11 @@ def _column_blocks_on(w: NF4Tensor, n: int, mesh: Mesh | None) -> ColumnBlocks:
   make = functools.partial(column_blocks, n=n)
   if mesh is None or jax.process_count() > 1:
     return make(w)
-  shapes = jax.eval_shape(make, w)
-  out = jax.tree.map(lambda x: NamedSharding(mesh, _spec(x.shape, -1, n)), shapes)
-  return jax.jit(make, out_shardings=out)(w)
+  split = lambda x: NamedSharding(mesh, _spec(np.shape(x), -1, n))
+  mesh_devices = set(mesh.devices.flat)
+  if any(getattr(x, "sharding", None) is None or x.sharding.device_set != mesh_devices for x in jax.tree.leaves(w)):
+    w = jax.tree.map(lambda x: put(x, split(x)), w)  # other devices (e.g. the update's whole mesh): move first
+  return jax.jit(make, out_shardings=jax.tree.map(split, jax.eval_shape(make, w)))(w)
 
 
 def _linear(path: tuple[str, ...]) -> str | None:
