@@ -1,6 +1,7 @@
 """RL with tensor-parallel rollouts (config.mesh.model, `fineflax.rl.learner`) on 4 forced CPU devices equals one
 device: a tiny random Llama (NF4 base, LoRA, f32) with mesh data=2 x fsdp=2 for the update and model=2 for the
-rollouts gives the same greedy rollout tokens, the same sampled rollouts and the same loss and grad norm of one
+rollouts gives the same greedy rollout tokens, the same multi-turn session with tool-output appends (Search-R1's
+SamplerSession), the same sampled rollouts and the same loss and grad norm of one
 GRPO step (RLJob.step); the launch.py entry runs a step with mesh.model=2; a model that does not split is a
 clear error naming config.mesh.model.
 
@@ -34,6 +35,18 @@ STEP = textwrap.dedent("""
     prompts = [job.env.prompt(item) for item in job.env.train_items[:3]]
     greedy = policy.sample(prompts, greedy=True)
     out["greedy"] = greedy.tokens.tolist()
+    # Search-R1's multi-turn session (SamplerPolicy -> SamplerSession) on the policy: tool text appended
+    from fineflax.sampling.session import SamplerSession
+    s = SamplerSession(policy.base, policy.model_config, max_total_len=24, temperature=0.0, lora=policy.lora,
+                       lora_scale=policy.lora_scale, dtype=policy.dtype, eos_ids=(), mesh=policy.mesh)
+    s.start(prompts)
+    s.decode(3)
+    s.append({0: [20, 21], 2: [22]})
+    s.decode(4)
+    if learner.rollout_mesh is not None:
+      assert s.engine.mesh is learner.rollout_mesh, "the session does not decode tensor-parallel"
+    turns = s.result()
+    out["session"] = [turns.tokens.tolist(), turns.valid.tolist()]
     state, m = job.step(learner.state, 1)
     out.update({k: float(m[k]) for k in ("loss", "grad_norm", "reward_mean", "completion_length")})
     print("RESULT " + json.dumps(out), flush=True)
@@ -73,7 +86,7 @@ def test_tensor_parallel_rollouts_equal_one_device_and_the_job_runs_with_mesh_mo
   assert one["rollout_mesh"] is None and tp["devices"] == 4
   assert tp["rollout_mesh"] == {"data": 1, "fsdp": 1, "model": 2}
   assert "model" in tp["q_split"], tp["q_split"]  # the rollout copy is split over the model axis
-  assert tp["greedy"] == one["greedy"]
+  assert tp["greedy"] == one["greedy"] and tp["session"] == one["session"]
   assert tp["completion_length"] == one["completion_length"] and tp["reward_mean"] == one["reward_mean"]
   for k in ("loss", "grad_norm"):
     np.testing.assert_allclose(tp[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
