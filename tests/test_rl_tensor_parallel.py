@@ -76,6 +76,20 @@ def _step(devices: int, overrides: list[str]) -> dict:
   return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.fast
+def test_a_model_axis_that_does_not_divide_the_devices_is_a_config_error_naming_it():
+  import jax
+  from fineflax.config_checks import ConfigError
+  from fineflax.jobs.resolve import load_config
+  from fineflax.jobs.rl import run_meshes
+  n = jax.device_count()
+  mesh, rollouts = run_meshes(load_config("configs/grpo_arith.py:smoke", []))
+  assert rollouts is None and mesh.devices.size == n  # model = 1: rollouts on the update's mesh, as before
+  with pytest.raises(ConfigError, match=rf"^config.mesh.model={n + 1}: mesh: {n} devices are not divisible by "
+                                        rf"model={n + 1}$"):
+    run_meshes(load_config("configs/grpo_arith.py:smoke", [f"mesh.model={n + 1}"]))
+
+
 @pytest.mark.long
 def test_tensor_parallel_rollouts_equal_one_device_and_the_job_runs_with_mesh_model(tmp_path):
   model = _tiny_model(tmp_path / "tiny")

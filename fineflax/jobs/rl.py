@@ -42,16 +42,21 @@ def off_policy_sources(rl: RLConfig, seed: int) -> tuple[Guidance | None, Replay
 def run_meshes(config, devices=None):
   """(update mesh, rollout mesh or None) of config.mesh over `devices` (default all): data x fsdp over every
   device; with config.mesh.model > 1 a model-only mesh of that many devices for tensor-parallel rollouts
-  (`fineflax.mesh.rollout_mesh`). ConfigError naming the knob when a size does not divide the devices."""
+  (`fineflax.mesh.rollout_mesh`; one process only). ConfigError naming the knob when a size does not divide
+  the devices."""
   m = config.mesh
   try:
     mesh = make_mesh(m.data, m.fsdp, devices)
   except ValueError as e:
     raise ConfigError(f"config.mesh (data={m.data}, fsdp={m.fsdp}): {e}") from None
+  model = int(m.get("model", 1))
+  if model > 1 and jax.process_count() > 1:
+    raise ConfigError(f"config.mesh.model={model}: tensor-parallel rollouts run in one process; this run has "
+                      f"{jax.process_count()} (set config.mesh.model=1)")
   try:
-    return mesh, rollout_mesh(int(m.get("model", 1)), mesh.devices)
+    return mesh, rollout_mesh(model, mesh.devices)
   except ValueError as e:
-    raise ConfigError(f"config.mesh.model={m.get('model', 1)}: {e}") from None
+    raise ConfigError(f"config.mesh.model={model}: {e}") from None
 
 
 class RLJob:
