@@ -31,8 +31,11 @@ block scales: 4.5 bits) = 18.9 GiB, in both phases. The other choice, one copy r
 layout at every rollout, peaks the same in the rollout phase (both layouts live while the rollout runs),
 saves 9.68 GiB in the update phase only and moves the whole base between devices every step; it is what
 full training does (the weights change every step: each rollout's engine re-places them). The LoRA is
-re-placed at every rollout (the engine's `shard_lora`; MBs). The rollout copy is built one kernel at a time
-on the rollout mesh (`tp_layout(mesh=...)`), so no device ever holds a whole kernel of the model.
+re-placed at every rollout (the engine's `shard_lora`; MBs). The rollout copy is built one kernel at a time,
+each by a jitted call whose output is created split over the rollout mesh (`tp_layout(mesh=...)`): no host
+copy, and at most one kernel's re-layout in flight. With model < the devices, the rollout mesh is the first
+`model` devices (`fineflax.mesh.rollout_mesh`): they hold base / model each and decode every row; the others
+wait during rollouts.
 
 `state` holds the train state the run starts from (placed on the mesh by `fineflax.train.trainable`:
 LoRA replicated, full params and moments split over fsdp); the loop passes states in and out of
