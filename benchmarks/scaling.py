@@ -18,6 +18,14 @@ Weights are random of the named shape, bf16 compute (f32 on CPU), LoRA r=16 on e
          `--grpo_prompts` groups per device. samples/s = rows * steps / time (rollouts included).
   fits   Llama-3.1-70B shape (then smaller published shapes until one fits), NF4 base split over
          fsdp=4, one group of 8 rows, 128 new tokens: does one GRPO step run; peak memory per device.
+         --fits_model M: rollouts tensor-parallel over M devices (the RL jobs' config.mesh.model: the base
+         laid out once for the rollouts with `engine.tensor_parallel.shard_decode_params`, as the Learner
+         does; the update keeps fsdp), and the row reports rollout s, update s, decode ms a step (rollout time
+         less a 1-token rollout's, over new - 1 steps) against the per-device weight-read time (the rollout
+         weights' bytes on the busiest device / the device's copy bandwidth; target: decode <= 3x it).
+
+  python -m benchmarks.scaling --out DIR --only none --fits_fsdp 4 --fits_model 4   # 70B step, 4 GPUs, TP=4
+  python -m benchmarks.scaling --out DIR --only none --fits_fsdp 4 --fits_model 2 --tiny  # CPU check
 
 speedup(n) = throughput(n) / throughput(1) at the same per-device batch; efficiency = speedup / n.
 The table is rewritten (DIR/scaling.md, DIR/scaling.jsonl) after every case.
@@ -48,6 +56,7 @@ SHAPES = {  # published shapes (config.json of each model)
                           head_dim=128, tie=False),
 }
 TINY = dict(vocab=512, hidden=64, inter=128, layers=2, heads=4, kv_heads=2, head_dim=16, tie=True)
+TINY_TP = dict(TINY, hidden=128, inter=256, head_dim=64)  # NF4 column kernels split over 2 devices x 64-blocks
 FITS_ORDER = ("Llama-3.1-70B", "Qwen2.5-32B", "Llama-3.1-8B")
 
 
@@ -142,10 +151,20 @@ def grpo_worker(spec: dict) -> dict:
   from fineflax.train.state import init_state
   import ml_collections
   n, g, new, dtype = jax.device_count(), spec["group"], spec["new_tokens"], jnp.dtype(spec["dtype"])
-  fsdp = spec.get("fsdp", 1)
+  fsdp, tp_n = spec.get("fsdp", 1), spec.get("tp", 1)
   mesh = make_mesh(data=n // fsdp, fsdp=fsdp)
   mc = _model_config(spec["shape"], spec["prompt_len"] + new)
   base = random_params(mc, mesh, dtype, "nf4")
+  decode_base, roll_mesh, extra = base, mesh, {}
+  if tp_n > 1:  # the Learner's rollout layout (config.mesh.model), made once
+    from fineflax.engine import tensor_parallel as tp
+    from fineflax.mesh import rollout_mesh
+    t = time.perf_counter()
+    roll_mesh = rollout_mesh(tp_n, mesh.devices)
+    decode_base = tp.shard_decode_params(base, mc, roll_mesh)
+    jax.block_until_ready(decode_base)
+    extra["layout_s"] = time.perf_counter() - t
+    extra["rollout_weights_gib"] = max(tp.bytes_per_device(decode_base).values()) / gpu.GIB
   lora, scale = _lora(base, mc, mesh)
   rl = ml_collections.ConfigDict(dict(epsilon_low=0.2, epsilon_high=0.28, dual_clip=0.0, beta=0.0,
                                       entropy_coef=0.0, agg_mode="token-mean", max_new_tokens=new))
@@ -160,11 +179,15 @@ def grpo_worker(spec: dict) -> dict:
   rows_prompts = [p for p in prompts for _ in range(g)]
   times = {"rollout": 0.0, "update": 0.0}
 
+  def rollout(new_tokens, i):
+    return generate(decode_base, mc, rows_prompts, max_new_tokens=new_tokens, temperature=1.0,
+                    rng=jax.random.PRNGKey(i), lora=state["params"], lora_scale=scale, dtype=dtype, eos_ids=(),
+                    mesh=roll_mesh)
+
   def one_step(i):
     nonlocal state
     t0 = time.perf_counter()
-    out = generate(base, mc, rows_prompts, max_new_tokens=new, temperature=1.0, rng=jax.random.PRNGKey(i),
-                   lora=state["params"], lora_scale=scale, dtype=dtype, eos_ids=(), mesh=mesh)
+    out = rollout(new, i)
     comps = [list(out.tokens[j, :out.lengths[j]]) for j in range(len(rows_prompts))]
     rows = R.make_rows(rows_prompts, comps, [[1.0] * len(c) for c in comps], [""] * len(comps),
                        off_policy=False)
@@ -183,7 +206,16 @@ def grpo_worker(spec: dict) -> dict:
     times["rollout"] += r
     times["update"] += u
   dt = (time.perf_counter() - t0) / spec["steps"]
-  return {"devices": n, "rows": len(rows_prompts), "seconds": dt, "throughput": len(rows_prompts) / dt,
+  if tp_n > 1:  # decode ms a step = (rollout - a 1-token rollout) / (new - 1), vs the weight read
+    rollout(1, 0)
+    t = time.perf_counter()
+    rollout(1, 1)
+    first = time.perf_counter() - t
+    extra["decode_ms"] = 1e3 * (times["rollout"] / spec["steps"] - first) / max(new - 1, 1)
+    bw = gpu.jax_copy_bandwidth(256 * 2 ** 20 if spec["dtype"] == "bfloat16" else 2 ** 22)
+    extra["weight_read_ms"] = 1e3 * extra["rollout_weights_gib"] * gpu.GIB / bw
+    extra["decode_over_read"] = extra["decode_ms"] / extra["weight_read_ms"]
+  return {**extra, "model_axis": tp_n, "devices": n, "rows": len(rows_prompts), "seconds": dt, "throughput": len(rows_prompts) / dt,
           "rollout_s": times["rollout"] / spec["steps"], "update_s": times["update"] / spec["steps"],
           "loss": loss, "peak_gib": _peak_gib(), "device": gpu.jax_device_name()}
 
@@ -224,8 +256,13 @@ def _table(results: list[dict]) -> str:
   for r in results:
     if r["kind"] == "fits":
       peak = r.get("peak_gib")
-      rows.append([r["kind"], r["model"], r.get("devices", "-"), r.get("rows", "-"), "runs" if "error" not in r
-                   else "error: " + r["error"][:80], "-", "-", "-" if peak is None else peak])
+      ran = "runs" if "error" not in r else "error: " + r["error"][:80]
+      if "decode_ms" in r:  # tensor-parallel rollouts: the phase times and decode vs the weight read
+        ran += (f"; rollout {r['rollout_s']:.2f} s, update {r['update_s']:.2f} s, decode {r['decode_ms']:.2f} "
+                f"ms/step = {r['decode_over_read']:.2f}x the weight read ({r['weight_read_ms']:.2f} ms of "
+                f"{r['rollout_weights_gib']:.2f} GiB)")
+      rows.append([r["kind"], r["model"], r.get("devices", "-"), r.get("rows", "-"), ran, "-", "-",
+                   "-" if peak is None else peak])
       continue
     if "error" in r:
       rows.append([r["kind"], r["model"], r["n"], "-", "-", "-", "-", "error: " + r["error"][:80]])
@@ -247,6 +284,8 @@ def main() -> None:
   p.add_argument("--grpo_prompts", type=int, default=2, help="GRPO groups (prompts) per device")
   p.add_argument("--skip_fits", action="store_true", help="skip the largest-model search")
   p.add_argument("--fits_fsdp", type=int, default=4, help="devices (= fsdp) of the largest-model search")
+  p.add_argument("--fits_model", type=int, default=1,
+                 help="largest-model search: rollouts tensor-parallel over this many devices (config.mesh.model)")
   p.add_argument("--only", default="", help="comma list of cases to run, e.g. grpo:Llama-3.2-1B,sft (default all)")
   p.add_argument("--results", action="store_true", help="write the multi-GPU section of RESULTS.md")
   p.add_argument("--timeout", type=float, default=1800)
@@ -285,11 +324,14 @@ def main() -> None:
   if not args.skip_fits:
     for model in (("tiny",) if args.tiny else FITS_ORDER):
       k = args.fits_fsdp
-      spec = dict(kind="grpo", model=model, shape=TINY if args.tiny else SHAPES[model], group=8, fsdp=k,
+      tiny = TINY_TP if args.fits_model > 1 else TINY
+      spec = dict(kind="grpo", model=model, shape=tiny if args.tiny else SHAPES[model], group=8, fsdp=k,
+                  **({"tp": args.fits_model} if args.fits_model > 1 else {}),
                   new_tokens=8 if args.tiny else 128, prompt_len=16 if args.tiny else 64, per_device=1,
                   remat="full", dtype="float32" if args.tiny else "bfloat16", warmup=1, steps=1)
       r = run_case(spec, k, args.tiny, args.timeout)
-      text = record({"kind": "fits", "model": f"{model} (fsdp={k})", "n": k, **r})
+      tp_note = f", model={args.fits_model}" if args.fits_model > 1 else ""
+      text = record({"kind": "fits", "model": f"{model} (fsdp={k}{tp_note})", "n": k, **r})
       if "error" not in r:
         break
   if args.results:

@@ -70,12 +70,14 @@ def checkpoint(config, every, keep_last=2, keep_best=1):
   return config
 
 
-def mesh(config, data=-1, fsdp=1):
+def mesh(config, data=-1, fsdp=1, model=1):
   """Where the run computes: the device mesh over every visible device (of every process) and the
   jax.distributed settings of a multi-process run (fineflax.train.distributed)."""
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = data  # data-parallel devices (-1: all that fsdp leaves)
   config.mesh.fsdp = fsdp  # devices the frozen base weights are split over
+  config.mesh.model = model  # RL rollouts: devices one tensor-parallel engine splits the weights and KV
+  #   pages over (1 = off; divides the devices, heads, kv heads and intermediate size; fineflax.rl.learner)
   config.distributed = ml_collections.ConfigDict()
   config.distributed.coordinator_address = ""  # host:port of process 0; "" = from the environment or one process
   config.distributed.num_processes = 0  # processes of the run (0 = from the environment)

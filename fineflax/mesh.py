@@ -26,6 +26,16 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices=None, model: int = 1) -> Me
   return Mesh(devices.reshape(*mesh_shape(data, fsdp, devices.size // model), model), MESH_AXES)
 
 
+def rollout_mesh(model: int, devices=None) -> Mesh | None:
+  """The mesh tensor-parallel rollouts decode on: the first `model` of `devices` (default all) as one
+  "model" axis (data = fsdp = 1); None for model = 1. ValueError when model does not divide the devices.
+  With model < the devices, the other devices wait during rollouts (rows are not split over TP groups)."""
+  devices = list(jax.devices() if devices is None else np.asarray(devices).flat)
+  if model < 1 or len(devices) % model:
+    raise ValueError(f"mesh: {len(devices)} devices are not divisible by model={model}")
+  return None if model == 1 else make_mesh(data=1, fsdp=1, devices=devices[:model], model=model)
+
+
 def mesh_shape(data: int, fsdp: int, n: int) -> tuple[int, int]:
   """(data, fsdp) of the mesh `make_mesh` builds over n devices (data = -1 takes what fsdp leaves);
   ValueError when they do not multiply to n."""

@@ -1,6 +1,7 @@
 """fineflax.jobs.memory_plan against the real thing on a tiny model (CPU): parameter and optimizer bytes equal
 the pytrees' nbytes exactly; activation estimates are within a factor 2 of XLA's memory_analysis() of a
 compiled gradient step; launch.py refuses a plan that cannot fit in one line naming a knob (exit 2)."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -80,3 +81,48 @@ def test_launch_refuses_a_plan_that_cannot_fit_in_one_line_naming_a_knob():
   lines = bad.stderr.strip().splitlines()
   assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: plan does not fit: "), bad.stderr
   assert " set config." in lines[0] and "update phase:" in bad.stdout  # the plan is printed before the refusal
+
+
+@pytest.mark.fast
+def test_tensor_parallel_rollouts_split_weights_and_pages_and_the_70b_step_fits_4_gpus_only_with_them():
+  """Rollout phase with mesh.model = t: the rollout copy of the base and the KV pages / t per device (all rows
+  on one engine); NF4 column kernels at 4.5 bits as `tp_layout` stores them. The Llama-3.1-70B shape QLoRA GRPO
+  step on 4 x 80 GiB (fsdp=4, bf16, 48 prompts x 8 rows x (512 + 1024) tokens): model=1 is refused naming
+  config.mesh.model=4, model=4 fits."""
+  from fineflax.engine import tensor_parallel as tp
+  from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases, refusal
+  from fineflax.models.estimate import linear_params, load_config
+  from fineflax.models.quantize import quantize_params
+  mc = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=64)
+  laid = jax.eval_shape(lambda: tp.tp_layout(quantize_params(init_params(mc, jax.random.key(0)), kind="nf4"), 2))
+  column = sum(_nbytes(laid["layers"][n]["kernel"]) for n in COLUMN)
+  assert column == linear_params(mc, COLUMN) * COLUMN_BLOCK_BITS / 8
+  one = PlanInputs(model=mc, n_devices=4, fsdp=4, quant="nf4", prompts=4, sampled_per_prompt=2, new_tokens=64)
+  two = dataclasses.replace(one, tp=2)
+  assert kv_bytes(two) == kv_bytes(one) * 4 / 2  # every row on the engine of 2 devices, pages split over them
+  assert "gathered_base" in phases(one)["rollout"] and "rollout_weights" in phases(two)["rollout"]
+
+  big = PlanInputs(model=load_config("meta-llama/Llama-3.1-70B"), n_devices=4, fsdp=4, quant="nf4", remat="full",
+                   prompts=48, sampled_per_prompt=8, update_rows=384, prompt_tokens=512, new_tokens=1024,
+                   micro_batch_tokens=4096)
+  problem = refusal(big, 80 * GIB)
+  assert problem is not None and problem.startswith("the rollout phase") and problem.endswith("set config.mesh.model=4")
+  assert refusal(dataclasses.replace(big, tp=4), 80 * GIB) is None
+  weights = phases(dataclasses.replace(big, tp=4))["rollout"]
+  assert 9 * GIB < weights["base_weights"] < weights["rollout_weights"] < 10 * GIB  # the docstring's 9.20 + 9.68
+
+
+def test_dry_run_of_the_70b_shape_names_mesh_model_and_refuses_an_indivisible_one():
+  args = [sys.executable, os.path.join(ROOT, "launch.py"), "--config", "configs/grpo_arith.py", "--dry_run",
+          "--devices", "4", "--device_memory_gb", "80", "--config.model.source=meta-llama/Llama-3.1-70B",
+          "--config.mesh.fsdp=4", "--config.model.dtype=bfloat16", "--config.rl.prompts_per_step=48", "--config.rl.group_size=8",
+          "--config.rl.max_new_tokens=1024", "--config.model.remat=full", "--config.rl.micro_batch_tokens=4096"]
+  run = lambda *extra: subprocess.run(args + list(extra), cwd=ROOT, capture_output=True, text=True, timeout=300)
+  bad = run("--config.mesh.model=1")
+  assert bad.returncode == 2 and bad.stderr.strip().endswith("set config.mesh.model=4"), bad.stderr
+  ok = run("--config.mesh.model=4")
+  assert ok.returncode == 0 and "verdict: fits in 80.0 GiB per device" in ok.stdout, ok.stderr
+  assert "rollouts tensor-parallel over model=4" in ok.stdout and "rollout_weights" in ok.stdout
+  odd = run("--config.mesh.model=3")
+  assert odd.returncode == 2 and odd.stderr.strip() == "error: config.mesh.model=3: 4 devices are not divisible by it"

@@ -69,9 +69,11 @@ def _quantized(x) -> bool:
   return hasattr(x, "dequantize")
 
 
-def tp_layout(params, n: int):
+def tp_layout(params, n: int, mesh: Mesh | None = None):
   """Decode params with every NF4 column kernel (q / k / v / gate / up) as column blocks for n devices
-  (`quant.column_blocks`, exact); dense and row kernels unchanged. ValueError for other quantised kernels."""
+  (`quant.column_blocks`, exact); dense and row kernels unchanged. ValueError for other quantised kernels.
+  With `mesh`, each kernel's blocks are made by one jitted call whose output is split over its "model" axis
+  (a kernel split over other devices, e.g. the update's fsdp, is re-laid out without a host copy)."""
   def convert(path, x):
     if not _quantized(x) or (isinstance(x, ColumnBlocks) and x.blocks.shape[0] == n):  # done already
       return x
@@ -82,10 +84,22 @@ def tp_layout(params, n: int):
     if name not in COLUMN or n == 1:
       return x
     try:
-      return column_blocks(x, n)
+      return _column_blocks_on(x, n, mesh)
     except ValueError as e:
       raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {e}") from None
   return jax.tree_util.tree_map_with_path(convert, params, is_leaf=_quantized)
+
+
+def _column_blocks_on(w: NF4Tensor, n: int, mesh: Mesh | None) -> ColumnBlocks:
+  """column_blocks(w, n); with a mesh (one process), made split over its "model" axis by one jitted call."""
+  make = functools.partial(column_blocks, n=n)
+  if mesh is None or jax.process_count() > 1:
+    return make(w)
+  split = lambda x: NamedSharding(mesh, _spec(np.shape(x), -1, n))
+  mesh_devices = set(mesh.devices.flat)
+  if any(getattr(x, "sharding", None) is None or x.sharding.device_set != mesh_devices for x in jax.tree.leaves(w)):
+    w = jax.tree.map(lambda x: put(x, split(x)), w)  # other devices (e.g. the update's whole mesh): move first
+  return jax.jit(make, out_shardings=jax.tree.map(split, jax.eval_shape(make, w)))(w)
 
 
 def _linear(path: tuple[str, ...]) -> str | None:
@@ -149,7 +163,7 @@ def shard_decode_params(params, config, mesh: Mesh):
   """Decode params placed on the mesh in the Megatron layout (`tp_layout`, `decode_param_specs`)."""
   n = tp_size(mesh)
   check_tp(config, n)
-  params = tp_layout(params, n)
+  params = tp_layout(params, n, mesh)
   fused = [g for layer in (params["layers"] if isinstance(params["layers"], list) else [])
            for g in ("qkv", "gate_up") if g in layer]
   if fused:

@@ -50,7 +50,7 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   the visible ones) of `device_memory_gb` each (default: the first visible device's limit when it reports
   one, and unknown when planning for other devices)."""
   import jax
-  from fineflax.jobs.memory_plan import inputs_from_config
+  from fineflax.jobs.memory_plan import inputs_from_config, tp_divides
   from fineflax.mesh import mesh_shape
   n = int(devices) if devices else jax.device_count()
   mesh_cfg = config.get("mesh") or {"data": -1, "fsdp": 1}
@@ -58,12 +58,21 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
     data, fsdp = mesh_shape(mesh_cfg["data"], mesh_cfg["fsdp"], n)
   except ValueError as e:
     raise ConfigError(f"config.mesh (data={mesh_cfg['data']}, fsdp={mesh_cfg['fsdp']}): {e}") from None
+  model = int(mesh_cfg.get("model", 1))
+  if model < 1 or n % model:
+    raise ConfigError(f"config.mesh.model={model}: {n} devices are not divisible by it")
   device_bytes = device_bytes_of(devices, device_memory_gb)
   dev = jax.devices()[0]
   where = (f"{n} planned device(s)" if devices else f"{n} {dev.platform} device(s) "
            f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))")
-  line = f"# mesh: data={data} x fsdp={fsdp} over {where}"
-  return inputs_from_config(config, n, data, fsdp), device_bytes, line
+  line = f"# mesh: data={data} x fsdp={fsdp} over {where}" + (f"; rollouts tensor-parallel over model={model}"
+                                                              if model > 1 else "")
+  inputs = inputs_from_config(config, n, data, fsdp, model)
+  if inputs is not None and not tp_divides(inputs.model, model):
+    c = inputs.model
+    raise ConfigError(f"config.mesh.model={model}: tensor parallelism needs it to divide the heads "
+                      f"({c.num_heads}), kv heads ({c.num_kv_heads}) and intermediate size ({c.intermediate_size})")
+  return inputs, device_bytes, line
 
 
 def dry_run_report(config, devices: int | None = None, device_memory_gb: float | None = None) -> str:

@@ -18,12 +18,25 @@ Resident in both phases:
                    copy; LoRA: none (the reference is the base with adapters off)
   critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (8·(P + H) / fsdp);
                    lora: a second adapter P_a·4 + value head H·4 and their optimizer
-Rollout phase adds:
-  dense copy       LoRA on a quantised base with rl.dense_rollouts: P_lin·b / fsdp
-  KV pages         ceil(R / n) rows x (pages(prompt + new) + 1) pages x 16 tokens x 2·L·D_kv·b, R = the rollout
-                   rows (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off); the rows
-                   and their cache are split over every device
-  decode logits    ceil(R / n)·V·4·2 (f32 logits and probabilities of one decode step)
+Rollout phase adds, with t = mesh.model (the tensor-parallel rollout engine's devices, `fineflax.rl.learner`):
+  t = 1, fsdp > 1, quantised LoRA base:
+  gathered base    (1 - 1/fsdp) x the base: a decode step without a model axis reads every weight on every
+                   device; a quantised kernel is split over fsdp along its flat codes, which the dequantisation
+                   cannot be partitioned through, and XLA may keep the whole gathered base for the decode loop
+                   (the 70B shape with fsdp=4 on 4 x H200 asked for 90.8 GiB in decode; with fsdp=2 on
+                   2 x H100 the measured peak, 28.0 GiB, stayed under this bound): an upper bound. Dense bases
+                   are split along a matrix axis that the decode partitions (no term)
+  t > 1:
+  rollout weights  the base in the rollout layout, a second copy: LoRA ((P - P_lin)·b + P_row·q + P_col·q_c) / t,
+                   P_col the q / k / v / gate / up parameters, P_row o / down, q_c = 4.5 / 8 for NF4 (column
+                   blocks keep f32 block scales, `quant.column_blocks`), else q; full: P·b_m / t (the trained
+                   weights re-placed by the rollout's engine)
+  dense copy       LoRA on a quantised base with rl.dense_rollouts: P_lin·b / fsdp (t = 1) or / t
+  KV pages         rows x (pages(prompt + new) + 1) pages x 16 tokens x 2·L·D_kv·b / t, rows = ceil(R / n)
+                   (t = 1: rows and their cache split over every device) or R (t > 1: one engine, its pages
+                   split over kv heads), R = the rollout rows (prompts_per_step x sampled rows a group:
+                   group_size less LUFFY's n_off)
+  decode logits    rows·V·4·2 (f32 logits and probabilities of one decode step); / t when t divides V
 Update phase adds:
   gradients        P_t·b_m / s (full), P_a·4 (LoRA) (the critic's, sized the same, in its own update: the larger
                    of the two updates counts)
@@ -44,8 +57,8 @@ Update phase adds:
                    of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
 `--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
-each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.fsdp, fewer
-rollout prompts, train.params=lora that brings it under).
+each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.model (rollout
+phase), a larger mesh.fsdp, fewer rollout prompts, train.params=lora that brings it under).
 
 Validation (tests/test_memory_plan.py, tiny model on CPU): parameter and optimizer bytes equal the real
 pytrees' nbytes; the activation terms are within a factor 2 of XLA's `memory_analysis()` of a compiled step.
@@ -63,6 +76,8 @@ GIB = 1024 ** 3
 PAGE = 16  # tokens a KV page holds (the engine's page_size)
 OPTIMIZER_COUNTERS = 2  # int32 step counters in the optax chain of fineflax.train.optim (adam, schedule)
 DEFAULT_PROMPT_TOKENS = 512  # prompt length planned when the config has no plan.prompt_tokens
+COLUMN = ("q", "k", "v", "gate", "up")  # kernels split by output columns under tensor parallelism
+COLUMN_BLOCK_BITS = 4 + 32 / 64  # NF4 column blocks: codes + f32 block scale (`quant.column_blocks`)
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -72,6 +87,7 @@ class PlanInputs:
   model: ModelConfig
   n_devices: int
   fsdp: int
+  tp: int = 1  # config.mesh.model: devices of the tensor-parallel rollout engine
   compute_bytes: int = 2
   params: str = "lora"  # lora | full
   master_bytes: int = 2  # bytes of a trained parameter in full mode
@@ -112,7 +128,7 @@ def resident(i: PlanInputs) -> dict[str, float]:
     out["optimizer"] = 8 * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
   else:
     q = {"nf4": NF4_BITS / 8, "int8": 1}.get(i.quant, b)
-    out["base_weights"] = ((P - lin) * b + lin * q) / i.fsdp
+    out["base_weights"] = base_bytes(i) / i.fsdp
     out["parameters"] = _lora_trainable(i) * 4
     out["optimizer"] = 8 * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
   if i.reference and i.params == "full":
@@ -125,14 +141,29 @@ def resident(i: PlanInputs) -> dict[str, float]:
 
 
 def rollout_rows_per_device(i: PlanInputs) -> int:
-  return math.ceil(i.prompts * i.sampled_per_prompt / i.n_devices)
+  """Rows whose KV pages a device holds (a share of every row's with tp > 1)."""
+  rows = i.prompts * i.sampled_per_prompt
+  return rows if i.tp > 1 else math.ceil(rows / i.n_devices)
 
 
 def kv_bytes(i: PlanInputs) -> float:
   """KV pages of the rollout rows on one device."""
   c = i.model
   pages = math.ceil(i.seq / PAGE) + 1
-  return rollout_rows_per_device(i) * pages * PAGE * 2 * c.num_layers * c.num_kv_heads * c.head_dim * i.compute_bytes
+  per_row = pages * PAGE * 2 * c.num_layers * c.num_kv_heads * c.head_dim * i.compute_bytes
+  return rollout_rows_per_device(i) * per_row / i.tp
+
+
+def base_bytes(i: PlanInputs, column_bits: float | None = None) -> float:
+  """Bytes of the whole base (all devices): LoRA, the frozen base (with `column_bits`, the q / k / v / gate / up
+  kernels at that many bits a parameter); full, the trained parameters."""
+  c, b = i.model, i.compute_bytes
+  P, lin = c.num_params(), linear_params(c)
+  if i.params == "full":
+    return P * i.master_bytes
+  q = {"nf4": NF4_BITS / 8, "int8": 1}.get(i.quant, b)
+  col = linear_params(c, COLUMN) if column_bits is not None and i.quant != "none" else 0
+  return (P - lin) * b + (lin - col) * q + col * (column_bits or 0) / 8
 
 
 def micro_batch_tokens(i: PlanInputs) -> int:
@@ -178,10 +209,15 @@ def update_phase(i: PlanInputs) -> dict[str, float]:
 
 def rollout_phase(i: PlanInputs) -> dict[str, float]:
   out = resident(i)
+  if i.tp > 1:
+    out["rollout_weights"] = base_bytes(i, COLUMN_BLOCK_BITS if i.quant == "nf4" else None) / i.tp
+  elif i.fsdp > 1 and i.params != "full" and i.quant != "none":
+    out["gathered_base"] = base_bytes(i) * (1 - 1 / i.fsdp)
   if i.params != "full" and i.dense_rollouts and i.quant != "none":
-    out["dense_copy"] = linear_params(i.model) * i.compute_bytes / i.fsdp
+    out["dense_copy"] = linear_params(i.model) * i.compute_bytes / (i.tp if i.tp > 1 else i.fsdp)
   out["kv_pages"] = kv_bytes(i)
-  out["decode_logits"] = rollout_rows_per_device(i) * i.model.vocab_size * 4 * 2
+  vocab_split = i.tp if i.model.vocab_size % i.tp == 0 else 1
+  out["decode_logits"] = rollout_rows_per_device(i) * i.model.vocab_size * 4 * 2 / vocab_split
   return out
 
 
@@ -198,8 +234,9 @@ def fits(i: PlanInputs, device_bytes: float) -> bool:
 
 # ----------------------------------------------------------------------------- from a config
 
-def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInputs | None:
-  """The plan's inputs for an RL or SFT job's config on a (data, fsdp) mesh of n_devices; None for other jobs."""
+def inputs_from_config(config, n_devices: int, data: int, fsdp: int, tp: int = 1) -> PlanInputs | None:
+  """The plan's inputs for an RL or SFT job's config on a (data, fsdp) mesh of n_devices, rollouts
+  tensor-parallel over tp of them; None for other jobs."""
   from fineflax.models.dtype import resolve_dtype_name
   from fineflax.models.estimate import load_config
   from fineflax.models.targets import resolve_targets
@@ -211,7 +248,7 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInpu
   dtype = resolve_dtype_name(config.model.get("dtype", "auto"))
   attention = config.model.get("attention", "auto")
   common = dict(
-      model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, compute_bytes=_BYTES[dtype],
+      model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, tp=tp, compute_bytes=_BYTES[dtype],
       attention=("xla" if dtype == "float32" else "cudnn") if attention == "auto" else attention,
       params=train.get("params", "lora"), master_bytes=_BYTES[train.get("master_dtype", "bfloat16")],
       quant=config.model.get("quant", "none"), lora_rank=lora.r if lora is not None else 0,
@@ -239,7 +276,7 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int) -> PlanInpu
 
 def report_lines(i: PlanInputs, device_bytes: float | None) -> list[str]:
   """The plan per phase and term in GiB, and the verdict when the device memory is known."""
-  lines = [f"# memory plan per device ({i.n_devices} devices, fsdp={i.fsdp}, params={i.params}, "
+  lines = [f"# memory plan per device ({i.n_devices} devices, fsdp={i.fsdp}, model={i.tp}, params={i.params}, "
            f"remat={i.remat}, {micro_batch_tokens(i)} tokens per update micro-batch)"]
   for name, terms in phases(i).items():
     lines.append(f"{name} phase: {sum(terms.values()) / GIB:.2f} GiB")
@@ -259,7 +296,8 @@ def _phase_fits(i: PlanInputs, phase: str, device_bytes: float) -> bool:
 
 def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
   """(key, value, inputs with it) of the first knob that makes `phase` fit, in the order: model.remat=full,
-  the largest micro-batch token budget (a power of two, at least one row), the smallest mesh.fsdp (a divisor of
+  the largest micro-batch token budget (a power of two, at least one row), the smallest mesh.model (rollout
+  phase; one that splits the heads, kv heads and intermediate size), the smallest mesh.fsdp (a divisor of
   the devices), the most rollout prompts, train.params=lora; None when none does."""
   rep = lambda **kw: dataclasses.replace(i, **kw)
   ok = lambda j: _phase_fits(j, phase, device_bytes)
@@ -269,12 +307,20 @@ def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
   if phase == "update":
     tries.append([(i.micro_key, t, rep(micro_batch_tokens=t)) for t in (2 ** k for k in range(20, 9, -1))
                   if i.seq <= t < micro_batch_tokens(i)])
+  if phase == "rollout":
+    tries.append([("mesh.model", t, rep(tp=t)) for t in range(i.tp + 1, i.n_devices + 1)
+                  if i.n_devices % t == 0 and tp_divides(i.model, t)])
   tries.append([("mesh.fsdp", f, rep(fsdp=f)) for f in range(i.fsdp + 1, i.n_devices + 1) if i.n_devices % f == 0])
   if phase == "rollout":
     tries.append([("rl.prompts_per_step", p, rep(prompts=p)) for p in range(i.prompts - 1, 0, -1)])
   if i.params == "full":
     tries.append([("train.params", "lora", rep(params="lora"))])
   return next((t for options in tries for t in options if ok(t[2])), None)
+
+
+def tp_divides(c: ModelConfig, t: int) -> bool:
+  """Whether tensor parallelism over t devices splits the model (`engine.tensor_parallel.check_tp`)."""
+  return all(v % t == 0 for v in (c.num_heads, c.num_kv_heads, c.intermediate_size))
 
 
 def refusal(i: PlanInputs, device_bytes: float) -> str | None:
@@ -297,7 +343,7 @@ def refusal(i: PlanInputs, device_bytes: float) -> str | None:
       break
     knobs.append(found[:2])
     j = found[2]
-  return head + "no setting of model.remat, the micro-batch tokens, mesh.fsdp or the rollout prompts fits: use " \
+  return head + "no setting of model.remat, the micro-batch tokens, mesh.model, mesh.fsdp or the rollout prompts fits: use " \
                 "more or larger devices"
 
 

@@ -26,7 +26,7 @@ from fineflax.rl.order import EpochOrder
 from fineflax.rl.replay import Replay
 from fineflax.rl.sft_phase import demonstration_rows, sft_batch
 from fineflax.train.loop import Hooks, read_history
-from fineflax.mesh import make_mesh, shard_batch
+from fineflax.mesh import make_mesh, rollout_mesh, shard_batch
 from fineflax.train.workdir import make_workdir, preflight
 
 
@@ -37,6 +37,26 @@ def off_policy_sources(rl: RLConfig, seed: int) -> tuple[Guidance | None, Replay
   guidance = Guidance(rl.luffy.n_off, rl.luffy.traces_path) if kind == "guidance" else None
   replay = Replay(rl.group_size, rl.exgrpo, seed + 1) if kind == "replay" else None
   return guidance, replay
+
+
+def run_meshes(config, devices=None):
+  """(update mesh, rollout mesh or None) of config.mesh over `devices` (default all): data x fsdp over every
+  device; with config.mesh.model > 1 a model-only mesh of that many devices for tensor-parallel rollouts
+  (`fineflax.mesh.rollout_mesh`; one process only). ConfigError naming the knob when a size does not divide
+  the devices."""
+  m = config.mesh
+  try:
+    mesh = make_mesh(m.data, m.fsdp, devices)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh (data={m.data}, fsdp={m.fsdp}): {e}") from None
+  model = int(m.get("model", 1))
+  if model > 1 and jax.process_count() > 1:
+    raise ConfigError(f"config.mesh.model={model}: tensor-parallel rollouts run in one process; this run has "
+                      f"{jax.process_count()} (set config.mesh.model=1)")
+  try:
+    return mesh, rollout_mesh(model, mesh.devices)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh.model={model}: {e}") from None
 
 
 class RLJob:
@@ -50,7 +70,8 @@ class RLJob:
     self.sft_steps = rl.sft_steps
     if self.sft_steps:  # SFT phase: the objective's demonstrations (a traces file too), or the env's own
       self.sft_guidance = self.guidance or Guidance(1, rl.luffy.traces_path if rl.luffy else "")
-    self.learner = Learner(config, rl, mesh=make_mesh(config.mesh.data, config.mesh.fsdp),  # rows over every device
+    mesh, rollouts = run_meshes(config)
+    self.learner = Learner(config, rl, mesh=mesh, rollout_mesh=rollouts,  # rows over every device
                            guidance=self.guidance, replay=self.replay)
     self.env = make_env(config, self.learner.tok)
     # question at every position (fineflax.rl.order): the env's own (e.g. reshuffled each epoch), else one

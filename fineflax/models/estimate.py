@@ -28,9 +28,10 @@ def load_config(source: str | os.PathLike) -> ModelConfig:
   return ModelConfig.from_hf(hf_config_from_gguf(open_gguf(path), str(path)), source=str(path))
 
 
-def linear_params(config: ModelConfig) -> int:
-  """Parameters in the seven linear projections of all layers (what QLoRA quantises)."""
-  return config.num_layers * sum(i * o for i, o in config.linear_shapes().values())
+def linear_params(config: ModelConfig, names=None) -> int:
+  """Parameters in the seven linear projections of all layers (what QLoRA quantises); `names`: only those
+  linears (e.g. ("q", "k", "v", "gate", "up"))."""
+  return config.num_layers * sum(i * o for n, (i, o) in config.linear_shapes().items() if names is None or n in names)
 
 
 def lora_params(config: ModelConfig, r: int, targets=("q", "k", "v", "o", "gate", "up", "down")) -> int:

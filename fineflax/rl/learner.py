@@ -2,10 +2,13 @@
 `fineflax.train.trainable`), the objective's jitted step and log-prob functions, the policy that rolls
 out, and the update.
 
-  Learner(config, rl, mesh=None, guidance=None, replay=None)
+  Learner(config, rl, mesh=None, rollout_mesh=None, guidance=None, replay=None)
     config       the run's ConfigDict (model, lora, optimizer, seed sections; `fineflax.train.model_setup`)
     rl           the checked `RLConfig` (`fineflax.rl.config`)
     mesh         rows of rollouts and updates split over its devices; the base split over its `fsdp` axis
+    rollout_mesh a mesh of only a "model" axis (`fineflax.mesh.rollout_mesh`, config.mesh.model > 1): the
+                 rollouts (generate / SamplerSession, Search-R1's multi-turn session too) decode
+                 tensor-parallel on it (`fineflax.engine.tensor_parallel`) while the update keeps `mesh`
     guidance / replay   the off-policy sources of the objective (`fineflax.rl.guidance.Guidance`, LUFFY;
                  `fineflax.rl.replay.Replay`, ExGRPO), read by `collect`
 
@@ -19,6 +22,20 @@ out, and the update.
                                -> (state, metrics);
                                with mini-/micro-batches or PPO's critic through `plan` (`fineflax.rl.minibatch`)
   sft_update(state, batch)     one SFT step on demonstrations (the SFT phase, `fineflax.rl.sft_phase`)
+
+Tensor-parallel rollouts hold the frozen base twice: the update's layout (split over fsdp) and the rollout
+layout (Megatron split over "model", NF4 column kernels as column blocks: `tensor_parallel.shard_decode_params`),
+made once here: the base never changes, so no step re-places it. Per device, Llama-3.1-70B shape, NF4 base,
+4 devices (fsdp=4, model=4): update layout 9.20 GiB + rollout layout 9.68 GiB (column kernels keep f32
+block scales: 4.5 bits) = 18.9 GiB, in both phases. The other choice, one copy re-placed into the rollout
+layout at every rollout, peaks the same in the rollout phase (both layouts live while the rollout runs),
+saves 9.68 GiB in the update phase only and moves the whole base between devices every step; it is what
+full training does (the weights change every step: each rollout's engine re-places them). The LoRA is
+re-placed at every rollout (the engine's `shard_lora`; MBs). The rollout copy is built one kernel at a time,
+each by a jitted call whose output is created split over the rollout mesh (`tp_layout(mesh=...)`): no host
+copy, and at most one kernel's re-layout in flight. With model < the devices, the rollout mesh is the first
+`model` devices (`fineflax.mesh.rollout_mesh`): they hold base / model each and decode every row; the others
+wait during rollouts.
 
 `state` holds the train state the run starts from (placed on the mesh by `fineflax.train.trainable`:
 LoRA replicated, full params and moments split over fsdp); the loop passes states in and out of
@@ -34,6 +51,7 @@ import numpy as np
 
 from fineflax import lora as lora_lib
 from fineflax.config_checks import ConfigError
+from fineflax.engine import tensor_parallel as tp
 from fineflax.rl.batch import build_rl_batch, round_up
 from fineflax.rl.collect import Groups, collect, kept_groups
 from fineflax.rl.config import RLConfig
@@ -53,8 +71,9 @@ from fineflax.train.workdir import finish_run
 class Learner:
   """Base weights, train state, step and log-prob functions of one RL run (module docstring)."""
 
-  def __init__(self, config, rl: RLConfig, *, mesh=None, guidance=None, replay=None):
+  def __init__(self, config, rl: RLConfig, *, mesh=None, rollout_mesh=None, guidance=None, replay=None):
     self.config, self.rl, self.mesh = config, rl, mesh
+    self.rollout_mesh = rollout_mesh if tp.tp_size(rollout_mesh) > 1 else None
     self.guidance, self.replay = guidance, replay
     self.objective = rl.objective_entry
     self.dtype = compute_dtype(config)
@@ -63,6 +82,7 @@ class Learner:
     self.trainable = split_model(config, base, lora,
                                  keep_reference=rl.beta > 0 or bool(self.objective.critic)).place(mesh)
     self.base = self.trainable.base  # None in full training
+    self.rollout_base = self._rollout_base()  # the base in the rollout mesh's layout (or self.base)
     self.scale = lora_lib.lora_scale(self.lora_cfg)
     self.optimizer = make_optimizer(config.optimizer)
     # one step per rollout batch without a plan: the step reads its own logp as old_logp (rl.old_logp="auto")
@@ -81,6 +101,19 @@ class Learner:
     if mesh is not None:
       self.step_fn = pin_state(self.step_fn, self.state)
 
+  def _rollout_base(self):
+    """The frozen base laid out for tensor-parallel rollouts on `rollout_mesh` (module docstring); the
+    update's base without one (or in full training: the engine re-places the trained weights itself).
+    ConfigError naming config.mesh.model when the model cannot be split over it."""
+    if self.rollout_mesh is None:
+      return self.base
+    n = tp.tp_size(self.rollout_mesh)
+    try:
+      tp.check_tp(self.model_config, n)
+      return None if self.base is None else tp.shard_decode_params(self.base, self.model_config, self.rollout_mesh)
+    except ValueError as e:
+      raise ConfigError(f"config.mesh.model={n}: {e}") from None
+
   @property
   def fwd_kwargs(self) -> dict:
     """The forward settings of `fineflax.rl.step.completion_logp` (the rollouts' temperature)."""
@@ -93,8 +126,10 @@ class Learner:
     parameters themselves) with the run's sampling settings."""
     rl = self.rl
     weights, lora = self.trainable.weights(params)
+    if self.rollout_mesh is not None and self.base is not None:
+      weights = self.rollout_base
     return Policy(weights, self.model_config, self.tok, lora, self.scale, self.dtype, rl.temperature,
-                  rl.top_p, rl.max_new_tokens, self.mesh, rl.dense_rollouts, rl.decode_impl)
+                  rl.top_p, rl.max_new_tokens, self.rollout_mesh or self.mesh, rl.dense_rollouts, rl.decode_impl)
 
   @functools.cached_property
   def pad_id(self) -> int:
