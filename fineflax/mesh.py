@@ -27,13 +27,14 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices=None, model: int = 1) -> Me
 
 
 def rollout_mesh(model: int, devices=None) -> Mesh | None:
-  """The mesh tensor-parallel rollouts decode on: the first `model` of `devices` (default all) as one
-  "model" axis (data = fsdp = 1); None for model = 1. ValueError when model does not divide the devices.
-  With model < the devices, the other devices wait during rollouts (rows are not split over TP groups)."""
+  """The mesh tensor-parallel rollouts decode on: `devices` (default all) as data = D / model groups x a
+  "model" axis of `model` devices (fsdp = 1); None for model = 1. ValueError when model does not divide the
+  devices. With model < D, rows split over the groups, each one tensor-parallel engine
+  (`fineflax.sampling.replicas`)."""
   devices = list(jax.devices() if devices is None else np.asarray(devices).flat)
   if model < 1 or len(devices) % model:
     raise ValueError(f"mesh: {len(devices)} devices are not divisible by model={model}")
-  return None if model == 1 else make_mesh(data=1, fsdp=1, devices=devices[:model], model=model)
+  return None if model == 1 else make_mesh(data=-1, fsdp=1, devices=devices, model=model)
 
 
 def mesh_shape(data: int, fsdp: int, n: int) -> tuple[int, int]:

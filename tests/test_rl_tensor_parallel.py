@@ -1,6 +1,6 @@
 """RL with tensor-parallel rollouts (config.mesh.model, `fineflax.rl.learner`) on 4 forced CPU devices equals one
 device: a tiny random Llama (NF4 base, LoRA, f32) with mesh data=2 x fsdp=2 for the update and model=2 for the
-rollouts gives the same greedy rollout tokens, the same multi-turn session with tool-output appends (Search-R1's
+rollouts (rows split over the 2 groups of 2 devices, each group one tensor-parallel engine) gives the same greedy rollout tokens, the same multi-turn session with tool-output appends (Search-R1's
 SamplerSession), the same sampled rollouts and the same loss and grad norm of one
 GRPO step (RLJob.step); the launch.py entry runs a step with mesh.model=2; a model that does not split is a
 clear error naming config.mesh.model.
@@ -43,8 +43,11 @@ STEP = textwrap.dedent("""
     s.decode(3)
     s.append({0: [20, 21], 2: [22]})
     s.decode(4)
-    if learner.rollout_mesh is not None:
-      assert s.engine.mesh is learner.rollout_mesh, "the session does not decode tensor-parallel"
+    if learner.rollout_mesh is not None:  # one tensor-parallel engine per group of the rollout mesh
+      groups = learner.rollout_mesh.devices.reshape(-1, learner.rollout_mesh.shape["model"]).tolist()
+      engines = [x.engine.mesh for x in s._replicas.sessions] if len(groups) > 1 else [s.engine.mesh]
+      out["session_groups"] = [sorted(d.id for d in m.devices.flat) for m in engines]
+      assert out["session_groups"] == [sorted(d.id for d in g) for g in groups], out["session_groups"]
     turns = s.result()
     out["session"] = [turns.tokens.tolist(), turns.valid.tolist()]
     state, m = job.step(learner.state, 1)
@@ -98,7 +101,8 @@ def test_tensor_parallel_rollouts_equal_one_device_and_the_job_runs_with_mesh_mo
   one = _step(1, common)
   tp = _step(4, common + ["mesh.data=2", "mesh.fsdp=2", "mesh.model=2"])
   assert one["rollout_mesh"] is None and tp["devices"] == 4
-  assert tp["rollout_mesh"] == {"data": 1, "fsdp": 1, "model": 2}
+  assert tp["rollout_mesh"] == {"data": 2, "fsdp": 1, "model": 2}  # rows over 2 groups, each model=2
+  assert len(tp["session_groups"]) == 2 and sorted(sum(tp["session_groups"], [])) == [0, 1, 2, 3]
   assert "model" in tp["q_split"], tp["q_split"]  # the rollout copy is split over the model axis
   assert tp["greedy"] == one["greedy"] and tp["session"] == one["session"]
   assert tp["completion_length"] == one["completion_length"] and tp["reward_mean"] == one["reward_mean"]

@@ -3,7 +3,7 @@ run with one device, sampled and greedy, is in tests/test_rl_mesh.py, on 4 force
 import numpy as np
 import pytest
 
-from fineflax.sampling.replicas import assign_rows, replica_devices
+from fineflax.sampling.replicas import assign_rows, replicas_of
 
 pytestmark = pytest.mark.fast
 
@@ -35,15 +35,15 @@ def test_work_is_balanced_within_the_largest_group():
 
 
 def test_no_split_without_a_mesh_of_several_devices():
-  assert replica_devices(None) is None
+  assert replicas_of("replicas", None) is None
   import jax
   from fineflax.mesh import make_mesh
-  assert replica_devices(make_mesh(devices=jax.devices()[:1])) is None
+  assert replicas_of("replicas", make_mesh(devices=jax.devices()[:1])) is None
 
 
 def test_a_session_used_before_start_and_a_bad_append_are_clear_errors():
   from fineflax.sampling.replicas import ReplicaSession
-  s = ReplicaSession(["d0", "d1"], make=None, params=None, lora=None, max_total_len=4, vocab_size=10)
+  s = ReplicaSession(["d0", "d1"], make=None, place=None, max_total_len=4, vocab_size=10)
   for call in (lambda: s.decode(2), lambda: s.rows(), lambda: s.append({0: [1]})):
     with pytest.raises(RuntimeError, match="start"):
       call()

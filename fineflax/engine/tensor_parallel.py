@@ -155,8 +155,27 @@ def lora_specs(lora, n: int):
 
 
 def place(tree, specs, mesh: Mesh):
-  """Every leaf of `tree` placed with NamedSharding(mesh, its spec) (`fineflax.mesh.put`)."""
-  return jax.tree.map(lambda x, s: put(x, NamedSharding(mesh, s)), tree, specs)
+  """Every leaf of `tree` placed with NamedSharding(mesh, its spec) (`fineflax.mesh.put`); a leaf whose
+  shards on the mesh's devices are already the ones that sharding asks for (e.g. a copy per tensor-parallel
+  group, laid out over a larger data x model mesh) is re-assembled from them, without a copy (`reuse_shards`)."""
+  def one(x, s):
+    sharding = NamedSharding(mesh, s)
+    reused = reuse_shards(x, sharding)
+    return put(x, sharding) if reused is None else reused
+  return jax.tree.map(one, tree, specs)
+
+
+def reuse_shards(x, sharding: NamedSharding):
+  """`x` as an array of `sharding` built from the device buffers it already has (no copy) when, on every
+  device of `sharding`, x holds exactly the slice that sharding puts there; None otherwise (one process)."""
+  if not isinstance(x, jax.Array) or jax.process_count() > 1 or x.sharding == sharding:
+    return None
+  have = {s.device: s for s in x.addressable_shards}
+  want = sharding.devices_indices_map(x.shape)
+  bounds = lambda index: tuple(sl.indices(n)[:2] for sl, n in zip(index, x.shape))
+  if any(d not in have or bounds(have[d].index) != bounds(idx) for d, idx in want.items()):
+    return None
+  return jax.make_array_from_single_device_arrays(x.shape, sharding, [have[d].data for d in want])
 
 
 def shard_decode_params(params, config, mesh: Mesh):

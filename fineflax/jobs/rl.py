@@ -41,8 +41,9 @@ def off_policy_sources(rl: RLConfig, seed: int) -> tuple[Guidance | None, Replay
 
 def run_meshes(config, devices=None):
   """(update mesh, rollout mesh or None) of config.mesh over `devices` (default all): data x fsdp over every
-  device; with config.mesh.model > 1 a model-only mesh of that many devices for tensor-parallel rollouts
-  (`fineflax.mesh.rollout_mesh`; one process only). ConfigError naming the knob when a size does not divide
+  device; with config.mesh.model > 1 the rollouts' mesh: the devices in groups of that many, each group
+  one tensor-parallel engine, rows split over the groups (`fineflax.mesh.rollout_mesh`; one process only).
+  ConfigError naming the knob when a size does not divide
   the devices."""
   m = config.mesh
   try:

@@ -6,9 +6,10 @@ out, and the update.
     config       the run's ConfigDict (model, lora, optimizer, seed sections; `fineflax.train.model_setup`)
     rl           the checked `RLConfig` (`fineflax.rl.config`)
     mesh         rows of rollouts and updates split over its devices; the base split over its `fsdp` axis
-    rollout_mesh a mesh of only a "model" axis (`fineflax.mesh.rollout_mesh`, config.mesh.model > 1): the
-                 rollouts (generate / SamplerSession, Search-R1's multi-turn session too) decode
-                 tensor-parallel on it (`fineflax.engine.tensor_parallel`) while the update keeps `mesh`
+    rollout_mesh a data x model mesh (`fineflax.mesh.rollout_mesh`, config.mesh.model > 1): the rollouts
+                 (generate / SamplerSession, Search-R1's multi-turn session too) split their rows over its
+                 groups of config.mesh.model devices, each decoding tensor-parallel
+                 (`fineflax.sampling.replicas`, `fineflax.engine.tensor_parallel`); the update keeps `mesh`
     guidance / replay   the off-policy sources of the objective (`fineflax.rl.guidance.Guidance`, LUFFY;
                  `fineflax.rl.replay.Replay`, ExGRPO), read by `collect`
 
@@ -33,9 +34,11 @@ saves 9.68 GiB in the update phase only and moves the whole base between devices
 full training does (the weights change every step: each rollout's engine re-places them). The LoRA is
 re-placed at every rollout (the engine's `shard_lora`; MBs). The rollout copy is built one kernel at a time,
 each by a jitted call whose output is created split over the rollout mesh (`tp_layout(mesh=...)`): no host
-copy, and at most one kernel's re-layout in flight. With model < the devices, the rollout mesh is the first
-`model` devices (`fineflax.mesh.rollout_mesh`): they hold base / model each and decode every row; the others
-wait during rollouts.
+copy, and at most one kernel's re-layout in flight. With model = M < the D devices, the rollout copy is one
+Megatron copy per group of M devices (replicated over the rollout mesh's data axis, split over its model
+axis): base / M bytes on every device, the same per device as a single group's, and each group's engine
+reads those shards in place (`tensor_parallel.reuse_shards`: no second copy); the rows, their KV pages and
+decode logits split over the D / M groups (`fineflax.mesh.rollout_mesh`).
 
 `state` holds the train state the run starts from (placed on the mesh by `fineflax.train.trainable`:
 LoRA replicated, full params and moments split over fsdp); the loop passes states in and out of

@@ -1,5 +1,6 @@
 """`generate`: one call from prompts to completions, on the engine (continuous batching over a paged KV
-cache; `fineflax.engine`; cache="replicas" on a mesh of one process: one engine per device) or, for
+cache; `fineflax.engine`; cache="replicas" on a mesh of one process: one engine per device or per
+tensor-parallel group, `sampling.replicas`) or, for
 cache="static" and other meshes of several devices, on the static session."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fineflax.engine import Engine, Request
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.replicas import assign_rows, on_devices, place, replica_devices
+from fineflax.sampling.replicas import assign_rows, on_devices, place, place_weights, replica_mesh, replicas_of
 from fineflax.sampling.session import engine_pool_pages, tensor_parallel_mesh, uses_static_cache
 
 
@@ -35,8 +36,9 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   cache="replicas" with a mesh of several devices of one process splits the rows over its devices, one
   engine each (`replicas`; the same tokens as on one device); max_rows then counts over all of them.
   cache="paged" with a mesh of only a "model" axis of N > 1 devices: one engine decoding tensor-parallel
-  over it (`engine.tensor_parallel`). cache="static": the static-cache sampler (also used for any other
-  mesh of several devices).
+  over it (`engine.tensor_parallel`); with a data x model mesh (model M < its D devices, one process) the
+  rows split over its D / M tensor-parallel groups, one such engine each (`replicas`). cache="static": the
+  static-cache sampler (also used for any other mesh of several devices).
   impl: the decoder, "unrolled" or "scan"; "auto": unrolled on GPUs (see `engine.decode.decode_impl`).
   dense_base: decode a quantised base from a dense copy of its dequantised weights (see `SamplerSession`).
   """
@@ -64,17 +66,17 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   kw = dict(max_new_tokens=int(max_new_tokens), sc=sc, stop_strings=tuple(stop_strings), page_size=page_size,
             chunk_size=chunk_size, tokenizer=tokenizer, eos_ids=eos_ids, lora_scale=lora_scale, dtype=dtype,
             impl=impl, attention=attention, dense_base=dense_base, mesh=tensor_parallel_mesh(cache, mesh))
-  devices = replica_devices(mesh) if cache == "replicas" else None
-  if not devices:
+  replicas = replicas_of(cache, mesh)
+  if not replicas:
     seqs = engine_rows(params, config, prompts, range(len(prompts)), rows, rng=rng, lora=lora, **kw)
     return build_output(seqs, max_new_tokens, tokenizer)
-  parts = [p for p in assign_rows(prompts, len(devices), int(max_new_tokens)) if p]
+  parts = [p for p in assign_rows(prompts, len(replicas), int(max_new_tokens)) if p]
   per = -(-rows // len(parts))
-  used = devices[:len(parts)]
-  placed = {d: (place(params, d), place(rng, d), place(lora, d)) for d in used}  # see ReplicaSession.start
-  outs = on_devices(used, lambda d, part: engine_rows(
-      placed[d][0], config, [prompts[r] for r in part], part, min(per, len(part)), rng=placed[d][1],
-      lora=placed[d][2], **kw), parts)
+  used = replicas[:len(parts)]
+  placed = {r: (*place_weights(params, lora, config, r), place(rng, r)) for r in used}  # see ReplicaSession.start
+  outs = on_devices(used, lambda r, part: engine_rows(
+      placed[r][0], config, [prompts[i] for i in part], part, min(per, len(part)), rng=placed[r][2],
+      lora=placed[r][1], **dict(kw, mesh=replica_mesh(r))), parts)
   seqs = [None] * len(prompts)
   for part, out in zip(parts, outs):
     for r, seq in zip(part, out):

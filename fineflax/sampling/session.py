@@ -18,9 +18,10 @@ Backed by the engine (`fineflax.engine`, cache="paged", the default): every row 
 one paged KV cache; identical prompts are prefilled once and share their pages; decoding reads only the
 live tokens. A paged session on a mesh of only a "model" axis (`make_mesh(data=1, model=N)`) decodes
 tensor-parallel: one engine, weights and pages split over the axis (`engine.tensor_parallel`).
-cache="replicas" on a mesh of several devices of one process splits the rows over the
-devices, one engine and page pool each (`replicas.ReplicaSession`; opt-in: RL on a mesh still samples
-with the static session, whose draws multi-process runs reproduce). cache="static" (and any other
+On a mesh of several devices of one process, rows split over its replicas, one engine and page pool each
+(`replicas.ReplicaSession`): its devices for cache="replicas" (opt-in), its tensor-parallel groups for a
+data x model mesh (`make_mesh(data=D / M, model=M)`, cache "paged" or "replicas": each group of M devices
+one tensor-parallel engine; RL rollouts with config.mesh.model). cache="static" (and any other
 session on a mesh of several devices) runs the static-cache session (`static_session.StaticSession`, one
 cache slot index shared by every row, rows and cache split over the mesh). Row r samples with key fold_in(rng, r) (paged, on one device or
 many: the same tokens either way) or one key per chunk (static): the same tokens under greedy decoding,
@@ -42,31 +43,33 @@ from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.tensor_parallel import tp_size
 from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.replicas import ReplicaSession, place, replica_devices
+from fineflax.sampling.replicas import ReplicaSession, place, place_weights, replica_mesh, replicas_of
 
 CACHES = ("paged", "static", "replicas")
 
 
 def uses_static_cache(cache: str, mesh) -> bool:
   """Whether a session / generate call runs the static-cache path: cache="static", or a mesh of several
-  devices, unless cache="replicas" and the mesh is one process's (rows split over per-device engines) or
-  cache="paged" and the mesh is a tensor-parallel one (`tensor_parallel_mesh`)."""
+  devices, unless rows split over its replicas (`replicas.replicas_of`: cache="replicas" on one process's
+  mesh, or a data x model mesh) or cache="paged" decodes tensor-parallel on a model-only mesh
+  (`tensor_parallel_mesh`)."""
   if cache not in CACHES:
     raise ValueError(f"cache={cache!r}; choose one of {CACHES}")
   multi = mesh is not None and mesh.devices.size > 1
-  return cache == "static" or (multi and not (cache == "replicas" and replica_devices(mesh))
-                               and tensor_parallel_mesh(cache, mesh) is None)
+  return cache == "static" or (multi and not replicas_of(cache, mesh) and tensor_parallel_mesh(cache, mesh) is None)
 
 
 def tensor_parallel_mesh(cache: str, mesh):
-  """The mesh when a paged session decodes tensor-parallel on it (one engine, weights and pages split over
-  its "model" axis: `engine.tensor_parallel`): cache="paged" and a "model" axis of > 1 devices; None
-  otherwise. ValueError when the mesh also splits rows (data or fsdp > 1): not supported yet."""
-  if cache != "paged" or tp_size(mesh) < 2:
+  """The mesh when a paged session decodes tensor-parallel on it as one engine (weights and pages split
+  over its "model" axis: `engine.tensor_parallel`): cache "paged" or "replicas" and a mesh of only a "model"
+  axis of > 1 devices; None otherwise (a data x model mesh of one process splits rows over its tensor-parallel
+  groups: `replicas.replicas_of`). ValueError for a data x model mesh of several processes: not supported."""
+  if cache not in ("paged", "replicas") or tp_size(mesh) < 2 or replicas_of(cache, mesh):
     return None
   if mesh.devices.size != tp_size(mesh):
-    raise ValueError(f"tensor-parallel decoding: mesh {dict(mesh.shape)} also splits rows; use a mesh of "
-                     "the model axis only (make_mesh(data=1, fsdp=1, model=N))")
+    raise ValueError(f"tensor-parallel decoding: mesh {dict(mesh.shape)} also splits rows over "
+                     f"{jax.process_count()} processes; use a mesh of the model axis only "
+                     "(make_mesh(data=1, fsdp=1, model=N)) or one process")
   return mesh
 
 
@@ -107,13 +110,15 @@ class SamplerSession:
     weights made here (same weights; NF4 decoding is 2.4-2.8x slower than bf16 on an H200: RESULTS.md,
     nf4_gemv), at the memory of that copy while the session lives."""
     self._static = self._replicas = None
-    devices = replica_devices(mesh) if cache == "replicas" else None
-    if devices:
+    replicas = replicas_of(cache, mesh)
+    if replicas:
       kw = dict(max_total_len=max_total_len, tokenizer=tokenizer, temperature=temperature, top_k=top_k,
-                top_p=top_p, eos_ids=eos_ids, rng=rng, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
+                top_p=top_p, eos_ids=eos_ids, lora_scale=lora_scale, dtype=dtype, chunk_size=chunk_size,
                 impl=impl, dense_base=dense_base, page_size=page_size, attention=attention)
-      make = lambda d, p, lora_d: SamplerSession(p, config, lora=lora_d, **dict(kw, rng=place(rng, d)))
-      self._replicas = ReplicaSession(devices, make, params, lora, max_total_len, config.vocab_size)
+      make = lambda r, p, lora_r, rng_r: SamplerSession(p, config, lora=lora_r, rng=rng_r, mesh=replica_mesh(r), **kw)
+      self._replicas = ReplicaSession(
+          replicas, make, lambda r: (*place_weights(params, lora, config, r), place(rng, r)), max_total_len,
+          config.vocab_size)
       self.tokenizer = tokenizer
       return
     if uses_static_cache(cache, mesh):
