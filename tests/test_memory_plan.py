@@ -85,10 +85,10 @@ def test_launch_refuses_a_plan_that_cannot_fit_in_one_line_naming_a_knob():
 
 @pytest.mark.fast
 def test_tensor_parallel_rollouts_split_weights_and_pages_and_the_70b_step_fits_4_gpus_only_with_them():
-  """Rollout phase with mesh.model = t: the rollout copy of the base and the KV pages / t per device (all rows
-  on one engine); NF4 column kernels at 4.5 bits as `tp_layout` stores them. The Llama-3.1-70B shape QLoRA GRPO
+  """Rollout phase with mesh.model = t: the rollout copy of the base and the KV pages / t per device (rows split
+  over the n / t groups, each one engine); NF4 column kernels at 4.5 bits as `tp_layout` stores them. The Llama-3.1-70B shape QLoRA GRPO
   step on 4 x 80 GiB (fsdp=4, bf16, 48 prompts x 8 rows x (512 + 1024) tokens): model=1 is refused naming
-  config.mesh.model=4, model=4 fits."""
+  config.mesh.model=2 (2 groups of 2 devices), model=2 and 4 fit."""
   from fineflax.engine import tensor_parallel as tp
   from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases, refusal
   from fineflax.models.estimate import linear_params, load_config
@@ -100,14 +100,26 @@ def test_tensor_parallel_rollouts_split_weights_and_pages_and_the_70b_step_fits_
   assert column == linear_params(mc, COLUMN) * COLUMN_BLOCK_BITS / 8
   one = PlanInputs(model=mc, n_devices=4, fsdp=4, quant="nf4", prompts=4, sampled_per_prompt=2, new_tokens=64)
   two = dataclasses.replace(one, tp=2)
-  assert kv_bytes(two) == kv_bytes(one) * 4 / 2  # every row on the engine of 2 devices, pages split over them
+  # 2 groups of 2 devices: 4 rows a group, their pages split over the group's 2 devices: R / n a device
+  assert kv_bytes(two) == kv_bytes(one)
+  four = dataclasses.replace(one, tp=4)
+  assert kv_bytes(four) == kv_bytes(one)  # one group: all 8 rows, pages split over 4 devices
+  # the rows a group counts are those of the busiest group of the real assignment (whole prompt groups)
+  from fineflax.jobs.memory_plan import rollout_rows_per_device
+  from fineflax.sampling.replicas import assign_rows
+  for prompts, n, t in ((3, 4, 2), (5, 8, 2), (7, 8, 4), (4, 4, 4)):
+    i = dataclasses.replace(one, prompts=prompts, n_devices=n, tp=t, sampled_per_prompt=3)
+    rows = [[k] * 10 for k in range(prompts) for _ in range(3)]
+    assert rollout_rows_per_device(i) == max(map(len, assign_rows(rows, n // t, budget=64))), (prompts, n, t)
   assert "gathered_base" in phases(one)["rollout"] and "rollout_weights" in phases(two)["rollout"]
 
   big = PlanInputs(model=load_config("meta-llama/Llama-3.1-70B"), n_devices=4, fsdp=4, quant="nf4", remat="full",
                    prompts=48, sampled_per_prompt=8, update_rows=384, prompt_tokens=512, new_tokens=1024,
                    micro_batch_tokens=4096)
   problem = refusal(big, 80 * GIB)
-  assert problem is not None and problem.startswith("the rollout phase") and problem.endswith("set config.mesh.model=4")
+  # model=2: 2 groups of 2 devices, each half the rows: the smallest model axis that fits
+  assert problem is not None and problem.startswith("the rollout phase") and problem.endswith("set config.mesh.model=2")
+  assert refusal(dataclasses.replace(big, tp=2), 80 * GIB) is None
   assert refusal(dataclasses.replace(big, tp=4), 80 * GIB) is None
   weights = phases(dataclasses.replace(big, tp=4))["rollout"]
   assert 9 * GIB < weights["base_weights"] < weights["rollout_weights"] < 10 * GIB  # the docstring's 9.20 + 9.68
@@ -120,7 +132,7 @@ def test_dry_run_of_the_70b_shape_names_mesh_model_and_refuses_an_indivisible_on
           "--config.rl.max_new_tokens=1024", "--config.model.remat=full", "--config.rl.micro_batch_tokens=4096"]
   run = lambda *extra: subprocess.run(args + list(extra), cwd=ROOT, capture_output=True, text=True, timeout=300)
   bad = run("--config.mesh.model=1")
-  assert bad.returncode == 2 and bad.stderr.strip().endswith("set config.mesh.model=4"), bad.stderr
+  assert bad.returncode == 2 and bad.stderr.strip().endswith("set config.mesh.model=2"), bad.stderr
   ok = run("--config.mesh.model=4")
   assert ok.returncode == 0 and "verdict: fits in 80.0 GiB per device" in ok.stdout, ok.stderr
   assert "rollouts tensor-parallel over model=4" in ok.stdout and "rollout_weights" in ok.stdout

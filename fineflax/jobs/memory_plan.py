@@ -18,7 +18,8 @@ Resident in both phases:
                    copy; LoRA: none (the reference is the base with adapters off)
   critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (8·(P + H) / fsdp);
                    lora: a second adapter P_a·4 + value head H·4 and their optimizer
-Rollout phase adds, with t = mesh.model (the tensor-parallel rollout engine's devices, `fineflax.rl.learner`):
+Rollout phase adds, with t = mesh.model (the devices of each tensor-parallel rollout engine, one per group of t
+devices, `fineflax.rl.learner`):
   t = 1, fsdp > 1, quantised LoRA base:
   gathered base    (1 - 1/fsdp) x the base: a decode step without a model axis reads every weight on every
                    device; a quantised kernel is split over fsdp along its flat codes, which the dequantisation
@@ -27,15 +28,16 @@ Rollout phase adds, with t = mesh.model (the tensor-parallel rollout engine's de
                    2 x H100 the measured peak, 28.0 GiB, stayed under this bound): an upper bound. Dense bases
                    are split along a matrix axis that the decode partitions (no term)
   t > 1:
-  rollout weights  the base in the rollout layout, a second copy: LoRA ((P - P_lin)·b + P_row·q + P_col·q_c) / t,
+  rollout weights  the base in the rollout layout, a second copy (one a group): LoRA ((P - P_lin)·b + P_row·q + P_col·q_c) / t,
                    P_col the q / k / v / gate / up parameters, P_row o / down, q_c = 4.5 / 8 for NF4 (column
                    blocks keep f32 block scales, `quant.column_blocks`), else q; full: P·b_m / t (the trained
                    weights re-placed by the rollout's engine)
   dense copy       LoRA on a quantised base with rl.dense_rollouts: P_lin·b / fsdp (t = 1) or / t
   KV pages         rows x (pages(prompt + new) + 1) pages x 16 tokens x 2·L·D_kv·b / t, rows = ceil(R / n)
-                   (t = 1: rows and their cache split over every device) or R (t > 1: one engine, its pages
-                   split over kv heads), R = the rollout rows (prompts_per_step x sampled rows a group:
-                   group_size less LUFFY's n_off)
+                   (t = 1: rows and their cache split over every device) or ceil(prompts / (n / t)) x rows a
+                   prompt (t > 1: rows split over the n / t tensor-parallel groups in whole prompt groups, each
+                   group one engine whose pages split over its t devices' kv heads), R = the rollout rows
+                   (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off)
   decode logits    rows·V·4·2 (f32 logits and probabilities of one decode step); / t when t divides V
 Update phase adds:
   gradients        P_t·b_m / s (full), P_a·4 (LoRA) (the critic's, sized the same, in its own update: the larger
@@ -87,7 +89,7 @@ class PlanInputs:
   model: ModelConfig
   n_devices: int
   fsdp: int
-  tp: int = 1  # config.mesh.model: devices of the tensor-parallel rollout engine
+  tp: int = 1  # config.mesh.model: devices of each tensor-parallel rollout engine (n / tp groups)
   compute_bytes: int = 2
   params: str = "lora"  # lora | full
   master_bytes: int = 2  # bytes of a trained parameter in full mode
@@ -141,9 +143,12 @@ def resident(i: PlanInputs) -> dict[str, float]:
 
 
 def rollout_rows_per_device(i: PlanInputs) -> int:
-  """Rows whose KV pages a device holds (a share of every row's with tp > 1)."""
-  rows = i.prompts * i.sampled_per_prompt
-  return rows if i.tp > 1 else math.ceil(rows / i.n_devices)
+  """Rows whose KV pages a device holds (with tp > 1 a share of each of its group's rows): t = 1, ceil(R / n);
+  t > 1, the rows of the busiest of the n / t tensor-parallel groups, whole prompt groups a group
+  (`sampling.replicas.assign_rows`): ceil(prompts / (n / t)) x sampled rows a prompt."""
+  if i.tp == 1:
+    return math.ceil(i.prompts * i.sampled_per_prompt / i.n_devices)
+  return math.ceil(i.prompts / max(i.n_devices // i.tp, 1)) * i.sampled_per_prompt
 
 
 def kv_bytes(i: PlanInputs) -> float:
