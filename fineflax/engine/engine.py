@@ -31,7 +31,8 @@ adapters sharing a device call (the server's multi-LoRA); `Engine(lora=...)` app
 adapter, least recently used evicted when the pool needs pages: `PageAllocator.match_prefix`); a prompt
 about to prefill starts with the cached pages of its longest cached prefix and prefills only the rest.
 On a mesh of one process, `fineflax.sampling` with cache="replicas" runs one engine per device, rows split
-over them (`sampling.replicas`). `Engine(mesh=make_mesh(model=N))`: tensor-parallel decoding, the weights,
+over them, and on a data x model mesh one tensor-parallel engine per group of the model axis's devices
+(`sampling.replicas`). `Engine(mesh=make_mesh(model=N))`: tensor-parallel decoding, the weights,
 adapters and page pool split over the mesh's "model" axis (`engine.tensor_parallel`); the host side is
 unchanged. Not yet: preemption (admission reserves each sequence's whole length instead).
 

@@ -66,7 +66,7 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   where = (f"{n} planned device(s)" if devices else f"{n} {dev.platform} device(s) "
            f"({getattr(dev, 'device_kind', dev.platform)}; {jax.process_count()} process(es))")
   line = f"# mesh: data={data} x fsdp={fsdp} over {where}" + (f"; rollouts tensor-parallel over model={model}"
-                                                              if model > 1 else "")
+                                                              f" in {n // model} group(s)" if model > 1 else "")
   inputs = inputs_from_config(config, n, data, fsdp, model)
   if inputs is not None and not tp_divides(inputs.model, model):
     c = inputs.model

@@ -151,8 +151,8 @@ class SamplerSession:
 
   @property
   def cache(self) -> dict:
-    """The KV cache: the engine's page pools {"k", "v"} (a list of them, one per device, on a mesh;
-    static: the static cache)."""
+    """The KV cache: the engine's page pools {"k", "v"} (a list of them, one per replica, when rows split
+    over a mesh's replicas; static: the static cache)."""
     if self._replicas is not None:
       return [s.cache for s in self._replicas.sessions]
     if self._static is not None:
