@@ -82,6 +82,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long
 def test_rows_over_data_groups_tensor_parallel_over_model_equal_one_device():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
