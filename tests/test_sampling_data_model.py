@@ -1,6 +1,6 @@
 """Rows split over data, tensor-parallel over model (`fineflax.sampling.replicas` with a data x model mesh):
 on 4 forced CPU devices, a mesh of 2 groups x model=2 gives the one-device greedy tokens and log-probs
-(f32, LoRA, GQA) for `generate` and for a `SamplerSession` with tool-output appends, the same sampled
+(f32, LoRA, GQA; and the unrolled decoder from fsdp-split params) for `generate` and for a `SamplerSession` with tool-output appends, the same sampled
 tokens (row r's key is fold_in(rng, r) wherever it runs), uses both groups (each engine on its own 2
 devices, half the weights per device), and reads a copy already laid out over the data x model mesh in
 place (`tensor_parallel.reuse_shards`: the group's arrays are the same device buffers).
@@ -78,6 +78,12 @@ SCRIPT = textwrap.dedent("""
       ptr = lambda x: {s.device: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
       assert on_g.sharding.mesh == g and all(ptr(q)[d] == p for d, p in ptr(on_g).items()), "copied"
     same(one, generate(laid, c, prompts, temperature=0.0, mesh=mesh, **kw), "generate from the laid-out copy")
+    # full training's rollouts: params split over the update's fsdp axis, the unrolled decoder
+    from fineflax.mesh import shard_params
+    upd = shard_params(base, make_mesh(data=1, fsdp=4), min_size=0)
+    un = dict(kw, impl="unrolled", lora=None)
+    same(generate(base, c, prompts, temperature=0.0, **un),
+         generate(upd, c, prompts, temperature=0.0, mesh=mesh, **un), "unrolled, fsdp-split params")
     print("DATA-MODEL-OK")
 """)
 
