@@ -74,7 +74,8 @@ class Learner:
                                              skip_grad_bound=rl.skip_grad_bound, on_policy=self.on_policy,
                                              donate=self.trainable.donate)
     self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
-    self.critic = Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs) if self.objective.critic else None
+    self.critic = (Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs, donate=self.trainable.donate)
+                   if self.objective.critic else None)
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
       if rl.ppo.critic == "full" and config.model.quant != "none":
         raise ConfigError(f"config.model.quant={config.model.quant!r}: config.rl.ppo.critic='full' trains a copy "

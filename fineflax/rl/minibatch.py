@@ -90,7 +90,7 @@ class UpdatePlan:
     rl, critic = self.rl, self.critic
     devices = mesh.devices.size if mesh is not None else 1
     batch = {k: np.asarray(v) for k, v in batch.items()}
-    if critic is not None:
+    if critic is not None and "response_mask" not in batch:  # set by a caller that padded rows (agent_rl)
       batch["response_mask"] = response_mask(batch)
     # 2. old / ref log-probs and values under the state before any update
     b = batch["tokens"].shape[0]

@@ -34,7 +34,7 @@ import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.decoder import project_logits
-from fineflax.train.grad_accum import accumulate, keep_unless, make_micro_grad, step_state
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
 from fineflax.train.trainable import model_weights
 
 
@@ -138,13 +138,8 @@ def distill_step(state, base, teacher: Teacher, batch, *, optimizer: optax.Gradi
   """
   (loss, metrics), grads = jax.value_and_grad(distill_loss, has_aux=True)(
       state["params"], base, teacher, batch, **loss_kwargs)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-  lora = optax.apply_updates(state["params"], updates)
-  metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-  if skip_nonfinite:
-    skip = ~(jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"]))
-    lora, opt_state = keep_unless(skip, state["params"], lora), keep_unless(skip, state["opt_state"], opt_state)
-  return dict(state, step=state["step"] + 1, params=lora, opt_state=opt_state), metrics
+  state, m = step_state(state, grads, optimizer, skip_nonfinite=skip_nonfinite, loss=loss)
+  return state, dict(metrics, loss=loss, **m)
 
 
 def make_distill_fn(optimizer, *, model_config: ModelConfig, teacher_config: Optional[ModelConfig] = None,

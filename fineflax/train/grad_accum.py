@@ -82,9 +82,11 @@ def accumulate(micro: MicroGrad, trainable, frozen, micro_batches):
   return acc["grads"], {k: v if k in keep else v / w for k, v in acc["metrics"].items()}
 
 
-def keep_unless(skip, old, new):
-  """`old` where the scalar `skip` is true, else `new` (leaf by leaf; one fused select under jit)."""
-  return jax.tree.map(lambda a, b: jnp.where(skip, a, b), old, new)
+def update_unless(skip, update, trainable, opt_state):
+  """update(trainable, opt_state) -> (trainable, opt_state), or both unchanged when the scalar `skip` is
+  true: a `lax.cond`, so a donated state is updated in place without a select that keeps the old and the
+  new values alive together (XLA's memory_analysis: benchmarks/donation_memory.py)."""
+  return jax.lax.cond(skip, lambda t, o: (t, o), update, trainable, opt_state)
 
 
 def apply_gradients(trainable, opt_state, grads, optimizer: optax.GradientTransformation,
@@ -99,18 +101,20 @@ def apply_gradients(trainable, opt_state, grads, optimizer: optax.GradientTransf
   when given) applies no update either (no `skipped` metric without a bound).
   """
   grad_norm = optax.tree.norm(grads)
-  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
-  updates, new_opt_state = optimizer.update(grads, opt_state, trainable)
-  new = optax.apply_updates(trainable, updates)
+
+  def update(params, state):
+    updates, state = optimizer.update(jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), state, params)
+    return optax.apply_updates(params, updates), state
+
   metrics = {"grad_norm": grad_norm}
-  if skip_grad_bound or skip_nonfinite:
-    skip = ~(grad_norm <= skip_grad_bound) if skip_grad_bound else ~jnp.isfinite(grad_norm)  # NaN: skipped
-    if skip_nonfinite and loss is not None:
-      skip = skip | ~jnp.isfinite(loss)
-    new, new_opt_state = keep_unless(skip, trainable, new), keep_unless(skip, opt_state, new_opt_state)
-    if skip_grad_bound:
-      metrics["skipped"] = skip.astype(jnp.float32)
-  return new, new_opt_state, metrics
+  if not (skip_grad_bound or skip_nonfinite):
+    return *update(trainable, opt_state), metrics
+  skip = ~(grad_norm <= skip_grad_bound) if skip_grad_bound else ~jnp.isfinite(grad_norm)  # NaN: skipped
+  if skip_nonfinite and loss is not None:
+    skip = skip | ~jnp.isfinite(loss)
+  if skip_grad_bound:
+    metrics["skipped"] = skip.astype(jnp.float32)
+  return *update_unless(skip, update, trainable, opt_state), metrics
 
 
 def step_state(state, grads, optimizer: optax.GradientTransformation, skip_grad_bound: float = 0.0,

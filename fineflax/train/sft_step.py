@@ -16,7 +16,7 @@ import optax
 from fineflax.mesh import shard_batch
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
-from fineflax.train.grad_accum import accumulate, keep_unless, make_micro_grad, step_state
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state, update_unless
 from fineflax.train.state import State
 from fineflax.train.trainable import model_weights
 
@@ -76,15 +76,20 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
-  with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
-    grads = jax.tree.map(lambda g: g / n, grads)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
+  grads = jax.tree.map(lambda g: g / n, grads)
   metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
              "grad_norm": optax.tree.norm(grads)}
+
+  def update(params, opt_state):
+    with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
   if skip_nonfinite:
     skip = ~(jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]))
-    params, opt_state = keep_unless(skip, state["params"], params), keep_unless(skip, state["opt_state"], opt_state)
+    params, opt_state = update_unless(skip, update, state["params"], state["opt_state"])
+  else:
+    params, opt_state = update(state["params"], state["opt_state"])
   return {"step": state["step"] + 1, "params": params, "opt_state": opt_state, "rng": rng}, metrics
 
 
