@@ -101,3 +101,36 @@ def test_apply_gradients_skip_nonfinite_without_a_bound_reports_no_skipped_metri
   np.testing.assert_array_equal(np.asarray(p["w"]), np.ones(3))
   p, _, _ = apply_gradients(params, opt.init(params), {"w": jnp.ones(3)}, opt, skip_nonfinite=True)
   np.testing.assert_array_equal(np.asarray(p["w"]), np.zeros(3))
+
+
+@pytest.mark.fast
+def test_the_loop_keeps_a_donating_steps_output_when_its_loss_is_not_finite(tmp_path):
+  """A donated state is gone after the step: on a NaN loss the loop stops with the step's own output, which
+  the guarded update left equal to the last good state, and the run's state stays readable."""
+  import ml_collections
+
+  from fineflax.train.grad_accum import step_state
+  from fineflax.train.loop import Hooks, train_loop
+  opt = optax.sgd(0.1)
+  target = jnp.arange(4.0)
+
+  def fn(state, poison):
+    loss_fn = lambda p: jnp.sum(jnp.square(p["w"] - target)) * poison
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+    state, m = step_state(state, grads, opt, skip_nonfinite=True, loss=loss)
+    return state, dict(m, loss=loss)
+
+  step_fn = jax.jit(fn, donate_argnums=(0,))
+  seen = []
+
+  def step(state, i):
+    seen.append(state)
+    return step_fn(state, jnp.float32(jnp.nan if i == 3 else 1.0))
+
+  config = ml_collections.ConfigDict({"checkpoint": {"every": 100, "keep_last": 1, "keep_best": 0}, "seed": 0})
+  state = init_state({"w": jnp.zeros(4)}, opt, 0)
+  result = train_loop(Hooks(step=step), state, config, str(tmp_path), num_steps=5, desc="toy", eval_every=100)
+  assert result.status == "stopped: non-finite loss nan at step 3" and result.step == 2
+  assert donated(seen[-1]) and not donated(result.state)
+  w2 = np.asarray(target) * (1 - (1 - 0.2) ** 2)  # two SGD steps of lr 0.1 on |w - target|^2 from 0
+  np.testing.assert_allclose(np.asarray(result.state["params"]["w"]), w2, rtol=1e-6)

@@ -143,12 +143,14 @@ def run(config, workdir: str | None) -> dict:
     place = (lambda b: shard_update_batch(b, mesh)) if mesh is not None else (lambda b: b)  # rows over devices
     if micro_tokens:  # micro-batches of whole rows (the last padded with mask-0 rows), one update
       devices = mesh.devices.size if mesh is not None else 1
-      width = max(batch["tokens"].shape[1], batch["teacher_tokens"].shape[1])
-      rows = micro_rows(batch["tokens"].shape[0], width, micro_tokens, devices)
-      batch = [place(mb) for mb in split_rows(pad_rows(batch, rows), rows)]
+      row_width = max(batch["tokens"].shape[1], batch["teacher_tokens"].shape[1])
+      mb_rows = micro_rows(batch["tokens"].shape[0], row_width, micro_tokens, devices)
+      batch = [place(mb) for mb in split_rows(pad_rows(batch, mb_rows), mb_rows)]
     else:
       batch = place(batch)
     state, metrics = step_fn(state, base, t_params, t_lora, batch)
+    if micro_tokens:
+      metrics = dict(metrics, micro_batches=len(batch))
     return state, {**{k: float(v) for k, v in jax.device_get(metrics).items()},
                    "teacher_sample_accuracy": float(np.mean(correct)), "step_time_s": time.time() - t0}
 
