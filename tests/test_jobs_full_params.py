@@ -1,6 +1,6 @@
 """config.train.params="full" through the jobs on a tiny model: SFT, RL (grpo with beta > 0, so the frozen
-reference copy is used) and distillation (in micro-batches) each run and export a merged Hugging Face folder of the trained
-weights; full training of an NF4 base is refused by launch.py in one line (exit 2)."""
+reference copy is used) and distillation (in micro-batches) each run and export a merged Hugging Face folder
+of the trained weights; full training of an NF4 base is refused by launch.py in one line (exit 2)."""
 import json
 import os
 import subprocess

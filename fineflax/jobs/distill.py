@@ -6,11 +6,12 @@ Each step: the teacher samples completions to `prompts_per_step` training questi
 the student reads the same completions after its own prompt; one `distill_step` (forward KL, see
 fineflax/train/distill_step.py); with `train.micro_batch_tokens` > 0 its gradient is accumulated over
 micro-batches of the step's rows, as many padded rows per device as fit that many tokens
-(`make_distill_micro_step`; the same update as the whole batch). Held-out greedy accuracy of the teacher and of the student before and after
-goes to summary.json; the adapter is exported in PEFT format (full training: a merged HF folder). On the
-mesh (config.mesh) the rows are split over every device, the bases over fsdp, full parameters and their
-optimizer state over fsdp (`fineflax.train.trainable`). The loop (resume, evaluation of the student
-every `eval_every` steps, checkpoints, stop handling) is `fineflax.train.loop`.
+(`make_distill_micro_step`; the same update as the whole batch). Held-out greedy accuracy of the teacher
+and of the student before and after goes to summary.json; the adapter is exported in PEFT format (full
+training: a merged HF folder). On the mesh (config.mesh) the rows are split over every device, the bases
+over fsdp, full parameters and their optimizer state over fsdp (`fineflax.train.trainable`). The loop
+(resume, evaluation of the student every `eval_every` steps, checkpoints, stop handling) is
+`fineflax.train.loop`.
 """
 from __future__ import annotations
 
