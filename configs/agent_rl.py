@@ -3,7 +3,8 @@
   python launch.py --config configs/agent_rl.py --workdir runs/agent_rl              # GPU run
   python launch.py --config configs/agent_rl.py:smoke --workdir runs/agent_smoke    # CPU smoke test
   python launch.py --config configs/agent_rl.py:search_r1 ...   # the Search-R1 agent function instead
-  Presets: search_r1, grpo, dr_grpo (the RL presets of configs/common.py without off-policy rows or refill),
+  Presets: search_r1, grpo, dr_grpo, ppo (the RL presets of configs/common.py without off-policy rows or refill;
+  ppo: a LoRA critic and GAE over each transition's row, as the RL job: fineflax/jobs/agent_rl.py),
   discounted (credit gamma^(n-1-i) R instead of R to every call), smoke.
 The agent is `fineflax.agents.calculator.CalculatorAgent`; its traces go to WORKDIR/agent_store.sqlite.
 """
@@ -45,7 +46,8 @@ def _search_r1(config):  # the Search-R1 agent function on the generated knowled
 
 
 # RL presets that add no off-policy rows and no refill (dapo's dynamic sampling, luffy and exgrpo do)
-PRESETS = {"grpo": common.RL_PRESETS["grpo"], "dr_grpo": common.RL_PRESETS["dr_grpo"], "discounted": _discounted,
+PRESETS = {"grpo": common.RL_PRESETS["grpo"], "dr_grpo": common.RL_PRESETS["dr_grpo"], "ppo": common.RL_PRESETS["ppo"],
+           "discounted": _discounted,
            "search_r1": _search_r1, "smoke": _smoke}
 
 

@@ -44,7 +44,8 @@ def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0):
   config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, f32 AdamW moments) or float32
   #   (f32 master params, computed in model.dtype)
   config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
-  #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches
+  #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches.
+  #   Distillation: as many of the step's padded rows per device per micro-batch as fit; 0 = the whole batch
   return config
 
 

@@ -79,3 +79,77 @@ def test_agent_rl_job_trains_from_traces(tiny_smol, tmp_path, monkeypatch):
              for s in spans)
   assert store.resource("prompt_template")["value"] == c.agent.prompt_template
   assert os.path.exists(os.path.join(tmp_path, "adapter")) and out["summary"]["store"].endswith("agent_store.sqlite")
+
+
+def _merged_rollout(rollout: str, group: str, reward: float, seed: int):
+  """One merged row of a two-call rollout: response 1, inserted tool text (loss mask 0), response 2."""
+  from fineflax.agents.transitions import Transition, merge_transitions
+  rng = np.random.RandomState(seed)
+  prompt, r1, tool, r2 = (list(rng.randint(2, 90, n)) for n in (5, 4, 3, 4))
+  calls = [Transition(rollout, group, 0, prompt, r1, [-1.0] * 4, reward, reward),
+           Transition(rollout, group, 1, prompt + r1 + tool, r2, [-1.0] * 4, reward, reward)]
+  return merge_transitions(calls)
+
+
+@pytest.mark.fast
+def test_ppo_batch_of_merged_agent_rows_gives_tool_tokens_no_policy_gradient():
+  """PPO on agent rows: GAE runs over every completion token (tool text too, as Search-R1), but the policy
+  loss's gradient is 0 at the tool tokens and at the rows padded to ROW_BUCKET, which are also out of GAE."""
+  import types
+
+  import jax
+  import jax.numpy as jnp
+
+  from fineflax.rl.objectives import get_objective
+  from fineflax.rl.ppo import ppo_targets
+  c = _config(preset="ppo,smoke")
+  rl = agent_rl.validate(c)  # PPO is accepted for agent transitions
+  ts = [_merged_rollout(f"r{i}", f"g{i // 2}", float(i % 2), i) for i in range(4)]
+  fake = types.SimpleNamespace(learner=types.SimpleNamespace(critic=object(), pad_id=0), rl=rl)
+  batch = agent_rl.AgentRLJob.update_batch(fake, ts, np.ones(4, np.float32))
+  b, n = batch["mask"].shape
+  assert b == agent_rl.ROW_BUCKET and np.all(batch["advantages"] == 0)
+  np.testing.assert_array_equal(batch["rewards"][:4], [0.0, 1.0, 0.0, 1.0])
+  rm, mask = batch["response_mask"], batch["mask"]
+  assert rm[4:].sum() == 0 and mask[4:].sum() == 0  # padded rows: out of GAE and of the loss
+  tool = (rm > 0) & (mask == 0)
+  assert tool[:4].sum(1).tolist() == [3] * 4  # each real row holds its 3 inserted tool tokens
+  rng = np.random.RandomState(0)
+  batch.update(values=rng.randn(b, n).astype(np.float32), old_logp=-rng.rand(b, n).astype(np.float32),
+               ref_logp=-rng.rand(b, n).astype(np.float32))
+  adv, _, _ = ppo_targets(batch, rl.ppo)
+  assert np.abs(adv[tool]).min() > 0  # GAE gives the tool tokens advantages ...
+  obj = get_objective("ppo")
+  pb = {k: jnp.asarray(v) for k, v in dict(batch, advantages=adv).items()}
+  grad = jax.grad(lambda lp: obj.loss(lp, jnp.zeros_like(lp), pb, **obj.kwargs(rl))[0])(pb["old_logp"])
+  grad = np.asarray(grad)
+  assert np.all(grad[tool] == 0) and np.all(grad[4:] == 0)  # ... which get no policy gradient
+  assert np.all(grad[mask > 0] != 0)
+
+
+@pytest.mark.long
+def test_ppo_agent_rl_job_runs_and_its_critic_fits_a_fixed_batch(tiny_smol, tmp_path, monkeypatch):
+  """rl.objective=ppo through agent_rl.run (a LoRA critic), then more updates on the step's batch: the value
+  loss falls."""
+  monkeypatch.setattr(agent_rl, "make_agent", lambda config, tok=None, greedy=False: two_calls)
+  batches = []
+  real = agent_rl.Learner.update
+
+  def keep_batch(self, state, batch):
+    batches.append(dict(batch))
+    return real(self, state, batch)
+
+  monkeypatch.setattr(agent_rl.Learner, "update", keep_batch)
+  c = _config(tiny_smol, preset="ppo,smoke", **{"rl.group_size": 4, "num_steps": 1, "eval_every": 1,
+                                                 "eval_at_start": False, "task.num_eval": 2, "agent.max_calls": 1,
+                                                 "lora.targets": "('q','v')", "rl.ppo.critic_lr": 1e-2})
+  out = agent_rl.run(c, str(tmp_path))
+  (h,) = out["history"]
+  assert out["exit_code"] == 0 and h["transitions"] == 2 * 4 * 2
+  assert np.isfinite(h["vf_loss"]) and h["critic_grad_norm"] > 0 and np.isfinite(h["loss"])
+  learner, state = out["job"].learner, out["job"].learner.state
+  losses = []
+  for _ in range(4):
+    state, m = learner.update(state, batches[0])
+    losses.append(m["vf_loss"])
+  assert losses[-1] < losses[0], losses

@@ -1,6 +1,6 @@
 """config.train.params="full" through the jobs on a tiny model: SFT, RL (grpo with beta > 0, so the frozen
-reference copy is used) and distillation each run and export a merged Hugging Face folder of the trained
-weights; full training of an NF4 base is refused by launch.py in one line (exit 2)."""
+reference copy is used) and distillation (in micro-batches) each run and export a merged Hugging Face folder
+of the trained weights; full training of an NF4 base is refused by launch.py in one line (exit 2)."""
 import json
 import os
 import subprocess
@@ -72,12 +72,14 @@ def test_full_distill_job_exports_the_trained_student(tiny_smol, tmp_path):
           "teacher.max_new_tokens": 8, "task.num_eval": 4, "eval_batch_size": 4, "task.eval_max_new_tokens": 4,
           "num_steps": 2, "eval_every": 2, "distill.prompts_per_step": 4, "distill.top_k": 16,
           "optimizer.learning_rate": 1e-3, "optimizer.warmup_steps": 0, "teacher.temperature": 0.0,
-          "distill.only_correct": False, "task.num_train": 4}
+          "distill.only_correct": False, "task.num_train": 4,
+          "train.micro_batch_tokens": 256}  # micro-batches of a few padded rows, gradients accumulated
   summary = distill.run(load_config("configs/distill.py:cpu", [f"{k}={v}" for k, v in over.items()]),
                         str(tmp_path / "run"))
   history = json.loads((tmp_path / "run" / "history.json").read_text())
   kls = [h["kl"] for h in history if "kl" in h]
   assert len(kls) == 2 and kls[1] < kls[0], kls  # the same 4 questions: the student moves to the teacher
+  assert all(h["micro_batches"] >= 2 for h in history if "kl" in h), history
   assert _changed_from(tiny_smol, summary["model"]) > 1e-4
 
 

@@ -207,16 +207,20 @@ def test_critic_steps_lower_the_value_loss_on_a_fixed_batch():
 
 
 @pytest.mark.long
-def test_ppo_job_runs_with_mini_and_micro_batches(tiny_smol, tmp_path):
+@pytest.mark.parametrize("mode", [{}, {"model.quant": "none", "train.params": "full", "rl.ppo.critic": "full"}],
+                         ids=["lora", "full"])
+def test_ppo_job_runs_with_mini_and_micro_batches(tiny_smol, tmp_path, mode):
   """2 steps of the arithmetic RL job with rl.objective=ppo (configs/grpo_arith.py:ppo,smoke), two
   mini-batches a step, packed micro-batches and a (never hit) skip bound: critic metrics are logged, the
-  critic and the policy both change, and the checkpoint holds the critic."""
+  critic and the policy both change, and the checkpoint holds the critic. Full: the policy's and the full
+  critic's steps donate their states (each optimizer step reads only the state the one before returned)."""
   from fineflax.jobs import rl as rl_job
   from fineflax.jobs.resolve import load_config
   over = {"model.source": tiny_smol, "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 64,
           "eval_batch_size": 4, "rl.group_size": 2, "rl.mini_batch_size": 1, "rl.micro_batch_tokens": 160,
           "rl.skip_grad_bound": 1e6, "optimizer.learning_rate": 1e-2,
-          "rl.mask_truncated": False}  # 8-token completions are all cut: they must enter the loss here
+          "rl.mask_truncated": False,  # 8-token completions are all cut: they must enter the loss here
+          **mode}
   c = load_config("configs/grpo_arith.py:ppo,smoke", [f"{k}={v}" for k, v in over.items()])
   job = rl_job.RLJob(c)
   before = jax.tree.map(np.asarray, job.learner.state)

@@ -139,3 +139,38 @@ def test_vocabulary_mismatch_is_a_clear_error(base):
   with pytest.raises(ValueError, match="teacher vocabulary 50 != student vocabulary 97"):  # shapes only: traced
     jax.eval_shape(lambda: distill_loss(None, base, Teacher(t_params, other), _batch(), model_config=CFG,
                                         lora_scale=1.0))
+
+
+@pytest.mark.parametrize("top_k,budget_rows", [(0, 2), (5, 4)])
+def test_micro_batched_distill_step_equals_the_whole_batch_step(base, top_k, budget_rows):
+  """config.train.micro_batch_tokens: the rows split into micro-batches (the last padded with mask-0 rows,
+  as the job does) give the whole batch's loss, KL metrics, gradient norm and parameters after one step."""
+  from fineflax.rl.batch import pad_rows
+  from fineflax.rl.minibatch import split_rows
+  from fineflax.train.distill_step import make_distill_micro_step, micro_rows
+  batch = {k: np.asarray(v) for k, v in _batch(3, b=6).items()}
+  student_lora, teacher_lora = _lora(base, seed=1, b_scale=0.05), _lora(base, seed=2, b_scale=0.3)
+  opt = optax.sgd(0.5)
+  kw = dict(model_config=CFG, teacher_lora_scale=2.0, lora_scale=2.0, tau=TAU, top_k=top_k, logits_chunk=4)
+  whole, m_whole = make_distill_fn(opt, **kw)(init_state(student_lora, opt, 0), base, base, teacher_lora, batch)
+  width = batch["tokens"].shape[1]
+  rows = micro_rows(6, width, budget_rows * width + width // 2, devices=1)
+  assert rows == budget_rows
+  mbs = split_rows(pad_rows(batch, rows), rows)
+  assert len(mbs) == -(-6 // rows) and sum(mb["mask"].sum() for mb in mbs) == batch["mask"].sum()
+  micro, m_micro = make_distill_micro_step(opt, **kw)(init_state(student_lora, opt, 0), base, base, teacher_lora,
+                                                        mbs)
+  for k in ("loss", "kl", "kl_max", "loss_tokens", "grad_norm"):
+    np.testing.assert_allclose(float(m_micro[k]), float(m_whole[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+  assert float(m_whole["grad_norm"]) > 1e-3
+  for a, b in zip(jax.tree.leaves(micro["params"]), jax.tree.leaves(whole["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.fast
+def test_a_distillation_row_longer_than_the_micro_batch_budget_names_the_knob():
+  from fineflax.train.distill_step import micro_rows
+  with pytest.raises(ValueError, match=r"config.train.micro_batch_tokens=40: a distillation row holds 48 tokens"):
+    micro_rows(8, 48, 40)
+  assert micro_rows(8, 48, 200, devices=2) == 8  # 4 rows a device x 2 devices
+  assert micro_rows(3, 48, 1000, devices=2) == 4  # never more rows than the batch needs

@@ -1,5 +1,6 @@
 """Full-parameter training (config.train.params="full") on a 2x2 ("data", "fsdp") mesh of forced CPU devices:
-the SFT step and the RL update (beta > 0: the frozen reference copy) equal the one-device ones; params and
+the SFT step and the RL update (beta > 0: the frozen reference copy), donating their state as the full-mode
+jobs do, equal the one-device undonated ones; params and
 optimizer state are split over fsdp (each device holds 1/fsdp of every array) and stay so after a step; a
 checkpoint written on 4 devices restores onto 2 with identical params and goes on alike.
 
@@ -60,7 +61,9 @@ SCRIPT = textwrap.dedent("""
     split_in_halves(st["opt_state"], "optimizer state")
     mu = st["opt_state"][1][0].mu["layers"]["q"]["kernel"]  # AdamW's first moment: f32, split
     assert mu.dtype == jnp.float32 and mu.addressable_shards[0].data.shape != mu.shape
-    s4, m4 = pin_state(train, st)(st, None, shard_batch(batch, mesh, batch_axis=1))
+    train_donating, _ = make_sft_fns(opt, donate=True, model_config=c, lora_scale=1.0)  # as the full-mode jobs
+    s4, m4 = pin_state(train_donating, st, True)(st, None, shard_batch(batch, mesh, batch_axis=1))
+    assert all(x.is_deleted() for x in jax.tree.leaves(st["params"]))  # the state was donated
     for k in ("loss", "grad_norm"):
       np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, err_msg=k)
     close(s1["params"], s4["params"], "sft params")
@@ -75,6 +78,8 @@ SCRIPT = textwrap.dedent("""
     obj = get_objective(rl.objective)
     step, logp = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
                              fwd_kwargs=dict(model_config=c, lora_scale=1.0, temperature=0.7))
+    step_donating, _ = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
+                                   fwd_kwargs=dict(model_config=c, lora_scale=1.0, temperature=0.7), donate=True)
     prompts = [list(rng.randint(2, 256, rng.randint(3, 9))) for _ in range(8)]
     comps = [list(rng.randint(2, 256, rng.randint(2, 12))) for _ in range(8)]
     rb = build_rl_batch(prompts, comps, [[1.0] * len(x) for x in comps], pad_id=0, completion_width=12)
@@ -83,10 +88,11 @@ SCRIPT = textwrap.dedent("""
     kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=2)
     r1, n1 = rl_update(init_state(params, opt, 0), None, rb, reference=params, **kw)
     tr = Trainable(params, None, params, True).place(mesh)  # full mode's start (split_model, same dtypes)
-    assert tr.reference is tr.params  # the frozen reference: the initial arrays themselves, no copy
+    # the frozen reference is never the trainable arrays, which the donating steps delete
+    assert not any(a is b for a, b in zip(jax.tree.leaves(tr.reference), jax.tree.leaves(tr.params)))
     split_in_halves(tr.params, "placed params")
     st = init_placed_state(tr.params, opt, 0, mesh, full=True)
-    kw4 = dict(kw, step_fn=pin_state(step, st))
+    kw4 = dict(kw, step_fn=pin_state(step_donating, st, True))
     r4, n4 = rl_update(st, None, rb, mesh=mesh, reference=tr.reference, **kw4)
     assert n1["kl"] > 0, n1  # the second update moved away from the reference
     for k in ("loss", "pg_loss", "kl", "grad_norm"):
@@ -109,7 +115,8 @@ SCRIPT = textwrap.dedent("""
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), r4, restored)
     ref2 = jax.tree.map(jax.device_put, params, trainable_shardings(params, m2, True))
     _, on4 = rl_update(r4, None, rb, mesh=mesh, reference=tr.reference, **kw4)
-    _, on2 = rl_update(restored, None, rb, mesh=m2, reference=ref2, **dict(kw, step_fn=pin_state(step, restored)))
+    _, on2 = rl_update(restored, None, rb, mesh=m2, reference=ref2,
+                       **dict(kw, step_fn=pin_state(step_donating, restored, True)))
     np.testing.assert_allclose(on2["loss"], on4["loss"], rtol=1e-5)
     print("RESHARD OK", flush=True)
 """)

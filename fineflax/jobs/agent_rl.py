@@ -7,6 +7,12 @@ prompt ids, action = its response ids) with the rollout's reward credited by `ag
 "discounted" with `agent.gamma`); advantages are grouped per task over all its transitions
 (`fineflax.agents.transitions`); then old/ref log-probs and `rl.num_iterations` updates of the objective
 (`fineflax.rl.update.rl_update`; any objective of the table without off-policy rows).
+PPO (`rl.objective="ppo"`, preset `ppo`): as the RL job (`fineflax.rl.ppo`, `fineflax.rl.minibatch`), every
+transition is a row whose credited reward is its score at its last token; the critic's values are per
+token of the row, GAE runs over the row's completion tokens (a merged row's inserted tool text included:
+Search-R1 reads `attention_mask` for GAE and the value loss) and the policy loss and the reward's KL read
+only the agent's own tokens (`mask`; tool text 0, Search-R1's `info_mask`), so tool tokens get no policy
+gradient. Rows padded for fewer compiles are out of GAE, whitening and the value loss (`response_mask` 0).
 Evaluation: greedy rollouts of the held-out tasks; `eval_accuracy` = mean reward (the calculator agent's
 reward is answer correctness).
 """
@@ -28,6 +34,7 @@ from fineflax.jobs import resolve
 from fineflax.rl.batch import pad_rows
 from fineflax.rl.config import RLConfig
 from fineflax.rl.learner import Learner, train_and_export
+from fineflax.rl.ppo import response_mask
 from fineflax.train.loop import Hooks, read_history
 from fineflax.train.workdir import make_workdir, preflight
 
@@ -123,10 +130,8 @@ class AgentRLJob:
     if not ts:
       raise RuntimeError(f"step {step}: every rollout failed (see the attempts table of {self.store.path})")
     adv = group_advantages([t.reward for t in ts], [t.group_id for t in ts], rl.advantage_scale)
-    batch = transition_batch(ts, adv, pad_id=self.learner.pad_id)
+    batch = self.update_batch(ts, adv)
     sampler_logp = batch.pop("rollout_logp")
-    if rl.agg_mode in ("token-mean", "sum"):
-      batch = pad_rows(batch, ROW_BUCKET)
     state, metrics = self.learner.update(state, batch)
     rewards = np.array([r.reward for r in recs if r.reward is not None])
     spans = [s for r in recs for s in r.spans]
@@ -142,6 +147,20 @@ class AgentRLJob:
         "response_length": float(np.mean([len(t.response_ids) for t in ts])),
         "sampler_logp_mean": float(sampler_logp.sum() / max(sum(len(t.response_ids) for t in ts), 1)),
         "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll}
+
+  def update_batch(self, ts, adv) -> dict:
+    """The update batch of the transitions `ts` (`transition_batch`), padded to a multiple of ROW_BUCKET rows
+    when the aggregation allows it. PPO: the group advantages `adv` are replaced by the critic's later
+    (zeros here), the credited rewards go in `rewards` and `response_mask` is set before padding."""
+    if self.learner.critic is not None:
+      batch = transition_batch(ts, np.zeros(len(ts), np.float32), pad_id=self.learner.pad_id)
+      batch["rewards"] = np.asarray([t.reward for t in ts], np.float32)
+      batch["response_mask"] = response_mask(batch)  # padded rows get 0 (`pad_rows`)
+    else:
+      batch = transition_batch(ts, adv, pad_id=self.learner.pad_id)
+    if self.rl.agg_mode in ("token-mean", "sum"):
+      batch = pad_rows(batch, ROW_BUCKET)
+    return batch
 
   def evaluate(self, state) -> dict:
     recs, _ = self.rollouts(state["params"], self.eval_tasks, self.rng, "eval", greedy=True)
@@ -162,9 +181,6 @@ def validate(config) -> RLConfig:
   if obj.off_policy is not None:
     raise ConfigError(f"config.rl.objective={config.rl.objective!r} adds off-policy rows ({obj.off_policy}), "
                       "which agent rollouts do not have; choose an on-policy objective such as 'grpo'")
-  if obj.critic:
-    raise ConfigError(f"config.rl.objective={config.rl.objective!r} (a critic and GAE over each row) is not "
-                      "supported for agent transitions; choose an objective such as 'grpo'")
   require(config, "rl.mini_batch_size", lambda v: v in (0, rl.prompts_per_step),
           "must be 0 (one step a batch: agent groups hold varying numbers of transitions)")
   for key, why in (("dynamic_sampling", "agent groups are not refilled"),

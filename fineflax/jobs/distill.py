@@ -4,11 +4,14 @@
 Each step: the teacher samples completions to `prompts_per_step` training questions from its own prompt
 (with `distill.only_correct`, completions with a wrong answer get a zero mask: rejection-sampled KD);
 the student reads the same completions after its own prompt; one `distill_step` (forward KL, see
-fineflax/train/distill_step.py). Held-out greedy accuracy of the teacher and of the student before and after
-goes to summary.json; the adapter is exported in PEFT format (full training: a merged HF folder). On the
-mesh (config.mesh) the rows are split over every device, the bases over fsdp, full parameters and their
-optimizer state over fsdp (`fineflax.train.trainable`). The loop (resume, evaluation of the student
-every `eval_every` steps, checkpoints, stop handling) is `fineflax.train.loop`.
+fineflax/train/distill_step.py); with `train.micro_batch_tokens` > 0 its gradient is accumulated over
+micro-batches of the step's rows, as many padded rows per device as fit that many tokens
+(`make_distill_micro_step`; the same update as the whole batch). Held-out greedy accuracy of the teacher
+and of the student before and after goes to summary.json; the adapter is exported in PEFT format (full
+training: a merged HF folder). On the mesh (config.mesh) the rows are split over every device, the bases
+over fsdp, full parameters and their optimizer state over fsdp (`fineflax.train.trainable`). The loop
+(resume, evaluation of the student every `eval_every` steps, checkpoints, stop handling) is
+`fineflax.train.loop`.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import jax
 import numpy as np
 
 from fineflax import lora as lora_lib
+from fineflax.config_checks import lookup, non_negative_int, require
 from fineflax.envs.arithmetic import ArithmeticEnv
 from fineflax.jobs import resolve
 from fineflax.lora.peft_io import peft_files
@@ -26,11 +30,12 @@ from fineflax.models import load
 from fineflax.models.load import check_source
 from fineflax.rewards.registry import score_completions
 from fineflax.rl import rows as R
-from fineflax.rl.batch import build_rl_batch, round_up
+from fineflax.rl.batch import build_rl_batch, pad_rows, round_up
+from fineflax.rl.minibatch import split_rows
 from fineflax.rl.policy import Policy
 from fineflax.rl.update import shard_update_batch
 from fineflax.mesh import make_mesh, replicate, shard_params
-from fineflax.train.distill_step import make_distill_fn
+from fineflax.train.distill_step import make_distill_fn, make_distill_micro_step, micro_rows
 from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
@@ -67,6 +72,12 @@ def check_teacher(teacher) -> None:
         raise FileNotFoundError(f"config.teacher.{field}={value!r}: {e}") from None
 
 
+def validate(config) -> None:
+  """This job's part of `fineflax.jobs.resolve.validate`: the micro-batch budget (whether a row fits it is
+  checked at the first step, when the padded width is known)."""
+  require(config, "train.micro_batch_tokens", *non_negative_int(" (0 = the whole batch at once)"))
+
+
 def run(config, workdir: str | None) -> dict:
   resolve.validate(config)
   check_teacher(config.teacher)
@@ -88,9 +99,11 @@ def run(config, workdir: str | None) -> dict:
     t_lora = replicate(t_lora, mesh)
   t_system = tc.system_prompt or task.system_prompt
   optimizer = make_optimizer(config.optimizer)
-  step_fn = make_distill_fn(optimizer, model_config=model_config, teacher_config=t_config,
-                            teacher_lora_scale=t_scale, lora_scale=scale, tau=dc.tau, top_k=dc.top_k,
-                            remat=config.model.remat, dtype=dtype, logits_chunk=config.model.logits_chunk)
+  micro_tokens = lookup(config, "train.micro_batch_tokens", 0)
+  make = make_distill_micro_step if micro_tokens else make_distill_fn
+  step_fn = make(optimizer, model_config=model_config, teacher_config=t_config, teacher_lora_scale=t_scale,
+                 donate=trainable.donate, lora_scale=scale, tau=dc.tau, top_k=dc.top_k, remat=config.model.remat,
+                 dtype=dtype, logits_chunk=config.model.logits_chunk)
   env = ArithmeticEnv(config, tok)  # the student's prompts; the teacher reads `t_system`
   teacher_cfg = copy.deepcopy(config)
   teacher_cfg.task.system_prompt = t_system
@@ -106,8 +119,8 @@ def run(config, workdir: str | None) -> dict:
     return Policy(weights, model_config, tok, lora_, scale, dtype, max_new_tokens=task.eval_max_new_tokens,
                   mesh=mesh)
   state = init_placed_state(trainable.params, optimizer, config.seed, mesh, trainable.full)
-  if mesh is not None:
-    step_fn = pin_state(step_fn, state)
+  if mesh is not None and not micro_tokens:
+    step_fn = pin_state(step_fn, state, trainable.donate)
   workdir = make_workdir(config, workdir)
 
   def step(state, i: int):
@@ -128,9 +141,17 @@ def run(config, workdir: str | None) -> dict:
                              width_multiple=16)
     batch = dict(s_batch, teacher_tokens=t_batch["tokens"], teacher_attention_mask=t_batch["attention_mask"],
                  teacher_positions=t_batch["positions"])
-    if mesh is not None:  # rows padded to the devices (mask 0) and split over them
-      batch = shard_update_batch(batch, mesh)
+    place = (lambda b: shard_update_batch(b, mesh)) if mesh is not None else (lambda b: b)  # rows over devices
+    if micro_tokens:  # micro-batches of whole rows (the last padded with mask-0 rows), one update
+      devices = mesh.devices.size if mesh is not None else 1
+      row_width = max(batch["tokens"].shape[1], batch["teacher_tokens"].shape[1])
+      mb_rows = micro_rows(batch["tokens"].shape[0], row_width, micro_tokens, devices)
+      batch = [place(mb) for mb in split_rows(pad_rows(batch, mb_rows), mb_rows)]
+    else:
+      batch = place(batch)
     state, metrics = step_fn(state, base, t_params, t_lora, batch)
+    if micro_tokens:
+      metrics = dict(metrics, micro_batches=len(batch))
     return state, {**{k: float(v) for k, v in jax.device_get(metrics).items()},
                    "teacher_sample_accuracy": float(np.mean(correct)), "step_time_s": time.time() - t0}
 

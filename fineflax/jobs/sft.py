@@ -76,12 +76,12 @@ def run(config, workdir: str | None) -> dict:
   scale = lora_lib.lora_scale(lora_cfg)
   opt_cfg = config.optimizer
   optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
-  train_fn, eval_fn = make_sft_fns(optimizer, model_config=model_config, lora_scale=scale,
+  train_fn, eval_fn = make_sft_fns(optimizer, donate=trainable.donate, model_config=model_config, lora_scale=scale,
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
                                    logits_chunk=config.model.logits_chunk,
                                    causal_prefix=not config.data.packing)  # unpacked rows are right-padded
   state = init_placed_state(trainable.params, optimizer, config.seed, mesh, trainable.full)
-  train_fn = pin_state(train_fn, state)
+  train_fn = pin_state(train_fn, state, trainable.donate)
   batches = _batches(build_mixture(sources, seed=config.seed), tokenizer, config.data)
   pad_id = pad_id_of(tokenizer)
   workdir = make_workdir(config, workdir)  # after every input was read: a failed start leaves no folder
@@ -94,7 +94,7 @@ def run(config, workdir: str | None) -> dict:
   throughput = {"t": time.time(), "tokens": 0.0}
 
   micro_tokens = lookup(config, "train.micro_batch_tokens", 0)  # packed micro-batches (fineflax.data.packing.repack)
-  micro_fn = make_sft_micro_step(optimizer, model_config=model_config, lora_scale=scale,
+  micro_fn = make_sft_micro_step(optimizer, donate=trainable.donate, model_config=model_config, lora_scale=scale,
                                  lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
                                  logits_chunk=config.model.logits_chunk) if micro_tokens else None
 

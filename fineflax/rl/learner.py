@@ -42,7 +42,9 @@ decode logits split over the D / M groups (`fineflax.mesh.rollout_mesh`).
 
 `state` holds the train state the run starts from (placed on the mesh by `fineflax.train.trainable`:
 LoRA replicated, full params and moments split over fsdp); the loop passes states in and out of
-`update`, which is pure (the loop keeps the previous state when a step goes non-finite).
+`update`, which is pure in LoRA mode (the loop keeps the previous state when a step goes non-finite); in
+full training the steps donate the state they are given (`fineflax.train.trainable.Trainable.donate`):
+only the returned state may be read, and a non-finite update leaves its params unchanged.
 `train_and_export(job, ...)` is the RL jobs' common end: the loop over the job's hooks, then the summary
 and the export (PEFT adapter, or the merged HF folder of full training).
 """
@@ -92,9 +94,11 @@ class Learner:
     self.on_policy = reuses_current_logp(rl, rl.num_iterations)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
                                              loss_kwargs=self.objective.kwargs(rl), fwd_kwargs=self.fwd_kwargs,
-                                             skip_grad_bound=rl.skip_grad_bound, on_policy=self.on_policy)
+                                             skip_grad_bound=rl.skip_grad_bound, on_policy=self.on_policy,
+                                             donate=self.trainable.donate)
     self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
-    self.critic = Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs) if self.objective.critic else None
+    self.critic = (Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs, donate=self.trainable.donate)
+                   if self.objective.critic else None)
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
       if rl.ppo.critic == "full" and config.model.quant != "none":
         raise ConfigError(f"config.model.quant={config.model.quant!r}: config.rl.ppo.critic='full' trains a copy "
@@ -102,7 +106,7 @@ class Learner:
       critic_base = self.base if self.base is not None else self.trainable.reference
       self.state["critic"] = self.critic.init(critic_base, self.model_config, self.lora_cfg, config.seed)
     if mesh is not None:
-      self.step_fn = pin_state(self.step_fn, self.state)
+      self.step_fn = pin_state(self.step_fn, self.state, self.trainable.donate)
 
   def _rollout_base(self):
     """The frozen base laid out for tensor-parallel rollouts on `rollout_mesh` (module docstring); the
@@ -170,7 +174,8 @@ class Learner:
             or self.critic):
       return None
     return UpdatePlan(rl, optimizer=self.optimizer, objective=rl.objective, loss_kwargs=self.objective.kwargs(rl),
-                      fwd_kwargs=self.fwd_kwargs, logp_fn=self.logp_fn, pad_id=self.pad_id, critic=self.critic)
+                      fwd_kwargs=self.fwd_kwargs, logp_fn=self.logp_fn, pad_id=self.pad_id, critic=self.critic,
+                      donate=self.trainable.donate)
 
   def update(self, state, batch: dict):
     """(new state, metrics of the last update): `fineflax.rl.update.rl_update` on this learner's base."""
@@ -183,8 +188,8 @@ class Learner:
     """The jitted SFT step (`fineflax.train.sft_step`) with this learner's optimizer and forward settings."""
     fwd = self.fwd_kwargs
     fwd.pop("temperature")
-    fn = make_sft_fns(self.optimizer, **fwd)[0]
-    return fn if self.mesh is None else pin_state(fn, self.state)
+    fn = make_sft_fns(self.optimizer, donate=self.trainable.donate, **fwd)[0]
+    return fn if self.mesh is None else pin_state(fn, self.state, self.trainable.donate)
 
   def sft_update(self, state, batch: dict):
     """(new state, metrics) of one SFT step on `batch` (placed on the mesh by the caller)."""

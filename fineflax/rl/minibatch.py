@@ -21,6 +21,8 @@ step 2 run on the same micro-batches. Its gradient is the sum of its micro-batch
 (`fineflax.train.grad_accum`), each normalised by the whole mini-batch: `loss_weights`
 (`fineflax.rl.losses.token_weights` of agg_mode), `num_tokens`, and the critic's `value_weights`.
 Metrics: the mean over this batch's optimizer steps; `skipped` (rl.skip_grad_bound) counts skipped steps.
+donate=True (full training): every optimizer step donates the state it is given (the caller's is deleted by
+the first one; step 2 reads nothing of it afterwards), and a non-finite one leaves the params unchanged.
 """
 from __future__ import annotations
 
@@ -50,14 +52,16 @@ class UpdatePlan:
   """The update of one rollout batch in mini-/micro-batches (module docstring)."""
 
   def __init__(self, rl, *, optimizer, objective: str, loss_kwargs: dict, fwd_kwargs: dict, logp_fn, pad_id: int,
-               critic=None):
+               critic=None, donate: bool = False):
     self.rl, self.logp_fn, self.pad_id, self.critic = rl, logp_fn, pad_id, critic
     self.rows = rl.mini_batch_size * rl.group_size
     # by on_policy (`rl_loss`): True reads old_logp from the step's own logp (one step per rollout batch)
     self.micro = {on: make_micro_grad(functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs,
                                                         fwd_kwargs=fwd_kwargs, on_policy=on))
                   for on in (False, True)}
-    self.apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_grad_bound=rl.skip_grad_bound))
+    # donate (full training): each optimizer step writes the state into the buffers of the one before
+    self.apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_grad_bound=rl.skip_grad_bound,
+                                           skip_nonfinite=donate), donate_argnums=(0,) if donate else ())
 
   @property
   def needs_ref(self) -> bool:
@@ -86,7 +90,7 @@ class UpdatePlan:
     rl, critic = self.rl, self.critic
     devices = mesh.devices.size if mesh is not None else 1
     batch = {k: np.asarray(v) for k, v in batch.items()}
-    if critic is not None:
+    if critic is not None and "response_mask" not in batch:  # set by a caller that padded rows (agent_rl)
       batch["response_mask"] = response_mask(batch)
     # 2. old / ref log-probs and values under the state before any update
     b = batch["tokens"].shape[0]

@@ -153,8 +153,9 @@ def critic_loss(params, base, batch, *, cliprange_value: float, value_loss_coef:
   return value_loss_coef * loss, metrics
 
 
-def _critic_apply(critic, grads, *, optimizer):
-  params, opt_state, m = apply_gradients(critic["params"], critic["opt_state"], grads, optimizer)
+def _critic_apply(critic, grads, *, optimizer, skip_nonfinite: bool = False):
+  params, opt_state, m = apply_gradients(critic["params"], critic["opt_state"], grads, optimizer,
+                                         skip_nonfinite=skip_nonfinite)
   return {"params": params, "opt_state": opt_state}, {"critic_grad_norm": m["grad_norm"]}
 
 
@@ -164,10 +165,12 @@ class Critic:
   state: {"params": {"lora": LoRA pytree (ppo.critic "lora") or "model": a float32 copy of the initial
   model ("full", as verl's critic), "head": {"kernel": [H, 1], "bias": [1]}}, "opt_state"}, kept as the
   train state's "critic" entry (checkpointed with it). `base`: the frozen weights a LoRA critic reads
-  (the policy's base, or in full training its frozen initial parameters), set by `init`.
+  (the policy's base, or in full training its frozen initial parameters), set by `init`. donate (full
+  training, `fineflax.train.trainable.Trainable.donate`): `apply` donates the critic state it is given and
+  a non-finite gradient leaves it unchanged.
   """
 
-  def __init__(self, ppo, optimizer_cfg, *, fwd_kwargs: dict):
+  def __init__(self, ppo, optimizer_cfg, *, fwd_kwargs: dict, donate: bool = False):
     self.kind, self.base = ppo.critic, None
     cfg = types.SimpleNamespace(**{k: optimizer_cfg[k] for k in optimizer_cfg.keys()})
     cfg.learning_rate, cfg.warmup_steps = ppo.critic_lr, ppo.critic_warmup_steps
@@ -177,7 +180,8 @@ class Critic:
     self.micro = make_micro_grad(functools.partial(critic_loss, cliprange_value=ppo.cliprange_value,
                                                    value_loss_coef=ppo.value_loss_coef, fwd_kwargs=fwd),
                                  weight_key="response_mask")
-    self.apply = jax.jit(functools.partial(_critic_apply, optimizer=self.optimizer))
+    self.apply = jax.jit(functools.partial(_critic_apply, optimizer=self.optimizer, skip_nonfinite=donate),
+                         donate_argnums=(0,) if donate else ())
 
   def init(self, base, model_config, lora_cfg, seed: int) -> dict:
     """A fresh critic on the dense or quantised `base`: LoRA as the policy's (another key), or a float32
@@ -186,7 +190,8 @@ class Critic:
     head = {"kernel": 0.02 * jax.random.normal(k_head, (model_config.hidden_size, 1), jnp.float32),
             "bias": jnp.zeros((1,), jnp.float32)}
     if self.kind == "full":
-      f32 = lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.array(x)
+      # always a copy (jnp.array), never the base's arrays themselves: a donating `apply` deletes its input
+      f32 = lambda x: jnp.array(x, jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.array(x)
       params = {"model": jax.tree.map(f32, base), "head": head}
     else:
       self.base = base

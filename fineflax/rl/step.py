@@ -77,29 +77,32 @@ def rl_loss(lora, base, batch, *, objective: str, loss_kwargs: dict, fwd_kwargs:
 
 
 def rl_step(state, base, batch, *, optimizer, objective, loss_kwargs, fwd_kwargs, skip_grad_bound=0.0,
-            on_policy: bool = False):
+            on_policy: bool = False, skip_nonfinite: bool = False):
   """One optimizer update of state["params"] (LoRA, or the whole model when `base` is None) on `rl_loss`;
-  a frozen base gets no gradient (`apply_gradients`: a step over `skip_grad_bound` leaves the params and
-  moments unchanged). on_policy: `rl_loss`'s."""
+  a frozen base gets no gradient (`apply_gradients`: a step over `skip_grad_bound`, or with
+  skip_nonfinite a non-finite one, leaves the params and moments unchanged). on_policy: `rl_loss`'s."""
   (loss, metrics), grads = jax.value_and_grad(
       functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs,
                         on_policy=on_policy),
       has_aux=True)(state["params"], base, batch)
-  state, m = step_state(state, grads, optimizer, skip_grad_bound)
+  state, m = step_state(state, grads, optimizer, skip_grad_bound, skip_nonfinite, loss=loss)
   return state, dict(metrics, **m)
 
 
 def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dict, skip_grad_bound: float = 0.0,
-                on_policy: bool = False):
+                on_policy: bool = False, donate: bool = False):
   """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]); on_policy: the step's (`rl_loss`:
   its batches hold no old_logp).
 
-  The state is not donated: the loop keeps the previous state when a step produces a non-finite loss
-  (small for LoRA; in full training a step briefly holds two copies of params and moments).
+  donate=True (full training, `fineflax.train.trainable.donates`): the step donates its state, so XLA
+  writes the new params and moments into the old buffers (one copy at the peak instead of two); the
+  caller must read only the returned state. A non-finite step then leaves params and moments unchanged
+  (skip_nonfinite), since the loop cannot keep the donated previous state. LoRA mode keeps the state.
   """
   get_objective(objective)
   step = jax.jit(functools.partial(rl_step, optimizer=optimizer, objective=objective,
                                    loss_kwargs=loss_kwargs, fwd_kwargs=fwd_kwargs,
-                                   skip_grad_bound=skip_grad_bound, on_policy=on_policy))
+                                   skip_grad_bound=skip_grad_bound, on_policy=on_policy, skip_nonfinite=donate),
+                 donate_argnums=(0,) if donate else ())
   logp = jax.jit(functools.partial(completion_logp, **fwd_kwargs))
   return step, logp

@@ -10,7 +10,9 @@ outside K) and the student keeps its full-vocabulary log-softmax, so KL_t = KL(q
 the full KL when K covers all the teacher's mass. Teacher log-probs given as top-k log-probs at
 temperature 1 (an API's `top_logprobs`) give the same q_T: softmax(logp_K / tau) over K.
 The loss is the token mean sum_t KL_t m_t / sum_t m_t over the completion mask m (no tau^2 factor; fold it
-into the learning rate if wanted).
+into the learning rate if wanted). A micro-batch (`make_distill_micro_step`, config.train.micro_batch_tokens)
+holds `num_tokens` = sum_t m_t of the whole batch: its loss is its share sum_{t in mb} KL_t m_t / num_tokens,
+and the batch's gradient is the sum of its micro-batches' (`fineflax.train.grad_accum`).
 
 Batch (the RL layout of `fineflax.rl.step`: left-padded prompt of width P, completion of width N at the end):
   tokens, attention_mask, positions [B, S]       what the student reads
@@ -32,6 +34,7 @@ import optax
 
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.decoder import project_logits
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
 from fineflax.train.trainable import model_weights
 
 
@@ -105,7 +108,8 @@ def distill_loss(trainable, base, teacher: Teacher, batch, *, model_config: Mode
                  tau: float = 1.0, top_k: int = 0, remat: str = "none", dtype=jnp.float32,
                  logits_chunk: int = 128):
   """(token-mean forward KL over the completion mask, metrics) of the student: base + the LoRA
-  `trainable`, or (base None) the full parameters `trainable` (`fineflax.train.trainable.model_weights`)."""
+  `trainable`, or (base None) the full parameters `trainable` (`fineflax.train.trainable.model_weights`).
+  With batch["num_tokens"] (a micro-batch) the sum is divided by it, the whole batch's mask count."""
   n = batch["mask"].shape[1]
   params, lora = model_weights(trainable, base)
   hs = completion_hidden(params, model_config, batch["tokens"], batch["attention_mask"], batch["positions"],
@@ -120,31 +124,71 @@ def distill_loss(trainable, base, teacher: Teacher, batch, *, model_config: Mode
                   jax.lax.stop_gradient(output_kernel(teacher.params, teacher.config, dtype)),
                   tau=tau, top_k=top_k, chunk=logits_chunk)
   mask = batch["mask"].astype(jnp.float32)
-  loss = jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1.0)  # token mean over completion tokens
+  count = batch["num_tokens"] if "num_tokens" in batch else jnp.maximum(jnp.sum(mask), 1.0)
+  loss = jnp.sum(kl * mask) / count  # token mean over the (whole batch's) completion tokens
   return loss, {"kl": loss, "kl_max": jnp.max(jnp.where(mask > 0, kl, 0.0)), "loss_tokens": jnp.sum(mask)}
 
 
 def distill_step(state, base, teacher: Teacher, batch, *, optimizer: optax.GradientTransformation,
-                 **loss_kwargs):
+                 skip_nonfinite: bool = False, **loss_kwargs):
   """One optimizer update of the student's trainable params (state["params"]) on `distill_loss`; pure, jit-able.
 
-  state = {"step", "params", "opt_state", "rng"} as `fineflax.train.state.init_state`.
+  state = {"step", "params", "opt_state", "rng"} as `fineflax.train.state.init_state`. skip_nonfinite (a
+  donated state, `make_distill_fn`): a non-finite loss or gradient leaves params and moments unchanged.
   """
   (loss, metrics), grads = jax.value_and_grad(distill_loss, has_aux=True)(
       state["params"], base, teacher, batch, **loss_kwargs)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-  lora = optax.apply_updates(state["params"], updates)
-  metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-  return dict(state, step=state["step"] + 1, params=lora, opt_state=opt_state), metrics
+  state, m = step_state(state, grads, optimizer, skip_nonfinite=skip_nonfinite, loss=loss)
+  return state, dict(metrics, loss=loss, **m)
 
 
 def make_distill_fn(optimizer, *, model_config: ModelConfig, teacher_config: Optional[ModelConfig] = None,
-                    teacher_lora_scale: float = 1.0, **loss_kwargs):
-  """jit(distill_step)(state, base, teacher_params, teacher_lora, batch) with the static settings bound."""
+                    teacher_lora_scale: float = 1.0, donate: bool = False, **loss_kwargs):
+  """jit(distill_step)(state, base, teacher_params, teacher_lora, batch) with the static settings bound;
+  donate=True (full training, `fineflax.train.trainable.Trainable.donate`): the state is donated (the new
+  params and moments reuse its buffers; only the returned state may be read) and a non-finite step
+  leaves them unchanged."""
   teacher_config = teacher_config or model_config
 
   def step(state, base, teacher_params, teacher_lora, batch):
     teacher = Teacher(teacher_params, teacher_config, teacher_lora, teacher_lora_scale)
     return distill_step(state, base, teacher, batch, optimizer=optimizer, model_config=model_config,
-                        **loss_kwargs)
-  return jax.jit(step)
+                        skip_nonfinite=donate, **loss_kwargs)
+  return jax.jit(step, donate_argnums=(0,) if donate else ())
+
+
+def micro_rows(batch_rows: int, width: int, budget: int, devices: int = 1) -> int:
+  """Rows of one micro-batch: `devices` x the padded rows of `width` tokens that fit a budget of
+  `budget` tokens per device (config.train.micro_batch_tokens; at least one whole row)."""
+  if budget < width:
+    raise ValueError(f"config.train.micro_batch_tokens={budget}: a distillation row holds {width} tokens "
+                     f"(prompt + completion, padded); the budget must be at least that (or 0: the whole batch)")
+  return min(budget // width, -(-batch_rows // devices)) * devices
+
+
+def make_distill_micro_step(optimizer, *, model_config: ModelConfig, teacher_config: Optional[ModelConfig] = None,
+                            teacher_lora_scale: float = 1.0, donate: bool = False, **loss_kwargs):
+  """step(state, base, teacher_params, teacher_lora, micro_batches) -> (state, metrics): one update on
+  the token-mean KL of the whole batch, its gradient accumulated over micro-batches of its rows (each
+  holding the whole batch's `num_tokens`; one compiled micro-step for any count,
+  `fineflax.train.grad_accum`) -> the same update as `make_distill_fn` on the whole batch. Metrics as
+  `distill_step`'s (kl_max: the largest micro-batch's). donate: as `make_distill_fn`."""
+  teacher_config = teacher_config or model_config
+
+  def share(trainable, frozen, mb):
+    base, teacher_params, teacher_lora = frozen
+    teacher = Teacher(teacher_params, teacher_config, teacher_lora, teacher_lora_scale)
+    return distill_loss(trainable, base, teacher, mb, model_config=model_config, **loss_kwargs)
+
+  micro = make_micro_grad(share, additive=("loss", "kl", "loss_tokens"), maximum=("kl_max",))
+  apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_nonfinite=donate),
+                  donate_argnums=(0,) if donate else ())
+
+  def step(state, base, teacher_params, teacher_lora, micro_batches):
+    n = jnp.maximum(sum(jnp.sum(jnp.asarray(mb["mask"], jnp.float32)) for mb in micro_batches), 1.0)
+    mbs = [dict(mb, num_tokens=n) for mb in micro_batches]
+    grads, m = accumulate(micro, state["params"], (base, teacher_params, teacher_lora), mbs)
+    state, m2 = apply(state, grads, loss=m["loss"])
+    return state, dict(m, **m2)
+
+  return step

@@ -12,7 +12,10 @@ it checkpoints beside the train state (`meta` / `restore_meta`: data position, e
               `checkpoint.keep_last` latest and `checkpoint.keep_best` best by `hooks.eval_metric`.
               A failed write is logged and retried at the next save; 3 failures in a row stop the run.
   non-finite  a step whose loss is NaN/inf is discarded; the run stops with the previous state (the last
-              good checkpoint stays on disk).
+              good checkpoint stays on disk). A step that donated the previous state (full training:
+              its arrays are deleted) left its params and moments unchanged on a non-finite loss
+              (`fineflax.train.grad_accum.apply_gradients(skip_nonfinite=True)`): its returned state
+              is kept instead.
   metrics     WORKDIR/logs/metrics.jsonl + TensorBoard events, a tqdm bar, WORKDIR/history.json.
   processes   with several (`fineflax.train.distributed`) every process steps and checkpoints (orbax
               writes collectively); only process 0 writes config.json, metrics, history and summary.
@@ -27,6 +30,7 @@ import os
 import time
 from typing import Any, Callable
 
+import jax
 from tqdm import tqdm
 
 from fineflax.io import atomic_write_text
@@ -81,6 +85,11 @@ def read_history(workdir: str) -> list[dict]:
   return [by_step[s] for s in sorted(by_step)]
 
 
+def donated(state) -> bool:
+  """Whether a step deleted arrays of `state` (it donated them, `jax.jit(donate_argnums=...)`)."""
+  return any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(state))
+
+
 def already_complete_line(step: int, num_steps: int, workdir: str) -> str:
   return f"already complete at step {step} of {num_steps}; nothing to do ({workdir})"
 
@@ -129,6 +138,7 @@ def train_loop(hooks: Hooks, state, config, workdir: str, *, num_steps: int, des
       loss = scalars.get(hooks.loss_key, 0.0)
       if not math.isfinite(loss):
         status, exit_code, step = f"stopped: non-finite loss {loss} at step {step}", 1, step - 1
+        state = new_state if donated(state) else state  # the donating step skipped its update
         break
       state = new_state
       evaluating = step % eval_every == 0 or step == num_steps

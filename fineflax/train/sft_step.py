@@ -16,7 +16,7 @@ import optax
 from fineflax.mesh import shard_batch
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp
-from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state
+from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state, update_unless
 from fineflax.train.state import State
 from fineflax.train.trainable import model_weights
 
@@ -56,9 +56,12 @@ def _num_tokens(batch) -> jnp.ndarray:
   return jnp.sum(batch["attention_mask"].astype(jnp.float32))
 
 
-def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, **loss_kwargs):
+def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformation, skip_nonfinite: bool = False,
+             **loss_kwargs):
   """One update: grads of mean NLL (over all A micro-batches' loss tokens) w.r.t. state["params"] only
-  (the LoRA, or every parameter when base is None), summed over micro-batches in float32."""
+  (the LoRA, or every parameter when base is None), summed over micro-batches in float32.
+  skip_nonfinite (a donated state, `make_sft_fns`): a non-finite loss or gradient leaves params and
+  moments unchanged."""
   rng, step_rng = jax.random.split(state["rng"])
   num_micro = batch["tokens"].shape[0]
 
@@ -73,12 +76,20 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
   keys = jax.random.split(step_rng, num_micro)
   (grads, nll, n), _ = jax.lax.scan(micro, (zeros, 0.0, 0.0), (batch, keys))
   n = jnp.maximum(n, 1.0)
-  with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
-    grads = jax.tree.map(lambda g: g / n, grads)
-    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
+  grads = jax.tree.map(lambda g: g / n, grads)
   metrics = {"loss": nll / n, "loss_tokens": n, "tokens": _num_tokens(batch),
              "grad_norm": optax.tree.norm(grads)}
+
+  def update(params, opt_state):
+    with jax.named_scope("optimizer"):  # named for benchmarks/profile_step.py
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+  if skip_nonfinite:
+    skip = ~(jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]))
+    params, opt_state = update_unless(skip, update, state["params"], state["opt_state"])
+  else:
+    params, opt_state = update(state["params"], state["opt_state"])
   return {"step": state["step"] + 1, "params": params, "opt_state": opt_state, "rng": rng}, metrics
 
 
@@ -88,14 +99,15 @@ def eval_step(lora, base, batch, **loss_kwargs):
   return sft_nll(lora, base, batch, **loss_kwargs)
 
 
-def make_sft_micro_step(optimizer, **loss_kwargs):
+def make_sft_micro_step(optimizer, donate: bool = False, **loss_kwargs):
   """step(state, base, micro_batches, mesh=None) -> (state, metrics): one update on the token-weighted
   mean NLL of host micro-batches of packed rows ([D, T] each, `fineflax.data.packing.repack`; split over
   the mesh's devices here), the gradient accumulated over them (`fineflax.train.grad_accum`: one compiled
-  micro-step for any count). Metrics as `sft_step`'s."""
+  micro-step for any count). Metrics as `sft_step`'s. donate: as `make_sft_fns`."""
   micro = make_micro_grad(functools.partial(sft_share, **dict(loss_kwargs, causal_prefix=False)),
                           weight_key="loss_mask")
-  apply = jax.jit(lambda state, grads, rng: step_state(state, grads, optimizer, rng=rng))
+  apply = jax.jit(lambda state, grads, rng: step_state(state, grads, optimizer, skip_nonfinite=donate, rng=rng),
+                  donate_argnums=(0,) if donate else ())
 
   def step(state, base, micro_batches, mesh=None):
     n = sum(float(mb["loss_mask"].sum()) for mb in micro_batches)
@@ -112,13 +124,16 @@ def make_sft_micro_step(optimizer, **loss_kwargs):
   return step
 
 
-def make_sft_fns(optimizer, **loss_kwargs):
+def make_sft_fns(optimizer, donate: bool = False, **loss_kwargs):
   """(jitted train step, jitted eval step) closed over static settings.
 
-  The state is not donated: it is small (LoRA + optimizer moments), and the loop keeps the previous
-  state when a step produces a non-finite loss.
+  donate=False (LoRA): the state is kept (it is small, and the loop keeps the previous state when a step
+  produces a non-finite loss). donate=True (full training, `fineflax.train.trainable.Trainable.donate`):
+  the step donates the state (the new params and moments reuse the old buffers) and a non-finite step
+  leaves them unchanged; the caller reads only the returned state.
   """
-  train = jax.jit(functools.partial(sft_step, optimizer=optimizer, **loss_kwargs))
+  train = jax.jit(functools.partial(sft_step, optimizer=optimizer, skip_nonfinite=donate, **loss_kwargs),
+                  donate_argnums=(0,) if donate else ())
   evaluate = jax.jit(functools.partial(eval_step, **loss_kwargs))
   return train, evaluate
 

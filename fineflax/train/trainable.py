@@ -8,6 +8,9 @@
           (base=None); the KL reference is a frozen copy of the initial parameters; rollouts read the
           current parameters directly; the export is a merged Hugging Face folder. Needs
           `config.model.quant="none"`.
+          The jitted steps donate the train state (`Trainable.donate`): XLA writes the new params and
+          moments into the old ones' buffers, so the update holds one copy of them instead of two; the
+          old state is deleted by the step and only the returned one may be read.
 
 The steps take (trainable, base, ...) and read the model through `model_weights`: base=None means the
 trainable pytree is the model itself. On a mesh, full parameters and their optimizer state are split
@@ -88,11 +91,17 @@ class Trainable:
   reference  the trainable argument whose log-probs are the KL reference: None (the base with adapters
              off) in LoRA mode, a frozen copy of the initial parameters (compute dtype) in full mode
   full       config.train.params == "full"
+  donate     whether the jitted steps donate the train state: full mode (the state is the model and its
+             moments; LoRA mode keeps the small state undonated)
   """
   params: Any
   base: Any
   reference: Any
   full: bool
+
+  @property
+  def donate(self) -> bool:
+    return self.full
 
   def place(self, mesh) -> "Trainable":
     """The same on `mesh`: a frozen base split over fsdp (`shard_params`); full parameters and the
@@ -102,12 +111,8 @@ class Trainable:
     if not self.full:
       return dataclasses.replace(self, params=replicate(self.params, mesh), base=shard_params(self.base, mesh))
     split = lambda tree: jax.tree.map(put, tree, trainable_shardings(tree, mesh, True))
-    params = split(self.params)
-    if self.reference is None or self.reference is self.params:  # none, or the same arrays as the params
-      reference = None if self.reference is None else params
-    else:
-      reference = split(self.reference)
-    return dataclasses.replace(self, params=params, reference=reference)
+    reference = None if self.reference is None else split(self.reference)  # never the params' arrays
+    return dataclasses.replace(self, params=split(self.params), reference=reference)
 
   def weights(self, trainable):
     """(params, lora) the model reads for this job's trainable pytree `trainable` (`model_weights`);
@@ -119,15 +124,17 @@ def split_model(config, base, lora, *, keep_reference: bool = False) -> Trainabl
   """The `Trainable` of config.train.params from `setup_model`'s (base, lora).
 
   Full mode: the base (dense, compute dtype) becomes the trainable parameters cast to the master dtype;
-  `keep_reference` keeps the initial parameters as the frozen reference (rl.beta > 0, a teacher that is
-  the student's base): the same arrays when the dtypes agree, else a second copy in the compute dtype."""
+  `keep_reference` keeps the initial parameters as the frozen reference (rl.beta > 0, a PPO critic's
+  base, a teacher that is the student's base): never the trainable arrays themselves, which the first
+  step donates (`Trainable.donate`): the base when the dtypes differ, else a copy of it (the copy
+  the undonated steps held from step 1 on anyway)."""
   if not is_full(config):
     return Trainable(lora, base, None, False)
   dtype = master_dtype(config)
   cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype else x
   params = jax.tree.map(cast, base)
   same = all(a is b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base)))
-  reference = (params if same else base) if keep_reference else None
+  reference = (jax.tree.map(jnp.copy, base) if same else base) if keep_reference else None
   return Trainable(params, None, reference, True)
 
 
@@ -166,14 +173,15 @@ def init_placed_state(params, optimizer, seed: int, mesh, full: bool) -> State:
   return dict(rest, params=params, opt_state=init_opt_state(params, optimizer, mesh, full))
 
 
-def pin_state(step_fn, state: State):
+def pin_state(step_fn, state: State, donate: bool = False):
   """`step_fn(state, ...) -> (state, metrics)` jitted with out_shardings keeping the new state in the
-  shardings of `state` (sharding propagation alone may move a split array). A fully replicated state
+  shardings of `state` (sharding propagation alone may move a split array), donating the state when
+  `donate` (`Trainable.donate`; `step_fn` must have been made donating too). A fully replicated state
   (LoRA) is left to propagation, which keeps it replicated: `step_fn` is returned as it is."""
   shardings = jax.tree.map(lambda x: x.sharding, state)
   if all(s.is_fully_replicated for s in jax.tree.leaves(shardings)):
     return step_fn
-  return jax.jit(step_fn, out_shardings=(shardings, None))
+  return jax.jit(step_fn, out_shardings=(shardings, None), donate_argnums=(0,) if donate else ())
 
 
 def export_trained(trainable: Trainable, params, *, lora_cfg, model_config, tokenizer, config,
