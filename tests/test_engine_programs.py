@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from _sampling_fixtures import tiny_llama
-from fineflax.engine import Engine, Request, engine as engine_mod
+from fineflax.engine import Engine, Request, programs as programs_mod
 from fineflax.engine.device import geometric_bucket, page_bucket, row_bucket
 from fineflax.engine.engine import default_min_row_bucket
 from fineflax.sampling import session
@@ -35,14 +35,14 @@ def test_decode_programs_are_evicted_least_recently_used_first(monkeypatch):
   engine = Engine(params, config, max_rows=4, num_pages=64, page_size=4, dtype=jnp.float32, eos_ids=(),
                   chunk_size=4, min_row_bucket=1)
   from fineflax.engine.processors import RowFilters
-  monkeypatch.setattr(engine_mod, "_PROGRAMS", engine_mod.collections.OrderedDict())
-  monkeypatch.setattr(engine_mod, "MAX_PROGRAMS", 2)
+  monkeypatch.setattr(programs_mod, "_PROGRAMS", programs_mod.collections.OrderedDict())
+  monkeypatch.setattr(programs_mod, "MAX_PROGRAMS", 2)
   f = RowFilters(False)
   a = engine._decode_program(1, 32, 4, f)
   engine._decode_program(2, 32, 4, f)
   assert engine._decode_program(1, 32, 4, f) is a  # a hit: `a` becomes the most recent
   engine._decode_program(4, 32, 4, f)  # evicts the least recently used: rows 2, not rows 1
-  assert [k[1] for k in engine_mod._PROGRAMS] == [1, 4]
+  assert [k[1] for k in programs_mod._PROGRAMS] == [1, 4]
 
 
 @pytest.mark.fast

@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.models import ModelConfig, init_params
     from fineflax import lora as L
     from fineflax.engine import Engine, Request, tensor_parallel as tp
-    from fineflax.engine.engine import _PROGRAMS
+    from fineflax.engine.programs import _PROGRAMS
     from fineflax.mesh import make_mesh
     from fineflax.sampling import generate
     assert jax.device_count() == 4, jax.devices()
