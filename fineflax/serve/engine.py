@@ -40,8 +40,8 @@ from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
-COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
-            "prefix_hit_tokens")  # summed over the core engines
+COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
+            "prefix_hit_tokens")  # summed over the core engines; decode_rows / decode_calls: rows a decode chunk
 
 
 @dataclasses.dataclass(eq=False)
@@ -117,7 +117,7 @@ class Engine:
     self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
     self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
-    self.stats = {"decode_calls": 0, "mixed_adapter_calls": 0, "max_active": 0, "generated_tokens": 0,
+    self.stats = {"decode_calls": 0, "decode_rows": 0, "mixed_adapter_calls": 0, "max_active": 0, "generated_tokens": 0,
                   "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
                   "prefix_hit_tokens": 0}
 
