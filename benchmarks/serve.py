@@ -194,7 +194,7 @@ def _timed(url, pid, run) -> dict:
   row = run()
   after = health(url)
   for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_calls", "decode_rows"):
-    row[k] = after[k] - before[k]
+    row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
   row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
   row["server_cpu_ms_req"] = 1e3 * (cpu_seconds(pid) - cpu) / row["requests"]
   return row

@@ -82,3 +82,41 @@ def test_a_short_request_reaches_the_engine_without_a_worker_thread_hop(tokenize
   assert short_ids == chat_prompt_ids(tokenizer, short)
   assert hops[short_hops:long_hops] == ["add_responses", "parse_json", "parse_chat_request", "prompt_ids"], hops
   assert long_ids == chat_prompt_ids(tokenizer, long)
+
+
+class _Steps:
+  """An engine whose step 'decodes' the items admitted so far (for at most 100 steps); records each step's
+  row count."""
+
+  def __init__(self):
+    self.admitted, self.rows = [], []
+
+  def step(self):
+    if not self.admitted or len(self.rows) >= 100:
+      return False
+    self.rows.append(len(self.admitted))
+    return True
+
+
+@pytest.mark.parametrize("gather_s", [0.0, 2.0])
+def test_a_burst_reaching_an_idle_engine_starts_in_one_step(gather_s):
+  import threading
+  import time
+  from fineflax.engine.driver import EngineThread
+  engine = _Steps()
+  kwargs = {"gather_s": gather_s, "quiet_s": 0.1} if gather_s else {}
+  driver = EngineThread(lambda: engine, **kwargs).start()
+  try:
+    time.sleep(0.1)  # idle
+    for i in range(8):  # a burst: 8 requests 10 ms apart
+      driver.call(lambda e, i=i: e.admitted.append(i))
+      time.sleep(0.01)
+    deadline = time.time() + 10
+    while (not engine.rows or engine.rows[-1] < 8) and time.time() < deadline:
+      time.sleep(0.01)
+  finally:
+    driver.stop()
+  if gather_s:
+    assert engine.rows[0] == 8, engine.rows  # every request of the burst in the first step
+  else:
+    assert engine.rows[0] < 8, engine.rows  # without gathering the first arrival starts alone
