@@ -8,8 +8,8 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
 Clients: `openai.AsyncOpenAI` in `--client-procs` processes (default one per 16 clients, at most half the cores;
 one process of 128 such clients is CPU-bound by itself); each of N clients sends `--rounds` streaming requests one
-after another (a closed loop), one chat prompt, temperature 1 (`--temperature`), `ignore_eos` so every answer has exactly
-`--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
+after another (a closed loop), one chat prompt, temperature 1 (`--temperature`), `ignore_eos` so every answer has
+exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
 second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
 prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;

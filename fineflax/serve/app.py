@@ -29,8 +29,8 @@ template and tokenising of a large request run on worker threads, not on the eve
 ~1.4 s to tokenise on one core); a short one's (bodies and messages of at most `INLINE_CHARS`) run on the event
 loop: they take ~0.5 ms, less than one worker-thread hop under a burst (~1.8 ms at 128 requests on this
 project's CPU), and each request of a burst then reaches the engine on its own instead of every request
-waiting for the whole burst to pass each stage. A streaming client that disconnects cancels its rows. `uvicorn_config` closes
-connections that keep silent (see `retrieval.asgi.idle_timeout_protocol`).
+waiting for the whole burst to pass each stage. A streaming client that disconnects cancels its rows.
+`uvicorn_config` closes connections that keep silent (see `retrieval.asgi.idle_timeout_protocol`).
 """
 from __future__ import annotations
 
