@@ -6,14 +6,17 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
   ... --results                                        # also writes RESULTS.md's serve-engine section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
-Clients: `openai.AsyncOpenAI` in this process; each of N clients sends `--rounds` streaming requests one
-after another (a closed loop), one chat prompt, temperature 1, `ignore_eos` so every answer has exactly
-`--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
+Clients: `openai.AsyncOpenAI` in `--client-procs` processes (default one per 16 clients, at most half the cores;
+one process of 128 such clients is CPU-bound by itself); each of N clients sends `--rounds` streaming requests one
+after another (a closed loop), one chat prompt, temperature 1 (`--temperature`), `ignore_eos` so every answer has
+exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
 second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
 prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
   TTFT = time from sending a request to its first content chunk (p50 over the level's requests);
-  client CPU = CPU seconds of this (client) process / wall: near 1, the clients' own Python bounds the level.
+  client CPU = CPU seconds of the busiest client process / wall: near 1, the clients' own Python bounds the level;
+  rows / decode chunk = the server's decode rows / decode chunks over the level (/health): occupancy;
+  server CPU ms / request = user + system CPU of the server process over the level / requests.
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
@@ -43,6 +46,7 @@ import time
 
 from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
+from benchmarks.retrieval_load import cpu_seconds
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.serve.spawn import health, spawn_server
 from fineflax.testing.serve import free_port
@@ -60,6 +64,9 @@ def parse_args(argv=None):
   ap.add_argument("--clients", default=None, help="comma-separated concurrency levels (default 1,32,128)")
   ap.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64)")
   ap.add_argument("--rounds", type=int, default=None, help="timed requests per client (default 2)")
+  ap.add_argument("--temperature", type=float, default=1.0,
+                  help="sampling temperature of every request and of the ceiling (0: greedy; on CPU drawing from "
+                       "49152 logits a row costs more than the tiny model, so greedy leaves the host costs in view)")
   ap.add_argument("--quant", default="none", choices=("nf4", "int8", "none"))
   ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
@@ -68,6 +75,9 @@ def parse_args(argv=None):
                   help="clients of the shared-system-prompt case (default 32; tiny 4; 0: skip it)")
   ap.add_argument("--system-tokens", type=int, default=None,
                   help="about this many tokens of shared system prompt (default 384; tiny 128)")
+  ap.add_argument("--client-procs", type=int, default=None,
+                  help="client processes a level's clients are spread over (default: one per 16 clients, at most "
+                       "half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
   tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32", shared_clients=4, system_tokens=128)
@@ -78,6 +88,11 @@ def parse_args(argv=None):
   args.levels = [int(c) for c in args.clients.split(",")]
   args.slots = max(args.levels + [args.shared_clients])
   return args
+
+
+def client_procs(args, clients: int) -> int:
+  """Client processes of a level of `clients` (--client-procs, else one per 16 clients, at most half the cores)."""
+  return args.client_procs or max(1, min((os.cpu_count() or 2) // 2, -(-clients // 16)))
 
 
 def shared_messages(system_tokens: int, i: int) -> list[dict]:
@@ -96,13 +111,19 @@ def server_args(args, port, log):
           "--port", str(port), "--warmup"]
 
 
-async def _client(client, rounds, new_tokens, ttfts, messages, prompt_tokens):
+def _messages(shared, c, r):
+  """Messages of client c's round r: PROMPT, or with shared = (system_tokens, offset) the shared case's
+  request offset + c."""
+  return PROMPT if shared is None else shared_messages(shared[0], shared[1] + c)
+
+
+async def _client(client, c, rounds, new_tokens, temperature, shared, ttfts, prompt_tokens):
   tokens = 0
   for r in range(rounds):
     t0, first = time.perf_counter(), None
     stream = await client.chat.completions.create(
-        model="bench", messages=messages(r), max_tokens=new_tokens, temperature=1.0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model="bench", messages=_messages(shared, c, r), max_tokens=new_tokens, temperature=temperature,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for ch in stream:
       if first is None and ch.choices and ch.choices[0].delta.content:
         first = time.perf_counter() - t0
@@ -113,37 +134,80 @@ async def _client(client, rounds, new_tokens, ttfts, messages, prompt_tokens):
   return tokens
 
 
-async def _level(url, clients, rounds, new_tokens, messages=None):
-  """messages(client, round) -> the request's messages (default: PROMPT for all)."""
+async def _clients(url, lo, hi, rounds, new_tokens, temperature, shared, start_at=None) -> dict:
+  """Clients lo..hi-1 of a level in this process (they start at time.time() == start_at, if given): their
+  raw counts (TTFTs, tokens, prompt tokens, CPU seconds of this process, first start and last end)."""
   import httpx2
   import openai
-  messages = messages or (lambda c, r: PROMPT)
-  limits = httpx2.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+  n = hi - lo
+  limits = httpx2.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
   client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600,
                               http_client=httpx2.AsyncClient(limits=limits, timeout=3600))
+  if start_at is not None:
+    await asyncio.sleep(max(0.0, start_at - time.time()))
   ttfts, prompt_tokens = [], []
-  t0, cpu0 = time.perf_counter(), time.process_time()
-  tokens = await asyncio.gather(*[_client(client, rounds, new_tokens, ttfts, lambda r, c=c: messages(c, r),
-                                          prompt_tokens) for c in range(clients)])
-  wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+  t0, cpu0 = time.time(), time.process_time()
+  tokens = await asyncio.gather(*[_client(client, c, rounds, new_tokens, temperature, shared, ttfts, prompt_tokens)
+                                  for c in range(lo, hi)])
+  t1, cpu = time.time(), time.process_time() - cpu0
   await client.close()
-  return {"requests": clients * rounds, "tokens": int(sum(tokens)), "wall_s": wall,
-          "req_s": clients * rounds / wall, "tok_s": sum(tokens) / wall, "ttft_p50_s": statistics.median(ttfts),
-          "prompt_tokens": int(sum(prompt_tokens)), "client_cpu": cpu / wall}
+  return {"ttfts": ttfts, "tokens": int(sum(tokens)), "prompt_tokens": int(sum(prompt_tokens)), "cpu_s": cpu,
+          "start": t0, "end": t1}
 
 
-def shared_level(url, args) -> dict:
+def _client_process(out, *args):
+  out.put(asyncio.run(_clients(*args)))
+
+
+def _level(url, clients, rounds, new_tokens, temperature=1.0, shared=None, procs=1):
+  """One level: `clients` closed-loop streaming clients spread over `procs` client processes (one: this
+  process), all starting together. client CPU = the busiest client process's CPU seconds / wall."""
+  procs = max(1, min(procs, clients))
+  bounds = [clients * i // procs for i in range(procs + 1)]
+  if procs == 1:
+    parts = [asyncio.run(_clients(url, 0, clients, rounds, new_tokens, temperature, shared))]
+  else:
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue, start_at = ctx.Queue(), time.time() + 5.0  # children import openai first
+    ps = [ctx.Process(target=_client_process, args=(queue, url, bounds[i], bounds[i + 1], rounds, new_tokens,
+                                                   temperature, shared, start_at), daemon=True)
+          for i in range(procs)]
+    for p in ps:
+      p.start()
+    parts = [queue.get(timeout=3600) for _ in ps]
+    for p in ps:
+      p.join()
+  ttfts = [t for part in parts for t in part["ttfts"]]
+  wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+  tokens = sum(p["tokens"] for p in parts)
+  return {"requests": clients * rounds, "tokens": tokens, "wall_s": wall, "req_s": clients * rounds / wall,
+          "tok_s": tokens / wall, "ttft_p50_s": statistics.median(ttfts),
+          "prompt_tokens": sum(p["prompt_tokens"] for p in parts),
+          "client_cpu": max(p["cpu_s"] for p in parts) / wall, "client_procs": procs}
+
+
+def _timed(url, pid, run) -> dict:
+  """run() -> a level's row, with the server's counts over it from /health (compiles; decode rows per decode
+  chunk: occupancy) and its CPU seconds per request (`pid`'s user + system time)."""
+  before, cpu = health(url), cpu_seconds(pid)
+  row = run()
+  after = health(url)
+  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_calls", "decode_rows"):
+    row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
+  row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
+  row["server_cpu_ms_req"] = 1e3 * (cpu_seconds(pid) - cpu) / row["requests"]
+  return row
+
+
+def shared_level(url, pid, args) -> dict:
   """The shared-system-prompt case (module docstring) on the server at `url`: the timed round's row with
   the server's prefilled and prefix-hit prompt tokens."""
   c = args.shared_clients
   for k in (1, 2):  # untimed, other questions: compile (the second: the shapes of cached system prompts)
-    asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, k * c + i)))
-  before = health(url)
-  row = asyncio.run(_level(url, c, 1, args.new_tokens, lambda i, r: shared_messages(args.system_tokens, i)))
-  after = health(url)
-  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles"):
-    row[k] = after[k] - before[k]
-  return row
+    _level(url, c, 1, args.new_tokens, args.temperature, (args.system_tokens, k * c), client_procs(args, c))
+  return _timed(url, pid, lambda: _level(url, c, 1, args.new_tokens, args.temperature, (args.system_tokens, 0),
+                                         client_procs(args, c)))
 
 
 def run_server(args, out, levels, shared: bool, extra=()):
@@ -160,12 +224,11 @@ def run_server(args, out, levels, shared: bool, extra=()):
     rows = {}
     for c in levels:
       for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)
-        asyncio.run(_level(url, c, 1, args.new_tokens))
-      before = health(url)
-      rows[c] = asyncio.run(_level(url, c, args.rounds, args.new_tokens))
-      rows[c]["compiles"] = health(url)["compiles"] - before["compiles"]
+        _level(url, c, 1, args.new_tokens, args.temperature, procs=client_procs(args, c))
+      rows[c] = _timed(url, proc.pid, lambda: _level(url, c, args.rounds, args.new_tokens, args.temperature,
+                                                     procs=client_procs(args, c)))
       print(f"server   clients={c}: {rows[c]}", flush=True)
-    row = shared_level(url, args) if shared else None
+    row = shared_level(url, proc.pid, args) if shared else None
     if row is not None:
       print(f"shared   clients={args.shared_clients} {' '.join(extra) or 'prefix cache'}: {row}", flush=True)
     return rows, row
@@ -186,7 +249,8 @@ def run_ceiling(args):
   prompt = chat_prompt_ids(tok, PROMPT)
 
   def wave(c, seed):
-    seqs = [engine.submit(Request(prompt, max_new_tokens=0, hold=True, reserve=args.new_tokens, temperature=1.0,
+    seqs = [engine.submit(Request(prompt, max_new_tokens=0, hold=True, reserve=args.new_tokens,
+                                  temperature=args.temperature,
                                   eos_ids=(), key=jax.random.fold_in(jax.random.key(seed), i))) for i in range(c)]
     engine.run()  # admission and prefill only (no budget yet)
     for s in seqs:
@@ -231,13 +295,15 @@ def main(argv=None):
   first = server[args.levels[0]]["ttft_p50_s"]
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
-       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "client CPU", "compiles in timed level"],
+       f"TTFT / TTFT at {args.levels[0]}", "server req/s", "rows / decode chunk", "server CPU ms / request",
+       "client procs", "client CPU", "compiles in timed level"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
-        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["client_cpu"],
-        server[c]["compiles"]]
+        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
+        server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"]]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
+        f"temperature {args.temperature:g}, "
         f"{args.rounds} timed streaming requests per client, slots = {args.slots}, chunk {args.chunk}, "
         f"context {args.context}. Targets: server / ceiling >= 0.7 at 128 clients; TTFT at 32 <= 2x at 1.\n\n"
         f"{table}\n")

@@ -6,7 +6,10 @@
 
 The loop: run the queued commands (each one's result or exception goes to its future), then one
 `engine.step()` (admission, prefill, one decode chunk), then `after_step(engine)`; when a step did nothing
-and no command waits, sleep until `call` wakes it. Engine callbacks (`Request.on_update`) therefore run on
+and no command waits, sleep until `call` wakes it. `gather_s` (a server's burst): when commands arrive
+at an idle engine (its last step did nothing), more are awaited before the step while each follows the last
+within `quiet_s`, for at most `gather_s`: requests sent together start decoding in one chunk instead of the
+first one's chunk holding back the others for a whole chunk. Engine callbacks (`Request.on_update`) therefore run on
 this thread, where they may cancel or submit. A step that raises (a device call failed) fails the engine:
 a fresh one from `make_engine()` takes its place and `on_failure(old_engine, exception)` tells the owner,
 whose requests in the old engine are gone; the thread keeps serving. `engine_factory` makes such a
@@ -17,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
+import time
 import traceback
 from typing import Callable
 
@@ -48,8 +52,10 @@ def engine_factory(params, config, *, max_rows: int, context: int, page_size: in
 
 class EngineThread:
   def __init__(self, make_engine: Callable, *, on_failure: Callable | None = None,
-               after_step: Callable | None = None, name: str = "fineflax-engine"):
+               after_step: Callable | None = None, name: str = "fineflax-engine", gather_s: float = 0.0,
+               quiet_s: float = 0.002):
     self.make_engine, self.on_failure, self.after_step, self.name = make_engine, on_failure, after_step, name
+    self.gather_s, self.quiet_s = float(gather_s), float(quiet_s)
     self.engine = make_engine()
     self._commands: collections.deque = collections.deque()
     self._lock = threading.Lock()
@@ -85,8 +91,11 @@ class EngineThread:
       self._thread = None
 
   def _loop(self) -> None:
+    idle = True  # the last step did nothing
     while self._running:
       ran = self._run_commands()
+      if ran and idle and self.gather_s > 0:
+        self._gather()
       try:
         did = self.engine.step()
         if self.after_step is not None:
@@ -100,9 +109,19 @@ class EngineThread:
           except Exception:
             traceback.print_exc()
         continue
+      idle = not did
       if not did and not ran and not self._commands:
         self._wake.wait(0.05)
         self._wake.clear()
+
+  def _gather(self) -> None:
+    """Runs the commands that keep arriving, each within `quiet_s` of the last, for at most `gather_s`."""
+    deadline = time.perf_counter() + self.gather_s
+    while self._running and (left := deadline - time.perf_counter()) > 0:
+      self._wake.clear()
+      if not self._commands and not self._wake.wait(min(self.quiet_s, left)):
+        return
+      self._run_commands()
 
   def _run_commands(self) -> bool:
     ran = False

@@ -24,5 +24,16 @@ def format_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: b
 def chat_prompt_ids(tokenizer, messages: Sequence[Mapping], assistant_prefix: str = "") -> list[int]:
   """The token ids a model reads to answer `messages`: `format_chat` (template, then the assistant header),
   then `assistant_prefix` (a prefilled start of the answer), tokenized without added special tokens (the
-  template writes them)."""
-  return list(tokenizer(format_chat(tokenizer, messages) + assistant_prefix, add_special_tokens=False)["input_ids"])
+  template writes them; `encode_plain`)."""
+  return encode_plain(tokenizer, format_chat(tokenizer, messages) + assistant_prefix)
+
+
+def encode_plain(tokenizer, text: str) -> list[int]:
+  """tokenizer(text, add_special_tokens=False)["input_ids"]: the fast tokenizer's Rust backend directly when
+  it has no truncation or padding set (the Python wrapper then adds nothing but ~0.5 ms a call, a server's
+  main cost per short request), the wrapper otherwise."""
+  backend = getattr(tokenizer, "_tokenizer", None)
+  if (callable(getattr(backend, "encode", None)) and getattr(backend, "truncation", True) is None
+      and getattr(backend, "padding", True) is None):
+    return list(backend.encode(text, add_special_tokens=False).ids)
+  return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -40,8 +40,8 @@ from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.lora import lora_scale
 
-COUNTERS = ("decode_calls", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
-            "prefix_hit_tokens")  # summed over the core engines
+COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
+            "prefix_hit_tokens")  # summed over the core engines; decode_rows / decode_calls: rows a decode chunk
 
 
 @dataclasses.dataclass(eq=False)
@@ -91,11 +91,14 @@ class Engine:
   prompt is prefilled once; `Engine(prefix_cache=True)`), stats prefill_tokens / prefix_hit_tokens. Device
   calls use coarse shape buckets and full-width prefill tables (`Engine(coarse_buckets=True,
   prefill_full_table=True)`), so `warm_up` compiles every program the server can meet (47 at 128 slots and a
-  512-token context) before it serves."""
+  512-token context) before it serves. gather_s: requests reaching an idle engine within 2 ms of each other,
+  for up to gather_s, start in one decode chunk (`EngineThread(gather_s=...)`: a burst is not split into a
+  first request's chunk and the rest's)."""
 
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
-               impl: str | None = "auto", prefill_tokens: int = 2048, prefix_cache: bool = True):
+               impl: str | None = "auto", prefill_tokens: int = 2048, prefix_cache: bool = True,
+               gather_s: float = 0.02):
     self.slots, self.context, self.chunk = int(slots), int(context), int(chunk)
     if self.slots < 1 or self.context < 2 or self.chunk < 1:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
@@ -111,14 +114,15 @@ class Engine:
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
                                  interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
                                  coarse_buckets=True)
-    self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats)
+    self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats,
+                               gather_s=gather_s)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
     self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
     self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
-    self.stats = {"decode_calls": 0, "mixed_adapter_calls": 0, "max_active": 0, "generated_tokens": 0,
-                  "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
+    self.stats = {"decode_calls": 0, "decode_rows": 0, "mixed_adapter_calls": 0, "max_active": 0,
+                  "generated_tokens": 0, "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
                   "prefix_hit_tokens": 0}
 
   # -- public, any thread ------------------------------------------------------------------------
