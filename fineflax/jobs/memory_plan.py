@@ -71,6 +71,7 @@ import dataclasses
 import math
 
 from fineflax.config_checks import ConfigError
+from fineflax.engine.tensor_parallel import COLUMN, check_tp
 from fineflax.models.config import ModelConfig
 from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
 
@@ -78,7 +79,6 @@ GIB = 1024 ** 3
 PAGE = 16  # tokens a KV page holds (the engine's page_size)
 OPTIMIZER_COUNTERS = 2  # int32 step counters in the optax chain of fineflax.train.optim (adam, schedule)
 DEFAULT_PROMPT_TOKENS = 512  # prompt length planned when the config has no plan.prompt_tokens
-COLUMN = ("q", "k", "v", "gate", "up")  # kernels split by output columns under tensor parallelism
 COLUMN_BLOCK_BITS = 4 + 32 / 64  # NF4 column blocks: codes + f32 block scale (`quant.column_blocks`)
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -123,13 +123,12 @@ def _lora_trainable(i: PlanInputs) -> int:
 def resident(i: PlanInputs) -> dict[str, float]:
   """Bytes per device of what both phases hold: base weights, trainable, optimizer, reference, critic."""
   c, b = i.model, i.compute_bytes
-  P, lin = c.num_params(), linear_params(c)
+  P = c.num_params()
   out = {}
   if i.params == "full":
     out["parameters"] = P * i.master_bytes / i.fsdp
     out["optimizer"] = 8 * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
   else:
-    q = {"nf4": NF4_BITS / 8, "int8": 1}.get(i.quant, b)
     out["base_weights"] = base_bytes(i) / i.fsdp
     out["parameters"] = _lora_trainable(i) * 4
     out["optimizer"] = 8 * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
@@ -325,7 +324,11 @@ def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
 
 def tp_divides(c: ModelConfig, t: int) -> bool:
   """Whether tensor parallelism over t devices splits the model (`engine.tensor_parallel.check_tp`)."""
-  return all(v % t == 0 for v in (c.num_heads, c.num_kv_heads, c.intermediate_size))
+  try:
+    check_tp(c, t)
+  except ValueError:
+    return False
+  return True
 
 
 def refusal(i: PlanInputs, device_bytes: float) -> str | None:

@@ -14,7 +14,7 @@ from fineflax.engine import Engine, Request
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.prompts import checked_prompts, group_identical, prompts_as_lists
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.replicas import assign_rows, on_devices, place, place_weights, replica_mesh, replicas_of
+from fineflax.sampling.replicas import assign_rows, on_devices, place_replica, replica_mesh, replicas_of
 from fineflax.sampling.session import engine_pool_pages, tensor_parallel_mesh, uses_static_cache
 
 
@@ -73,10 +73,10 @@ def generate(params, config, prompt_tokens, *, max_new_tokens: int, temperature:
   parts = [p for p in assign_rows(prompts, len(replicas), int(max_new_tokens)) if p]
   per = -(-rows // len(parts))
   used = replicas[:len(parts)]
-  placed = {r: (*place_weights(params, lora, config, r), place(rng, r)) for r in used}  # see ReplicaSession.start
+  placed = {r: place_replica(params, lora, rng, config, r) for r in used}  # see ReplicaSession.start
   outs = on_devices(used, lambda r, part: engine_rows(
-      placed[r][0], config, [prompts[i] for i in part], part, min(per, len(part)), rng=placed[r][2],
-      lora=placed[r][1], **dict(kw, mesh=replica_mesh(r))), parts)
+      placed[r][0], config, [prompts[i] for i in part], part, min(per, len(part)), lora=placed[r][1],
+      rng=placed[r][2], **dict(kw, mesh=replica_mesh(r))), parts)
   seqs = [None] * len(prompts)
   for part, out in zip(parts, outs):
     for r, seq in zip(part, out):

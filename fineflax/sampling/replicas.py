@@ -99,6 +99,11 @@ def place_weights(params, lora, config, replica) -> tuple:
   return tp.place(params, tp.decode_param_specs(params, config, n), replica), tp.shard_lora(lora, replica)
 
 
+def place_replica(params, lora, rng, config, replica) -> tuple:
+  """(params, lora, rng) on a replica: what its engine reads (`place_weights`, `place`)."""
+  return (*place_weights(params, lora, config, replica), place(rng, replica))
+
+
 class ReplicaSession:
   """`SamplerSession`'s start / append / decode / result over rows split across `replicas` (module
   docstring); `place(replica)` -> the weights placed on it (called in the calling thread, one replica after

@@ -36,14 +36,14 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.engine import Engine, Request
-from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params
+from fineflax.engine.decode import decode_impl, prepare_decode_params
 from fineflax.engine.device import geometric_bucket
 from fineflax.engine.pages import pages_for
 from fineflax.engine.processors import SamplingConfig
 from fineflax.engine.tensor_parallel import tp_size
 from fineflax.engine.prompts import checked_appends, checked_decode_args, checked_prompts, group_identical
 from fineflax.sampling.output import SampleOutput, build_output
-from fineflax.sampling.replicas import ReplicaSession, place, place_weights, replica_mesh, replicas_of
+from fineflax.sampling.replicas import ReplicaSession, place_replica, replica_mesh, replicas_of
 
 CACHES = ("paged", "static", "replicas")
 
@@ -117,7 +117,7 @@ class SamplerSession:
                 impl=impl, dense_base=dense_base, page_size=page_size, attention=attention)
       make = lambda r, p, lora_r, rng_r: SamplerSession(p, config, lora=lora_r, rng=rng_r, mesh=replica_mesh(r), **kw)
       self._replicas = ReplicaSession(
-          replicas, make, lambda r: (*place_weights(params, lora, config, r), place(rng, r)), max_total_len,
+          replicas, make, lambda r: place_replica(params, lora, rng, config, r), max_total_len,
           config.vocab_size)
       self.tokenizer = tokenizer
       return
