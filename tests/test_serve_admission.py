@@ -40,6 +40,33 @@ def test_encode_plain_leaves_a_truncating_backend_to_the_wrapper(tokenizer):
   assert len(encode_plain(tok, long)) > 3
 
 
+def test_encode_plain_lets_other_threads_run_while_it_tokenises(tokenizer):
+  """A long prompt is tokenised without holding the GIL (the backend's `encode` holds it for the whole
+  call: ~0.5 s for this text with 0-1 ticks of the other thread, which stalled a server's /health)."""
+  import threading
+  import time
+  text = "hello world " * 85_000
+  ticks, done = [], threading.Event()
+
+  def ticker():
+    while not done.is_set():
+      start = time.perf_counter()
+      time.sleep(0.002)
+      ticks.append(time.perf_counter() - start)
+
+  thread = threading.Thread(target=ticker)
+  thread.start()
+  time.sleep(0.05)
+  before = len(ticks)
+  start = time.perf_counter()
+  encode_plain(tokenizer, text)
+  seconds = time.perf_counter() - start
+  during = len(ticks) - before
+  done.set()
+  thread.join()
+  assert during >= 5 and max(ticks) < 0.5 * seconds, (during, max(ticks), seconds)
+
+
 class _Engine:
   """Stands in for serve.engine.Engine: records how many worker-thread hops ran before each submit and
   answers every job at once."""
