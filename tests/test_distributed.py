@@ -11,9 +11,8 @@ import ml_collections
 import pytest
 
 from fineflax.config_checks import ConfigError
+from fineflax.testing.devices import ROOT, cpu_devices_env
 from fineflax.train.distributed import settings
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -58,9 +57,8 @@ def _free_port() -> int:
 
 
 def _spawn(args, devices):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-  return subprocess.Popen([sys.executable, "-c", WORKER, *map(str, args)], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen([sys.executable, "-c", WORKER, *map(str, args)], cwd=ROOT,
+                          env=cpu_devices_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _result(proc):

@@ -5,9 +5,6 @@ decode has one all-reduce per attention block and per MLP block and no all-gathe
 
 One subprocess runs the mesh cases: XLA_FLAGS must force 4 CPU devices before jax is imported.
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,8 +13,7 @@ import pytest
 
 from fineflax.engine import tensor_parallel as tp
 from fineflax.models import ModelConfig, init_params
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import run_script
 
 
 def _config(**kw):
@@ -173,7 +169,5 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_tensor_parallel_engine_equals_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=900)
+  r = run_script(SCRIPT, devices=4, timeout=900)
   assert r.returncode == 0 and "TP-OK" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]

@@ -1,13 +1,11 @@
 """The SFT step on a 2x2 ("data", "fsdp") mesh of forced CPU devices equals the one-device step (with the
 layer scan and with the unrolled layer loop)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import run_script
+
 
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
@@ -51,7 +49,5 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.long
 def test_sharded_sft_step_equals_single_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=300)
+  r = run_script(SCRIPT, devices=4, timeout=300)
   assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

@@ -3,14 +3,12 @@ checkpoint written on 4 devices restores onto 2 and the run goes on from the sam
 
 One subprocess runs both scripts: XLA_FLAGS must force 4 CPU devices before jax is imported.
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import run_script
+
 
 SETUP = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
@@ -150,9 +148,7 @@ RESHARD = textwrap.dedent("""
 
 
 def _run(script, *args):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=1200)
+  r = run_script(script, *args, devices=4, timeout=1200)
   assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
   return r.stdout
 

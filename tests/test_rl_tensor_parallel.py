@@ -8,7 +8,6 @@ clear error naming config.mesh.model.
 Each run is a subprocess: XLA_FLAGS must force the devices before jax is imported.
 """
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,8 @@ import textwrap
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import ROOT, cpu_devices_env, run_script
+
 
 STEP = textwrap.dedent("""
     import json, sys
@@ -67,13 +67,8 @@ def _tiny_model(path):
   return str(path)
 
 
-def _env(devices: int) -> dict:
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-
-
 def _step(devices: int, overrides: list[str]) -> dict:
-  r = subprocess.run([sys.executable, "-c", STEP, "-", *overrides], cwd=ROOT, env=_env(devices),
-                     capture_output=True, text=True, timeout=1200)
+  r = run_script(STEP, "-", *overrides, devices=devices, timeout=1200)
   lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
   assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
   return json.loads(lines[-1][len("RESULT "):])
@@ -109,8 +104,7 @@ def test_tensor_parallel_rollouts_equal_one_device_and_the_job_runs_with_mesh_mo
   for k in ("loss", "grad_norm"):
     np.testing.assert_allclose(tp[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
-  bad = subprocess.run([sys.executable, "-c", STEP, "-", *common, "mesh.model=4"], cwd=ROOT, env=_env(4),
-                       capture_output=True, text=True, timeout=600)  # 2 kv heads over 4 devices
+  bad = run_script(STEP, "-", *common, "mesh.model=4", devices=4, timeout=600)  # 2 kv heads over 4 devices
   assert bad.returncode != 0 and "config.mesh.model=4: tensor parallelism over 4 devices: config.num_kv_heads=2 " \
                                  "is not divisible by 4" in bad.stderr, bad.stderr[-2000:]
 
@@ -118,7 +112,7 @@ def test_tensor_parallel_rollouts_equal_one_device_and_the_job_runs_with_mesh_mo
   args = [sys.executable, "launch.py", "--config", "configs/grpo_arith.py:smoke", "--workdir", str(work),
           *(f"--config.{o}" for o in common + ["num_steps=1", "eval_at_start=False", "mesh.data=2", "mesh.fsdp=2",
                                                "mesh.model=2"])]
-  r = subprocess.run(args, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=1200)
+  r = subprocess.run(args, cwd=ROOT, env=cpu_devices_env(4), capture_output=True, text=True, timeout=1200)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
   from fineflax.train.loop import read_history
   history = read_history(str(work))

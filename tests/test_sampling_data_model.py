@@ -7,14 +7,12 @@ place (`tensor_parallel.reuse_shards`: the group's arrays are the same device bu
 
 One subprocess: XLA_FLAGS must force 4 CPU devices before jax is imported.
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import run_script
+
 
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
@@ -90,7 +88,5 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.long
 def test_rows_over_data_groups_tensor_parallel_over_model_equal_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=900)
+  r = run_script(SCRIPT, devices=4, timeout=900)
   assert r.returncode == 0 and "DATA-MODEL-OK" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]

@@ -6,14 +6,12 @@ checkpoint written on 4 devices restores onto 2 with identical params and goes o
 
 One subprocess: XLA_FLAGS must force 4 CPU devices before jax is imported.
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fineflax.testing.devices import run_script
+
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -124,8 +122,6 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.long
 def test_full_parameter_steps_on_a_2x2_mesh_equal_one_device_and_a_checkpoint_resumes_on_2(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt")], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=1200)
+  r = run_script(SCRIPT, str(tmp_path / "ckpt"), devices=4, timeout=1200)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
   assert all(k in r.stdout for k in ("SFT OK", "RL OK", "RESHARD OK")), r.stdout
