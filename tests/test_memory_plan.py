@@ -138,3 +138,6 @@ def test_dry_run_of_the_70b_shape_names_mesh_model_and_refuses_an_indivisible_on
   assert "rollouts tensor-parallel over model=4" in ok.stdout and "rollout_weights" in ok.stdout
   odd = run("--config.mesh.model=3")
   assert odd.returncode == 2 and odd.stderr.strip() == "error: config.mesh.model=3: 4 devices are not divisible by it"
+  kv = run("--devices", "16", "--config.mesh.model=16")  # the flag given last wins: 16 devices
+  assert kv.returncode == 2 and kv.stderr.strip() == ("error: config.mesh.model=16: tensor parallelism over 16 devices: "
+                                                      "config.num_kv_heads=8 is not divisible by 16"), kv.stderr

@@ -50,7 +50,8 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   the visible ones) of `device_memory_gb` each (default: the first visible device's limit when it reports
   one, and unknown when planning for other devices)."""
   import jax
-  from fineflax.jobs.memory_plan import inputs_from_config, tp_divides
+  from fineflax.engine.tensor_parallel import check_tp
+  from fineflax.jobs.memory_plan import inputs_from_config
   from fineflax.mesh import mesh_shape
   n = int(devices) if devices else jax.device_count()
   mesh_cfg = config.get("mesh") or {"data": -1, "fsdp": 1}
@@ -68,10 +69,11 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   line = f"# mesh: data={data} x fsdp={fsdp} over {where}" + (f"; rollouts tensor-parallel over model={model}"
                                                               f" in {n // model} group(s)" if model > 1 else "")
   inputs = inputs_from_config(config, n, data, fsdp, model)
-  if inputs is not None and not tp_divides(inputs.model, model):
-    c = inputs.model
-    raise ConfigError(f"config.mesh.model={model}: tensor parallelism needs it to divide the heads "
-                      f"({c.num_heads}), kv heads ({c.num_kv_heads}) and intermediate size ({c.intermediate_size})")
+  try:
+    if inputs is not None:
+      check_tp(inputs.model, model)
+  except ValueError as e:  # worded as the run's own refusal (`fineflax.rl.learner.Learner`)
+    raise ConfigError(f"config.mesh.model={model}: {e}") from None
   return inputs, device_bytes, line
 
 

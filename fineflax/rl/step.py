@@ -94,7 +94,7 @@ def make_rl_fns(optimizer, *, objective: str, loss_kwargs: dict, fwd_kwargs: dic
   """(jitted rl_step, jitted completion_logp -> (logp, entropy) [B, N]); on_policy: the step's (`rl_loss`:
   its batches hold no old_logp).
 
-  donate=True (full training, `fineflax.train.trainable.donates`): the step donates its state, so XLA
+  donate=True (full training, `fineflax.train.trainable.Trainable.donate`): the step donates its state, so XLA
   writes the new params and moments into the old buffers (one copy at the peak instead of two); the
   caller must read only the returned state. A non-finite step then leaves params and moments unchanged
   (skip_nonfinite), since the loop cannot keep the donated previous state. LoRA mode keeps the state.

@@ -121,9 +121,8 @@ class Engine:
     self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
     self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS, 0))
-    self.stats = {"decode_calls": 0, "decode_rows": 0, "mixed_adapter_calls": 0, "max_active": 0,
-                  "generated_tokens": 0, "prefill_calls": 0, "cancelled_rows": 0, "errors": 0, "prefill_tokens": 0,
-                  "prefix_hit_tokens": 0}
+    self.stats = {**dict.fromkeys(COUNTERS, 0), "max_active": 0, "generated_tokens": 0, "cancelled_rows": 0,
+                  "errors": 0}
 
   # -- public, any thread ------------------------------------------------------------------------
   def submit(self, job: Job) -> None:
