@@ -52,20 +52,27 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _bounded_worker_memory():
-  """After each test module: if this process holds over 6 GiB, drop the engine's shared decode programs
-  and JAX's compilation caches (a 2-core CI worker runs ~500 tests in one process, each jitting its own
-  tiny models)."""
-  yield
+def release_compiled_memory(limit_bytes: int = 6 << 30) -> bool:
+  """If this process holds over `limit_bytes`, drops the engine's shared compiled programs and JAX's
+  compilation caches (a 2-core CI worker runs ~500 tests in one process, each jitting its own tiny
+  models); returns whether it did."""
   import gc
   try:
     rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
   except OSError:
-    return
-  if rss > 6 << 30:
-    import jax
-    from fineflax.engine import engine
-    engine._PROGRAMS.clear()
-    jax.clear_caches()
-    gc.collect()
+    return False
+  if rss <= limit_bytes:
+    return False
+  import jax
+  from fineflax.engine.programs import clear_programs
+  clear_programs()
+  jax.clear_caches()
+  gc.collect()
+  return True
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_worker_memory():
+  """After each test module: `release_compiled_memory()`."""
+  yield
+  release_compiled_memory()

@@ -71,3 +71,19 @@ def test_pool_pages_stay_put_across_steps(monkeypatch):
     sizes.append(size)
   assert len(set(sizes)) <= 2 and sizes.count(sizes[0]) >= 40
   assert session.engine_pool_pages([100] * 4, 16) == 36  # a much smaller need (33) gets its own bucket
+
+
+@pytest.mark.fast
+def test_released_compiled_memory_drops_programs_and_engines_compile_again(monkeypatch):
+  from conftest import release_compiled_memory
+  _, params, config = tiny_llama()
+  engine = Engine(params, config, max_rows=2, num_pages=16, page_size=4, dtype=jnp.float32, eos_ids=(),
+                  chunk_size=4, min_row_bucket=1)
+  monkeypatch.setattr(programs_mod, "_PROGRAMS", programs_mod.collections.OrderedDict())
+  from fineflax.engine.processors import RowFilters
+  a = engine._decode_program(1, 16, 4, RowFilters(False))
+  assert not release_compiled_memory(limit_bytes=1 << 60)  # under the limit: nothing is dropped
+  assert len(programs_mod._PROGRAMS) == 1
+  assert release_compiled_memory(limit_bytes=0)  # the suite's clean-up path, run for real
+  assert len(programs_mod._PROGRAMS) == 0
+  assert engine._decode_program(1, 16, 4, RowFilters(False)) is not a  # compiled again on next use

@@ -155,6 +155,14 @@ def _compiled(key, build):
   return program
 
 
+def clear_programs() -> int:
+  """Drops every compiled program (engines compile them again on next use); returns how many it dropped."""
+  with _PROGRAMS_LOCK:
+    n = len(_PROGRAMS)
+    _PROGRAMS.clear()
+  return n
+
+
 def signature_shapes(tree) -> tuple:
   """(treedef, ((shape, dtype name) of each leaf)): the part of a program key an argument tree gives."""
   leaves, treedef = jax.tree.flatten(tree)
