@@ -52,7 +52,11 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-def release_compiled_memory(limit_bytes: int = 6 << 30) -> bool:
+# Over this many GiB a test process drops its compiled programs after a module (0: after every module).
+MEMORY_LIMIT_GIB = float(os.environ.get("FINEFLAX_TEST_MEMORY_LIMIT_GIB", "6"))
+
+
+def release_compiled_memory(limit_bytes: int = int(MEMORY_LIMIT_GIB * (1 << 30))) -> bool:
   """If this process holds over `limit_bytes`, drops the engine's shared compiled programs and JAX's
   compilation caches (a 2-core CI worker runs ~500 tests in one process, each jitting its own tiny
   models); returns whether it did."""
