@@ -43,7 +43,6 @@ streams tokens after each chunk, `cancel(seq)` frees a sequence's row and pages 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable, Sequence as Seq
 
 import jax
@@ -52,8 +51,8 @@ import numpy as np
 
 from fineflax.engine import device, tensor_parallel as tp
 from fineflax.engine.adapters import row_weights, stack_adapters
+from fineflax.engine.attention import resolve_attention
 from fineflax.engine.pages import PageAllocator, pages_for
-from fineflax.models.paged import PAGED_KERNELS, pallas_available
 from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
 from fineflax.engine.processors import RowFilters
 from fineflax.engine.programs import CompiledPrograms, signature_shapes
@@ -147,8 +146,9 @@ class Engine(CompiledPrograms):
                mesh=None):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
-    pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
-    "gather"); prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
+    pages, "gather" | "pallas" | "paged_decode" | a `DecodeKernel` | "auto" (`engine.attention`: the
+    environment variable FINEFLAX_PAGED_ATTENTION if set, else "paged_decode" on GPUs, "gather" elsewhere);
+    prefill always gathers. chunk_size: decode steps per device call; prefill_chunk: prompt
     tokens a row feeds per step; prefill_tokens: rows x block tokens of one prefill call at most.
     prepared=True: `params` come from `engine.decode.prepare_decode_params` for this impl already.
     lora / lora_scale: one adapter for every row; adapters: [(lora, scale), ...] chosen per row by
@@ -189,15 +189,7 @@ class Engine(CompiledPrograms):
       self.lora = tp.shard_lora(self.lora, self.mesh)
       self.lora_scale = self._put(self.lora_scale)
       self._pool_sharding = tp.pool_sharding(self.mesh)
-    attention = os.environ.get("FINEFLAX_PAGED_ATTENTION", "gather") if attention == "auto" else attention
-    if attention not in PAGED_KERNELS:
-      raise ValueError(f"attention={attention!r}; choose one of {PAGED_KERNELS} or 'auto'")
-    if attention == "pallas" and not pallas_available():
-      raise ValueError("attention='pallas': this jax has no jax.experimental.pallas.ops.gpu.paged_attention")
-    if attention == "pallas" and self.mesh is not None:
-      raise ValueError("attention='pallas' with tensor parallelism (a mesh with a model axis): the Pallas kernel "
-                       "is not partitioned over kv heads yet; use attention='gather'")
-    self.attention = attention
+    self.attention = resolve_attention(attention, config, int(page_size), self.mesh)
     self.max_rows, self.page_size = int(max_rows), int(page_size)
     floor = default_min_row_bucket() if min_row_bucket is None else int(min_row_bucket)
     self.min_row_bucket = min(max(floor, 1), device.row_bucket(self.max_rows))

@@ -235,7 +235,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   causally. With a paged cache (`fineflax.models.paged`: pools k / v and a block table [B, n]) each real
   token is written at its own position of its row's pages and attends to its row's positions <= its own
   (positions are required: a row's real tokens are at consecutive positions after those in its pages);
-  `paged_kernel` ("gather" | "pallas") picks the attention over pages.
+  `paged_kernel` ("gather" | "pallas" | "paged_decode" | a `paged_decode.DecodeKernel`) picks the attention over pages.
 
   causal_prefix=True (no cache, no segment_ids) promises that each row is one sequence whose real tokens
   are a prefix (right padding, as `fineflax.data` batches without packing are). Attention is then plain

@@ -22,6 +22,9 @@ Attention over the pages (`paged_attention`), for queries q [B, T, Hq, Dh] at `p
             follows n, which the caller sizes to its longest row (a few compiled buckets). Any T, windows.
   "pallas"  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton on GPUs; interpreted elsewhere): each
             row reads only its pages up to its length p + 1. T = 1, no sliding windows (else "gather").
+  "paged_decode" (or a `paged_decode.DecodeKernel` with its block parameters and mesh): fineflax's own
+            kernel (`fineflax.models.paged_decode`): one program per (row, kv head, split) with the GQA
+            group, live pages read in place, windows and soft-cap. T = 1 (else "gather").
 Scores are softcap(q.k * scale, cap) in f32 either way (the decoder's own attention numerics).
 
 Writes are one scatter per layer into the donated pool, updated in place (no second buffer:
@@ -35,8 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from fineflax.models.attention import grouped_attention
+from fineflax.models.paged_decode import DecodeKernel, paged_decode_attention
 
-PAGED_KERNELS = ("gather", "pallas")
+PAGED_KERNELS = ("gather", "pallas", "paged_decode")
 TRASH_PAGE = 0
 
 
@@ -73,11 +77,15 @@ def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, sc
   """Attention of q [B, T, Hq, Dh] over each row's pages (see the module docstring) -> [B, T, Hq, Dh].
 
   window: the layer's sliding window (0 = full; a traced value inside the layer scan) or None when the
-  model has no sliding layers.
+  model has no sliding layers. kernel: a name of PAGED_KERNELS or a `DecodeKernel`.
   """
-  if kernel not in PAGED_KERNELS:
+  if not isinstance(kernel, DecodeKernel) and kernel not in PAGED_KERNELS:
     raise ValueError(f"paged attention kernel {kernel!r}; choose one of {PAGED_KERNELS}")
   base = layer * pages_per_layer(pool_k, num_layers)
+  if kernel == "paged_decode":
+    kernel = DecodeKernel()
+  if isinstance(kernel, DecodeKernel) and q.shape[1] == 1:
+    return paged_decode_attention(q, pool_k, pool_v, block_table, positions, base, window, scale, cap, kernel)
   if kernel == "pallas" and q.shape[1] == 1 and window is None:
     return _pallas_attention(q, pool_k, pool_v, block_table + base, positions, scale, cap)
   hkv, _, s, d = pool_k.shape
