@@ -104,8 +104,9 @@ def decode_chunk(params, pool, block_table, state, lora, lora_scale, *, config, 
                        attention_mask=st["active"][:, None], lora=lora, lora_scale=lora_scale, dtype=dtype,
                        paged_kernel=kernel)
     logits = logits_from_hidden(params, config, h)[:, 0]
-    step_keys = jax.vmap(jax.random.fold_in)(keys, st["count"])
-    tok, lp, raw = sample_rows(logits, step_keys, st["temperature"], st["top_k"], st["top_p"], filters)
+    with jax.named_scope("sampling"):  # profiles find sampling by this scope
+      step_keys = jax.vmap(jax.random.fold_in)(keys, st["count"])
+      tok, lp, raw = sample_rows(logits, step_keys, st["temperature"], st["top_k"], st["top_p"], filters)
     return constrain({"k": cache["k"], "v": cache["v"]}, pool_sharding), tok, lp, raw
 
   pool, state, hit_eos, out = decode_loop(step_fn, pool, state, state["eos"], num_steps)

@@ -65,11 +65,12 @@ def write_pages(pool: jnp.ndarray, layer, new: jnp.ndarray, block_table: jnp.nda
                 valid: jnp.ndarray, num_layers: int) -> jnp.ndarray:
   """The pool with new [B, T, Hkv, Dh] written at each token's (page, offset) of layer `layer` (an int or
   a traced index); tokens with valid False are written to the trash page."""
-  s, n = pool.shape[2], block_table.shape[1]
-  index = jnp.minimum(positions // s, n - 1)
-  page = jnp.where(valid, jnp.take_along_axis(block_table, index, axis=1), TRASH_PAGE)
-  page = page + layer * pages_per_layer(pool, num_layers)
-  return pool.at[:, page, positions % s].set(new.transpose(2, 0, 1, 3).astype(pool.dtype))
+  with jax.named_scope("kv_write"):  # profiles find the scatter by this scope (benchmarks/profile_engine.py)
+    s, n = pool.shape[2], block_table.shape[1]
+    index = jnp.minimum(positions // s, n - 1)
+    page = jnp.where(valid, jnp.take_along_axis(block_table, index, axis=1), TRASH_PAGE)
+    page = page + layer * pages_per_layer(pool, num_layers)
+    return pool.at[:, page, positions % s].set(new.transpose(2, 0, 1, 3).astype(pool.dtype))
 
 
 def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, scale: float, cap, *,
@@ -81,6 +82,12 @@ def paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, sc
   """
   if not isinstance(kernel, DecodeKernel) and kernel not in PAGED_KERNELS:
     raise ValueError(f"paged attention kernel {kernel!r}; choose one of {PAGED_KERNELS}")
+  with jax.named_scope("paged_attention"):  # profiles find attention by this scope
+    return _paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, scale, cap,
+                            num_layers=num_layers, kernel=kernel)
+
+
+def _paged_attention(q, pool_k, pool_v, layer, block_table, positions, window, scale, cap, *, num_layers, kernel):
   base = layer * pages_per_layer(pool_k, num_layers)
   if kernel == "paged_decode":
     kernel = DecodeKernel()
