@@ -116,6 +116,19 @@ def test_generate_with_the_kernel_equals_transformers_greedy():
   np.testing.assert_array_equal(np.asarray(ours.tokens), want)
 
 
+@pytest.mark.parametrize("impl", ["scan", "unrolled"])
+def test_decoders_with_the_kernel_equal_gather(impl):
+  """Every numerics switch (sliding and full layers, soft-caps, Gemma's query scale, qk-norm): both decoders
+  fed in chunks then decoding through the kernel give the gather path's logits."""
+  from test_models_paged import _feed_in_chunks
+  from _sampling_fixtures import random_params
+  params = random_params(EVERYTHING)
+  gather, _ = _feed_in_chunks(params, EVERYTHING, impl, "gather")
+  ours, _ = _feed_in_chunks(params, EVERYTHING, impl, "paged_decode")
+  for g, o in zip(gather, ours):
+    np.testing.assert_allclose(o, g, atol=2e-5, rtol=1e-5)
+
+
 TP_SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
