@@ -27,8 +27,8 @@ fineflax's update (options, or one `--variants` spec per fineflax case: comma-se
                                     reads its own logp as old_logp, as tunix does; recompute = one more forward)
   --decode-impl {auto,scan,unrolled}  config.rl.decode_impl of the sampler (default auto = unrolled on GPUs, what
                                     this benchmark always used; the RL job's config default is scan)
-  attention=gather|pallas (--variants only)  the engine's paged decode attention (default auto: the environment's
-                                    FINEFLAX_PAGED_ATTENTION, else gather)
+  attention=gather|pallas|paged_decode (--variants only)  the engine's paged decode attention (default auto: the
+                                    environment's FINEFLAX_PAGED_ATTENTION, else paged_decode on GPUs)
 Remat: fineflax `model.remat` as above; tunix `RematConfig`
 --tunix-remat (default NONE: its sampler shares the trained model, and 0.1.7's decode loop fails under
 nnx.remat, with BLOCK and DECODER alike: flax TraceContextError "Cannot mutate Param from a different trace
@@ -74,7 +74,7 @@ def qwen2_shape(hub_name: str = HUB_MODEL) -> dict:
 VARIANT_KEYS = {"remat": ("remat", str), "micro": ("micro_batch_size", int), "micro_tokens": ("micro_batch_tokens", int),
                 "old_logp": ("old_logp", str), "decode": ("decode_impl", str), "attention": ("paged_attention", str)}
 CHOICES = {"remat": ("none", "full", "dots"), "old_logp": ("auto", "recompute"), "decode": ("auto", "scan", "unrolled"),
-           "attention": ("auto", "gather", "pallas")}
+           "attention": ("auto", "gather", "pallas", "paged_decode")}
 
 
 def parse_variant(text: str) -> dict:
