@@ -53,6 +53,7 @@ import time
 
 
 from benchmarks import gpu
+from benchmarks._decode_timing import time_decode, time_static
 from benchmarks._results import markdown_table, write_section
 from benchmarks.sampler import SHAPES as SAMPLER_SHAPES
 from fineflax.io import atomic_write_json, atomic_write_text
@@ -134,46 +135,6 @@ def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
                 attention=attention, prepared=prepared, impl=spec.get("impl", "auto"))
 
 
-def _time_decode(engine, prompts, new: int, room: int) -> tuple[float, int]:
-  """(decode wall s, decode steps) of the second of two runs (the first also compiles the prefill program):
-  the prompts prefilled and held (reserve `room`), then every row resumed for `new` tokens."""
-  import jax
-  from fineflax.engine import Request
-  timings = []
-  for _ in range(2):
-    seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
-    engine.run()
-    jax.block_until_ready(engine.pool)
-    steps0 = engine.stats["decode_steps"]
-    t = time.perf_counter()
-    for s in seqs:
-      engine.resume(s, new)
-    engine.run()
-    timings.append((time.perf_counter() - t, engine.stats["decode_steps"] - steps0))
-    assert all(len(s.tokens) == new for s in seqs), "a row stopped early"
-    for s in seqs:
-      engine.release(s)
-  return timings[-1]
-
-
-def _time_static(params, config, prompts, new: int, room: int, chunk_size: int) -> tuple[float, int]:
-  """(decode wall s, steps) of the second of two runs of the static-cache session (cache sized for `room`
-  new tokens after the prompts): prompts prefilled untimed, then `new` tokens decoded."""
-  import jax
-  import jax.numpy as jnp
-  from fineflax.sampling import SamplerSession
-  session = SamplerSession(params, config, max_total_len=room, temperature=0.0, eos_ids=(), dtype=jnp.bfloat16,
-                           cache="static", chunk_size=chunk_size)
-  timings = []
-  for _ in range(2):
-    session.start(prompts)
-    jax.block_until_ready(session._static.cache)
-    t = time.perf_counter()
-    session.decode(new)
-    timings.append(time.perf_counter() - t)
-  return timings[-1], new
-
-
 # ----------------------------------------------------------------------------- case workers
 
 def worker_a(spec: dict) -> dict:
@@ -191,7 +152,7 @@ def worker_a(spec: dict) -> dict:
     for room in spec["rooms"]:
       try:
         if attention == "static":  # the static cache (`SamplerSession(cache="static")`) sized for `room`
-          dt, steps = _time_static(raw, config, prompts, n, room, spec["chunk_size"])
+          dt, steps = time_static(raw, config, prompts, n, room, spec["chunk_size"])
           out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
                               "pool_gib": 0.0, "programs": "-", "compile_s": 0.0,
                               "peak_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB})
@@ -202,7 +163,7 @@ def worker_a(spec: dict) -> dict:
         t = time.perf_counter()
         compiled = engine.precompile([rows], plen + n)
         compile_s = time.perf_counter() - t
-        dt, steps = _time_decode(engine, prompts, n, room)
+        dt, steps = time_decode(engine, prompts, n, room)
         pool_gib = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(engine.pool)) / gpu.GIB
         out["rows"].append({"attention": attention, "room": room, "ms_step": 1e3 * dt / steps, "steps": steps,
                             "pool_gib": pool_gib, "programs": compiled, "compile_s": compile_s,
@@ -360,7 +321,7 @@ def worker_tp(spec: dict) -> dict:
       t = time.perf_counter()
       compiled = engine.precompile([rows], plen + new)
       compile_s = time.perf_counter() - t
-      dt, steps = _time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
+      dt, steps = time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
       peaks = [int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)) for d in mesh.devices.flat]
       pool = tp.bytes_per_device(engine.pool)
       out["rows"].append({"attention": attention, "ms_step": 1e3 * dt / steps, "steps": steps,

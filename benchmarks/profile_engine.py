@@ -33,12 +33,11 @@ import glob
 import json
 import os
 import pathlib
-import re
 import sys
 import tempfile
-import time
 
 from benchmarks import gpu
+from benchmarks._decode_timing import decode_once, static_once, static_session
 from benchmarks._results import markdown_table
 from fineflax.io import atomic_write_json, atomic_write_text
 
@@ -108,35 +107,15 @@ def worker(spec: dict) -> dict:
   rows, plen, new, variant = spec["rows"], spec["prompt_len"], spec["new"], spec["variant"]
   prompts = _prompts(rows, plen, config.vocab_size)
   if variant == "static":
-    from fineflax.sampling import SamplerSession
-    session = SamplerSession(params, config, max_total_len=new, temperature=0.0, eos_ids=(), dtype=jnp.bfloat16,
-                             cache="static", chunk_size=spec["chunk_size"])
-    def run():
-      session.start(prompts)
-      jax.block_until_ready(session._static.cache)
-      t = time.perf_counter()
-      session.decode(new)
-      return time.perf_counter() - t, new
+    session = static_session(params, config, new, spec["chunk_size"])
+    run = lambda: static_once(session, prompts, new)
     hlo_of = lambda: {}
   else:
-    from fineflax.engine import Request
     from fineflax.engine.decode import decode_impl, prepare_decode_params
     params = prepare_decode_params(params, config, decode_impl("auto"), jnp.bfloat16)
     engine = _engine(params, config, spec, max_rows=rows, lengths=[plen + new] * rows, attention=variant,
                      prepared=True)
-    def run():
-      seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=new)) for p in prompts]
-      engine.run()
-      jax.block_until_ready(engine.pool)
-      steps0 = engine.stats["decode_steps"]
-      t = time.perf_counter()
-      for s in seqs:
-        engine.resume(s, new)
-      engine.run()
-      dt = time.perf_counter() - t
-      for s in seqs:
-        engine.release(s)
-      return dt, engine.stats["decode_steps"] - steps0
+    run = lambda: decode_once(engine, prompts, new, new)
     hlo_of = _decode_hlo
   run()
   wall, steps = run()
