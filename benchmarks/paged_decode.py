@@ -26,7 +26,7 @@ from benchmarks import gpu
 from benchmarks._results import markdown_table
 from fineflax.io import atomic_write_json, atomic_write_text
 
-FULL = dict(hq=32, hkv=8, dh=128, context=1152, layers=4, reps=16, copy_gib=2.0)
+FULL = dict(hq=32, hkv=8, dh=128, context=1152, layers=4, reps=32, copy_gib=2.0)
 SMOKE = dict(hq=8, hkv=2, dh=16, context=40, layers=2, reps=2, copy_gib=1 / 64)
 
 
