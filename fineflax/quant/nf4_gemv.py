@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fineflax.quant.blockwise import dynamic_code
+from fineflax.quant.blockwise import dynamic_code, rounded
 from fineflax.quant.nf4 import ABSMAX_BLOCKSIZE, NF4_CODE, NF4Tensor
 
 DECODES = ("gather", "select")
@@ -110,13 +110,14 @@ def _nf4_select(q):
 
 
 def _kernel(x_ref, codes_ref, qabs_ref, absmax2_ref, offset_ref, nf4_ref, code8_ref, even_ref, odd_ref, *,
-            cfg: KernelConfig, k_split: int, groups_per_row: int, w_dtype, acc_dtype):
+            cfg: KernelConfig, k_split: int, groups_per_row: int, w_dtype, acc_dtype, interpret: bool):
   from jax.experimental import pallas as pl
 
   groups = cfg.bn // 64
   split = pl.program_id(2)
   col_group0 = pl.program_id(1) * groups
   precision = jax.lax.Precision.HIGHEST if acc_dtype == jnp.float32 else None
+  operand_dtype = acc_dtype if cfg.path == "dot" else jnp.float32  # FMA: f32 products of the exact operands
 
   def nf4(q):
     return nf4_ref[q] if cfg.decode == "gather" else _nf4_select(q)
@@ -127,22 +128,25 @@ def _kernel(x_ref, codes_ref, qabs_ref, absmax2_ref, offset_ref, nf4_ref, code8_
     qa = qabs_ref[pl.ds(k0, cfg.bk), pl.ds(g, 1)].astype(jnp.int32)
     rows = split * k_split + k0 + jax.lax.broadcasted_iota(jnp.int32, (cfg.bk, 1), 0)
     block = rows * groups_per_row + col_group0 + g
-    return code8_ref[qa] * absmax2_ref[block // ABSMAX_BLOCKSIZE] + offset_ref[0]
+    return rounded(code8_ref[qa] * absmax2_ref[block // ABSMAX_BLOCKSIZE]) + offset_ref[0]  # as absmax_f32
 
   def product(x, w):
     if cfg.path == "dot":
       return jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
-    return jnp.sum(x.astype(jnp.float32)[:, :, None] * w.astype(jnp.float32)[None, :, :], axis=1)
+    return jnp.sum(x[:, :, None] * w[None, :, :], axis=1)
 
   def step(i, accs):
     k0 = pl.multiple_of(i * cfg.bk, cfg.bk)
-    x = x_ref[:, pl.ds(k0, cfg.bk)].astype(acc_dtype)
+    x = x_ref[:, pl.ds(k0, cfg.bk)].astype(operand_dtype)
     out = []
     for g in range(groups):
       codes = codes_ref[pl.ds(k0, cfg.bk), pl.ds(g * 32, 32)].astype(jnp.int32)
       a = scale(k0, g)
       for q, acc in (((codes >> 4) & 15, accs[2 * g]), (codes & 15, accs[2 * g + 1])):
-        w = (nf4(q) * a).astype(w_dtype).astype(acc_dtype)
+        w = (nf4(q) * a).astype(w_dtype)
+        if interpret and cfg.path == "fma" and w_dtype == jnp.bfloat16:  # XLA:CPU would drop the bf16 rounding
+          w = jax.lax.reduce_precision(w.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
+        w = w.astype(operand_dtype)
         out.append(acc + product(x, w))
     return tuple(out)
 
@@ -185,7 +189,7 @@ def nf4_matmul(x: jnp.ndarray, w: NF4Tensor, dtype=jnp.bfloat16, cfg: KernelConf
   nf4_table, code8 = jnp.asarray(NF4_CODE), jnp.asarray(dynamic_code())
   k_split = k // cfg.split_k
   kernel = functools.partial(_kernel, cfg=cfg, k_split=k_split, groups_per_row=n // 64, w_dtype=jnp.dtype(dtype),
-                             acc_dtype=acc_dtype)
+                             acc_dtype=acc_dtype, interpret=interpret)
   whole = lambda a: pl.BlockSpec(a.shape, lambda i, j, s: (0,) * a.ndim)
   half = jax.ShapeDtypeStruct((cfg.split_k, mt * cfg.bm, n // 2), jnp.float32)
   out_spec = pl.BlockSpec((None, cfg.bm, cfg.bn // 2), lambda i, j, s: (s, i, j))
