@@ -4,6 +4,8 @@ The table is measured, not assumed: `python -m benchmarks.nf4_gemv` times XLA's 
 every kernel variant per (K, N) product and M, and writes `nf4_kernel_table.json` (this folder) with the
 fastest kernel variant of each (K, N, M bucket) where it beats XLA. A missing file or entry means XLA.
 
+FINEFLAX_NF4_TABLE names another table file (the benchmark's fresh one).
+
   key "K x N / M bucket": M bucket = the least of BUCKETS >= M (M > 256: none, XLA)
   value: the `KernelConfig` fields of the winning variant, plus "us" and "xla_us" as measured.
 """
@@ -29,8 +31,9 @@ def key(k: int, n: int, m_bucket: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def load_table(path: str = TABLE_PATH) -> dict:
-  """{key: entry} from the JSON table; {} when the file does not exist."""
+def load_table(path: str | None = None) -> dict:
+  """{key: entry} from the JSON table (default FINEFLAX_NF4_TABLE, else TABLE_PATH); {} when it does not exist."""
+  path = path or os.environ.get("FINEFLAX_NF4_TABLE") or TABLE_PATH
   if not os.path.exists(path):
     return {}
   with open(path) as f:
