@@ -170,3 +170,22 @@ def test_table_json_round_trip(tmp_path):
   assert nf4_kernel_table.kernel_choice(512, 256, 33, table) == KernelConfig(decode="select", bm=16, bn=64, bk=32)
   assert nf4_kernel_table.kernel_choice(512, 256, 257, table) is None
   assert nf4_kernel_table.kernel_choice(512, 256, 1, table) is None
+
+
+@pytest.mark.fast
+def test_a_layer_of_a_stacked_kernel_is_read_in_place():
+  """`NF4Layer(stacked, i)`: the kernel's product equals layer i's sliced product (both scale paths), and
+  the view dequantises to the slice; a bad layer index is a clear error."""
+  from fineflax.quant.nf4_layer import NF4Layer
+  rng = np.random.default_rng(5)
+  stacked = quantize_nf4(jnp.asarray(rng.standard_normal((3, 128, 128)) * 0.02, jnp.float32), 64, True, lead_dims=1)
+  x = jnp.asarray(rng.standard_normal((2, 128)), jnp.float32)
+  view = NF4Layer(stacked, 2)
+  sliced = jax.tree.map(lambda a: a[2], stacked)
+  np.testing.assert_array_equal(np.asarray(view.dequantize(jnp.float32)), np.asarray(sliced.dequantize(jnp.float32)))
+  for scales in ("kernel", "f32"):
+    cfg = KernelConfig(path="fma", scales=scales, bm=2, bn=64, bk=64)
+    got = nf4_gemv.nf4_matmul(x, view, jnp.float32, cfg, interpret=True)
+    _close(got, _reference(x, sliced, jnp.float32), jnp.float32)
+  with pytest.raises(ValueError, match=r"NF4Layer: layer=3 outside \[0, 3\)"):
+    NF4Layer(stacked, 3)

@@ -14,8 +14,9 @@ product's.
 Forward products on an unstacked NF4 [K, N] kernel may run as one Pallas kernel that reads the codes
 directly (`fineflax.quant.nf4_gemv`; the same values up to the order of the f32 sums), chosen by
 FINEFLAX_NF4_KERNEL:
-  auto (default)  the kernel on a GPU backend where the measured table (`nf4_kernel_table`) has a winner
-                  for (K, N, M bucket); XLA otherwise (and always on CPU / TPU)
+  auto (default)  the kernel on a one-device GPU backend where the measured table (`nf4_kernel_table`)
+                  has a winner for (K, N, M bucket); XLA otherwise (always on CPU / TPU, and with several
+                  devices: GSPMD would gather tensor-parallel shards in front of the custom call)
   pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
   xla             never the kernel
 The backward pass always dequantises (dx = dy @ W^T).
@@ -53,11 +54,12 @@ def kernel_config(rows: int, w, x_dtype, dtype):
   from fineflax.quant import nf4_gemv, nf4_kernel_table
   mode = kernel_mode()
   floats = (jnp.bfloat16, jnp.float32)
-  if (mode == "xla" or not isinstance(w, nf4_gemv.NF4Tensor) or jnp.dtype(x_dtype) not in floats
-      or jnp.dtype(dtype) not in floats):
+  if (mode == "xla" or not isinstance(w, (nf4_gemv.NF4Tensor, nf4_gemv.NF4Layer))
+      or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats or len(w.shape) != 2):
     return None
   if mode == "auto":
-    if jax.default_backend() != "gpu" or w.lead_shape or len(w.shape) != 2:
+    # one device only: under tensor parallelism (GSPMD-split leaves) a custom call would gather the shards
+    if jax.default_backend() != "gpu" or jax.device_count() != 1:
       return None
     cfg = nf4_kernel_table.kernel_choice(w.shape[0], w.shape[1], rows)
   else:

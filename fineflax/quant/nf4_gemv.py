@@ -32,6 +32,7 @@ import numpy as np
 
 from fineflax.quant.blockwise import dynamic_code, rounded
 from fineflax.quant.nf4 import ABSMAX_BLOCKSIZE, NF4_CODE, NF4Tensor
+from fineflax.quant.nf4_layer import NF4Layer
 
 DECODES = ("gather", "select")
 PATHS = ("dot", "fma")
@@ -85,6 +86,8 @@ def default_config(m: int) -> KernelConfig:
 
 def unsupported_reason(x_shape, w, cfg: KernelConfig) -> str | None:
   """None when `nf4_matmul(x, w, cfg)` applies, else a one-line reason naming the value at fault."""
+  if isinstance(w, NF4Layer):
+    w = jax.eval_shape(w.sliced)  # layer i's shapes, nothing computed
   if not isinstance(w, NF4Tensor):
     return f"W is a {type(w).__name__}, not an NF4Tensor"
   if w.lead_shape or len(w.shape) != 2:
@@ -158,9 +161,11 @@ def _kernel(x_ref, codes_ref, qabs_ref, absmax2_ref, offset_ref, nf4_ref, code8_
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
-def nf4_matmul(x: jnp.ndarray, w: NF4Tensor, dtype=jnp.bfloat16, cfg: KernelConfig | None = None,
+def nf4_matmul(x: jnp.ndarray, w: NF4Tensor | NF4Layer, dtype=jnp.bfloat16, cfg: KernelConfig | None = None,
                interpret: bool = False) -> jnp.ndarray:
   """x [M, K] (bf16 or f32) @ w.dequantize(dtype) (NF4 [K, N]) -> [M, N] of result_type(x, dtype).
+
+  w may be an `NF4Layer` (layer i of a stacked kernel): read in place, not sliced.
 
   cfg: the variant (default `default_config(M)`); a product outside `unsupported_reason` raises ValueError.
   interpret=True runs the kernel in Pallas' interpreter (any backend; for tests).
@@ -176,30 +181,38 @@ def nf4_matmul(x: jnp.ndarray, w: NF4Tensor, dtype=jnp.bfloat16, cfg: KernelConf
     raise ValueError(f"nf4_matmul: {reason}")
   if not w.double_quant and cfg.scales == "kernel":
     cfg = dataclasses.replace(cfg, scales="f32")  # no nested quantisation to decode
+  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
+  n_layers = stacked.codes.shape[0]
   k, n = w.shape
   out_dtype = jnp.result_type(x.dtype, dtype)
   acc_dtype = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
   mt = -(-m // cfg.bm)
   xp = jnp.pad(x, ((0, mt * cfg.bm - m), (0, 0)))
-  codes = w.codes.reshape(k, n // 2)
+  codes = stacked.codes.reshape(n_layers, k, n // 2)
   f32 = cfg.scales == "f32"
-  qabs = (w.absmax_f32() if f32 else w.absmax).reshape(k, n // 64)
-  absmax2 = jnp.zeros((1,), jnp.float32) if f32 else w.absmax_scale.astype(jnp.float32)
-  offset = jnp.zeros((1,), jnp.float32) if f32 else w.absmax_offset.astype(jnp.float32).reshape(1)
+  if f32:  # the f32 scales of this layer only (K N / 64 of them), computed by XLA
+    one = jax.tree.map(lambda a: a[layer], stacked)
+    qabs, layer_of_scales = one.absmax_f32().reshape(1, k, n // 64), 0
+    absmax2, offset = jnp.zeros((n_layers, 1), jnp.float32), jnp.zeros((n_layers, 1), jnp.float32)
+  else:
+    qabs, layer_of_scales = stacked.absmax.reshape(n_layers, k, n // 64), layer
+    absmax2 = stacked.absmax_scale.astype(jnp.float32).reshape(n_layers, -1)
+    offset = stacked.absmax_offset.astype(jnp.float32).reshape(n_layers, 1)
   nf4_table, code8 = jnp.asarray(NF4_CODE), jnp.asarray(dynamic_code())
   k_split = k // cfg.split_k
   kernel = functools.partial(_kernel, cfg=cfg, k_split=k_split, groups_per_row=n // 64, w_dtype=jnp.dtype(dtype),
                              acc_dtype=acc_dtype, interpret=interpret)
   whole = lambda a: pl.BlockSpec(a.shape, lambda i, j, s: (0,) * a.ndim)
+  layer_row = lambda a: pl.BlockSpec((None, a.shape[1]), lambda i, j, s: (layer, 0))
   half = jax.ShapeDtypeStruct((cfg.split_k, mt * cfg.bm, n // 2), jnp.float32)
   out_spec = pl.BlockSpec((None, cfg.bm, cfg.bn // 2), lambda i, j, s: (s, i, j))
   params = None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
   even, odd = pl.pallas_call(
       kernel, out_shape=(half, half), grid=(mt, n // cfg.bn, cfg.split_k),
       in_specs=[pl.BlockSpec((cfg.bm, k_split), lambda i, j, s: (i, s)),
-                pl.BlockSpec((k_split, cfg.bn // 2), lambda i, j, s: (s, j)),
-                pl.BlockSpec((k_split, cfg.bn // 64), lambda i, j, s: (s, j)),
-                whole(absmax2), whole(offset), whole(nf4_table), whole(code8)],
+                pl.BlockSpec((None, k_split, cfg.bn // 2), lambda i, j, s: (layer, s, j)),
+                pl.BlockSpec((None, k_split, cfg.bn // 64), lambda i, j, s: (layer_of_scales, s, j)),
+                layer_row(absmax2), layer_row(offset), whole(nf4_table), whole(code8)],
       out_specs=(out_spec, out_spec), interpret=interpret, compiler_params=params,
   )(xp, codes, qabs, absmax2, offset, nf4_table, code8)
   y = jnp.stack([even.sum(0), odd.sum(0)], axis=-1).reshape(mt * cfg.bm, n)  # interleave: n = 2 c (+ 1)
