@@ -128,52 +128,55 @@ def products_worker(spec: dict) -> dict:
     (out / "nf4_kernel_table.json").write_text(json.dumps(table, indent=1))
     (out / "nf4_gemv.md").write_text(report(result))
 
-  for shape, (k, n) in spec["shapes"].items():
-    reps = 2 if smoke else max(2, min(64, -(-TARGET_BYTES // nf4_bytes(k, n))))
-    keys = jax.random.split(jax.random.key(k * 7 + n), reps)
-    nf4 = [random_nf4(kk, k, n) for kk in keys]
-    dense = None
-    for m in spec["rows"]:
-      if time.perf_counter() - t_start > spec["budget_s"]:
-        result["rows"].append({"shape": shape, "k": k, "n": n, "m": m, "variant": "-", "error": "time budget spent"})
-        continue
-      x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
-      variants = {"xla": None, **({"bf16 W": None} if keep("bf16 W") else {})}
-      variants.update({cfg.name(): cfg for cfg in candidates(m, k, n, smoke) if keep(cfg.name())})
-      ref, best, rows = None, None, {}
-      for name, cfg in variants.items():
-        row = {"shape": shape, "k": k, "n": n, "m": m, "variant": name}
-        try:
-          if name == "bf16 W":
-            if dense is None:
-              dense = [(0.02 * jax.random.normal(kk, (k, n), jnp.float32)).astype(jnp.bfloat16) for kk in keys]
-            fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w for w in ws]), dense, 2 * k * n
-          elif name == "xla":
-            fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w.dequantize(jnp.bfloat16) for w in ws]), nf4, nf4_bytes(k, n)
-          else:
-            fn = jax.jit(lambda x, ws, cfg=cfg: [nf4_matmul(x, w, jnp.bfloat16, cfg, interpret=interpret) for w in ws])
-            ws, nbytes = nf4, nf4_bytes(k, n)
-          t0 = time.perf_counter()
-          got = np.asarray(fn(x, ws)[0], np.float32)
-          row["compile_s"] = time.perf_counter() - t0
-          if name == "xla":
-            ref = got
-          elif name != "bf16 W" and ref is not None:
-            row["max_rel_err"] = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-          sec = _time(fn, (x, ws), spec["calls"]) / reps
-          row.update(us=1e6 * sec, gb_s=nbytes / sec / 1e9, copy_frac=(nbytes / sec / copy_bw) if copy_bw else None)
-          if cfg is not None and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
-            best = (row, cfg)
-        except Exception as e:  # one failing variant keeps the others
-          row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        rows[name] = row
-        result["rows"].append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-      xla_us = rows.get("xla", {}).get("us")
-      if best is not None and xla_us is not None and best[0]["us"] < xla_us:
-        entry = dict(dataclasses.asdict(best[1]), us=best[0]["us"], xla_us=xla_us, measured_m=m)
-        table["entries"][nf4_kernel_table.key(k, n, nf4_kernel_table.bucket(m))] = entry
-      flush()
+  weights = {}  # shape: (keys, NF4 weights, bf16 weights or None), made once
+  for m, (shape, (k, n)) in ((m, sk) for m in spec["rows"] for sk in spec["shapes"].items()):  # M first
+    if shape not in weights:
+      reps = 2 if smoke else max(2, min(64, -(-TARGET_BYTES // nf4_bytes(k, n))))
+      keys = jax.random.split(jax.random.key(k * 7 + n), reps)
+      weights[shape] = [keys, [random_nf4(kk, k, n) for kk in keys], None]
+    keys, nf4, dense = weights[shape]
+    reps = len(keys)
+    if time.perf_counter() - t_start > spec["budget_s"]:
+      result["rows"].append({"shape": shape, "k": k, "n": n, "m": m, "variant": "-", "error": "time budget spent"})
+      continue
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
+    variants = {"xla": None, **({"bf16 W": None} if keep("bf16 W") else {})}
+    variants.update({cfg.name(): cfg for cfg in candidates(m, k, n, smoke) if keep(cfg.name())})
+    ref, best, rows = None, None, {}
+    for name, cfg in variants.items():
+      row = {"shape": shape, "k": k, "n": n, "m": m, "variant": name}
+      try:
+        if name == "bf16 W":
+          if dense is None:
+            dense = weights[shape][2] = [(0.02 * jax.random.normal(kk, (k, n), jnp.float32)).astype(jnp.bfloat16)
+                                         for kk in keys]
+          fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w for w in ws]), dense, 2 * k * n
+        elif name == "xla":
+          fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w.dequantize(jnp.bfloat16) for w in ws]), nf4, nf4_bytes(k, n)
+        else:
+          fn = jax.jit(lambda x, ws, cfg=cfg: [nf4_matmul(x, w, jnp.bfloat16, cfg, interpret=interpret) for w in ws])
+          ws, nbytes = nf4, nf4_bytes(k, n)
+        t0 = time.perf_counter()
+        got = np.asarray(fn(x, ws)[0], np.float32)
+        row["compile_s"] = time.perf_counter() - t0
+        if name == "xla":
+          ref = got
+        elif name != "bf16 W" and ref is not None:
+          row["max_rel_err"] = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+        sec = _time(fn, (x, ws), spec["calls"]) / reps
+        row.update(us=1e6 * sec, gb_s=nbytes / sec / 1e9, copy_frac=(nbytes / sec / copy_bw) if copy_bw else None)
+        if cfg is not None and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
+          best = (row, cfg)
+      except Exception as e:  # one failing variant keeps the others
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      rows[name] = row
+      result["rows"].append(row)
+      print(json.dumps(row), file=sys.stderr, flush=True)
+    xla_us = rows.get("xla", {}).get("us")
+    if best is not None and xla_us is not None and best[0]["us"] < xla_us:
+      entry = dict(dataclasses.asdict(best[1]), us=best[0]["us"], xla_us=xla_us, measured_m=m)
+      table["entries"][nf4_kernel_table.key(k, n, nf4_kernel_table.bucket(m))] = entry
+    flush()
   result["table_path"] = str(out / "nf4_kernel_table.json")
   flush()
   return result
@@ -225,8 +228,17 @@ def main():
   ap.add_argument("--table", default="", help="decode: the table FINEFLAX_NF4_KERNEL=auto reads (default: the "
                   "one this run wrote under --out, else the committed one)")
   ap.add_argument("--out", default=os.environ.get("OUT", str(pathlib.Path(__file__).with_name("out"))))
+  ap.add_argument("--merge", nargs="+", metavar="TABLE", help="merge nf4_kernel_table.json files of several "
+                  "calls (later files win per key) into --out/nf4_kernel_table.json, and exit")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.merge:
+    tables = [json.loads(pathlib.Path(t).read_text()) for t in args.merge]
+    merged = dict(tables[-1], entries={k: v for t in tables for k, v in t["entries"].items()})
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(args.out) / "nf4_kernel_table.json").write_text(json.dumps(merged, indent=1))
+    print(f"{len(merged['entries'])} entries -> {args.out}/nf4_kernel_table.json")
+    return
   if args.worker:
     spec = json.loads(args.worker)
     if spec["part"] == "products":

@@ -128,7 +128,9 @@ def test_auto_choice_is_xla_on_cpu_and_the_tables_pick_on_gpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert kernel_config(6, w, jnp.bfloat16, jnp.bfloat16) == KernelConfig(bm=16, bn=64, bk=64, split_k=2)
   assert kernel_config(7, w, jnp.float32, jnp.float32).split_k == 2  # same bucket (8)
-  assert kernel_config(9, w, jnp.bfloat16, jnp.bfloat16) is None  # bucket 16: not in the table
+  # bucket 16 is not in the table: the bucket-8 entry serves, its 16 rows cover 9 in one tile
+  assert kernel_config(9, w, jnp.bfloat16, jnp.bfloat16) == KernelConfig(bm=16, bn=64, bk=64, split_k=2)
+  assert kernel_config(40, w, jnp.bfloat16, jnp.bfloat16).bm == 64
   assert kernel_config(6, _case(6, 256, 192)[1], jnp.bfloat16, jnp.bfloat16) is None  # another shape
   monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "xla")
   assert kernel_config(6, w, jnp.bfloat16, jnp.bfloat16) is None
@@ -161,15 +163,19 @@ def test_quantized_matmul_runs_the_tables_kernel_with_its_gradient(monkeypatch):
 
 
 def test_table_json_round_trip(tmp_path):
-  """A written table loads back to the same configs; M above the largest bucket is XLA."""
+  """A written table loads back to the same configs; smaller buckets' entries serve larger M (rows raised);
+  M above the largest bucket, or FMA entries for M > 8, are XLA."""
   import json
   path = tmp_path / "t.json"
   entries = _table_for(512, 256, 40, decode="select", bk=32)
   path.write_text(json.dumps({"device": "test", "entries": entries}))
   table = nf4_kernel_table.load_table(str(path))
-  assert nf4_kernel_table.kernel_choice(512, 256, 33, table) == KernelConfig(decode="select", bm=16, bn=64, bk=32)
+  assert nf4_kernel_table.kernel_choice(512, 256, 33, table) == KernelConfig(decode="select", bm=64, bn=64, bk=32)
   assert nf4_kernel_table.kernel_choice(512, 256, 257, table) is None
-  assert nf4_kernel_table.kernel_choice(512, 256, 1, table) is None
+  assert nf4_kernel_table.kernel_choice(512, 256, 1, table) is None  # no entry at or below bucket 1
+  fma = _table_for(512, 256, 1, path="fma", bm=1)  # measured at M = 1: serves M <= 8 with bm = pow2(M)
+  assert nf4_kernel_table.kernel_choice(512, 256, 5, fma) == KernelConfig(path="fma", bm=8, bn=64, bk=64)
+  assert nf4_kernel_table.kernel_choice(512, 256, 9, fma) is None
 
 
 @pytest.mark.fast

@@ -11,6 +11,7 @@ FINEFLAX_NF4_TABLE names another table file (the benchmark's fresh one).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -41,10 +42,19 @@ def load_table(path: str | None = None) -> dict:
 
 
 def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelConfig | None:
-  """The measured winner for x [m, k] @ NF4 [k, n], or None (XLA) where the table has no entry."""
+  """The measured winner for x [m, k] @ NF4 [k, n], or None (XLA).
+
+  The entry of m's bucket, else of the nearest smaller bucket that has one (the benchmark measures M = 1,
+  16, 64, 128, 256), its rows bm raised to cover m in one tile (pow2(m); at most 8 on the FMA path, which
+  then serves m <= 8 only, and 128 on the dot path). No entry at or below m's bucket: None.
+  """
+  table = load_table() if table is None else table
   b = bucket(m)
-  entry = None if b is None else (load_table() if table is None else table).get(key(k, n, b))
+  entry = next((table[key(k, n, c)] for c in reversed(BUCKETS) if b is not None and c <= b
+                and key(k, n, c) in table), None)
   if entry is None:
     return None
-  fields = {f: entry[f] for f in KernelConfig.__dataclass_fields__ if f in entry}
-  return KernelConfig(**fields)
+  cfg = KernelConfig(**{f: entry[f] for f in KernelConfig.__dataclass_fields__ if f in entry})
+  if cfg.path == "fma" and m > 8:
+    return None
+  return dataclasses.replace(cfg, bm=max(cfg.bm, min(1 << (m - 1).bit_length(), 8 if cfg.path == "fma" else 128)))
