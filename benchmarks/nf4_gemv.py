@@ -1,189 +1,271 @@
-"""NF4 products with few rows (decoding): the fused Pallas kernel vs `x @ W.dequantize()` vs a bf16 W, same GPU.
+"""NF4 products x [M, K] @ W [K, N]: every kernel variant (fineflax.quant.nf4_gemv) vs XLA vs a bf16 W, same GPU.
 
-  python -m benchmarks.nf4_gemv           # GPU, ~3 min; writes the "nf4_gemv" section of RESULTS.md
-  python -m benchmarks.nf4_gemv --smoke   # CPU, tiny shapes, kernel interpreted; prints only
+  python -m benchmarks.nf4_gemv                      # products, then the decode steps (two parts, ~10 min)
+  python -m benchmarks.nf4_gemv --only products      # one H200, <= ~5 min: the table and the sweep
+  python -m benchmarks.nf4_gemv --only decode --models 1B   # decode steps (8B: --models 8B)
+  python -m benchmarks.nf4_gemv --smoke              # CPU, tiny shapes, kernel interpreted
 
-Part 1, per Llama-3.2-1B linear shape and M rows: one jitted call computes x @ W_i for 8 distinct random
-kernels W_i (so the weights are read 8 times per call, no reuse), timed as the median of 5 runs of 20 calls;
-GB/s = bytes of the 8 kernels as stored (bf16: 2 B a weight; NF4: codes + double-quantised scales) over the
-time. Variants: bf16 W; NF4 through XLA (`x @ W.dequantize(bf16)`, the default); NF4 through
-`fineflax.quant.nf4_gemv.nf4_matmul` (FINEFLAX_NF4_KERNEL=pallas in the decode runs). max rel err: the fused result against XLA's NF4 product.
-Part 2: the decode step of the whole 1B shape (random weights, `SamplerSession`, unrolled decoder, greedy,
-32-token prompt, 64 new tokens; step ms = decode(64) wall time / 64, median of 3) for bf16 weights, NF4 with
-XLA's product and NF4 with the fused kernel (--decode-only: NF4 decoded from its dense copy,
-`SamplerSession(dense_base=True)`, instead), each in its own process; same tokens: that run's greedy tokens
-against the XLA NF4 run's.
+Products (one worker process): per (K, N) of the 1B, 8B and 70B-TP=2-shard linears and M in ROWS, one jitted
+call computes x @ W_i for R distinct random weights W_i (R so the R weights hold >= 256 MB: L2 never holds
+them), timed as the median of 3 runs of `calls` calls; us = time per product. GB/s = bytes read of one
+W as stored (NF4: codes + uint8 absmax + nested f32 scales; bf16: 2 B a weight) / us; "copy" = the fraction
+of the copy bandwidth measured in the same process (`gpu.jax_copy_bandwidth`). Variants: "bf16 W", "xla"
+(`x @ W.dequantize(bf16)`) and the kernel variants of `candidates(M, K, N)`; each is compiled and checked
+against XLA's product (max rel err); a failing one is recorded and the rest go on. The fastest kernel of
+each (K, N, M) that beats XLA becomes an entry of nf4_kernel_table.json under --out (copy it to
+fineflax/quant/ to commit it; `fineflax.quant.nf4_kernel_table`). Results stream to --out as they arrive:
+nf4_gemv.json, nf4_gemv.md, nf4_kernel_table.json.
+
+Decode (`benchmarks/_nf4_decode.py`): ms per decode step through `SamplerSession` for bf16 linears, NF4 via
+XLA and NF4 with FINEFLAX_NF4_KERNEL=auto reading the table just written (FINEFLAX_NF4_TABLE), at 1B / 8B
+shapes and batch 1, 16, 64.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import pathlib
 import statistics
 import sys
 import time
 
-
 from benchmarks import gpu
-from benchmarks._results import markdown_table, write_section
+from benchmarks._results import markdown_table
 
-SHAPES = {"q/o [2048, 2048]": (2048, 2048), "k/v [2048, 512]": (2048, 512), "gate/up [2048, 8192]": (2048, 8192),
-          "down [8192, 2048]": (8192, 2048)}
-SMOKE_SHAPES = {"tiny [256, 128]": (256, 128)}
-ROWS = (1, 16, 64)
-N_KERNELS = 8
+SHAPES = {  # name: (K, N)
+    "1B q/o": (2048, 2048), "1B k/v": (2048, 512), "1B gate/up": (2048, 8192), "1B down": (8192, 2048),
+    "8B q/o": (4096, 4096), "8B k/v": (4096, 1024), "8B gate/up": (4096, 14336), "8B down": (14336, 4096),
+    "70B/2 q": (8192, 4096), "70B/2 k/v": (8192, 512), "70B/2 gate/up": (8192, 14336),
+    "70B/2 down": (14336, 8192), "70B/2 o": (4096, 8192)}
+SMOKE_SHAPES = {"tiny [256, 128]": (256, 128), "tiny [512, 192]": (512, 192)}
+ROWS = (1, 16, 64, 128, 256)
+TARGET_BYTES = 256 << 20
+SMS = 132
 
 
-def micro_worker(spec: dict) -> dict:
+def nf4_bytes(k: int, n: int) -> int:
+  """Bytes the kernel reads of one NF4 W: codes (K N / 2) + uint8 absmax (K N / 64) + f32 nested scales."""
+  blocks = k * n // 64
+  return k * n // 2 + blocks + 4 * -(-blocks // 256) + 4
+
+
+def _split_for(programs: int, k: int, bk: int) -> int:
+  """Least power-of-2 split-K that gives >= 2 programs an SM, K divisible, at most 16."""
+  s = 1
+  while programs * s < 2 * SMS and s < 16 and k % (bk * s * 2) == 0:
+    s *= 2
+  return s
+
+
+def candidates(m: int, k: int, n: int, smoke: bool = False):
+  """The kernel variants tried for one (M, K, N): a bounded sweep (decode method, path, tiles, split-K)."""
+  from fineflax.quant.nf4_gemv import KernelConfig
+  pow2 = 1 << max(0, (m - 1).bit_length())
+  out = []
+  if m <= 8:
+    for bn in (64, 128):
+      for split in sorted({1, _split_for(n // bn, k, 128)}):
+        out.append(KernelConfig(path="fma", bm=pow2, bn=bn, bk=128, split_k=split))
+    out.append(KernelConfig(path="fma", bm=pow2, bn=64, bk=64, split_k=_split_for(n // 64, k, 64), num_warps=2))
+    out.append(KernelConfig(decode="select", path="fma", bm=pow2, bn=64, bk=128, split_k=_split_for(n // 64, k, 128)))
+  if m >= 2:
+    bm = min(max(pow2, 16), 64)
+    for bn in (64, 128):
+      mt = -(-m // bm)
+      for split in sorted({1, _split_for(mt * n // bn, k, 64)}):
+        out.append(KernelConfig(bm=bm, bn=bn, bk=64, split_k=split))
+    if m >= 64:
+      out.append(KernelConfig(bm=min(pow2, 128), bn=128, bk=64, num_warps=8))
+    out.append(KernelConfig(decode="select", bm=bm, bn=64, bk=64, split_k=_split_for(-(-m // bm) * n // 64, k, 64)))
+  if smoke:
+    out = [dataclasses.replace(c, bk=min(c.bk, 64), split_k=1) for c in out[:2]]
+  return [c for c in out if n % c.bn == 0 and k % (c.bk * c.split_k) == 0]
+
+
+def random_nf4(key, k: int, n: int):
+  """A random NF4Tensor [K, N] (uniform codes, random nested scales): the stored layout, without quantising."""
+  import jax
+  import jax.numpy as jnp
+  from fineflax.quant.nf4 import NF4Tensor
+  blocks = k * n // 64
+  kc, ka, ks = jax.random.split(key, 3)
+  return NF4Tensor(codes=jax.random.randint(kc, (k * n // 2,), 0, 256, jnp.int32).astype(jnp.uint8),
+                   absmax=jax.random.randint(ka, (blocks,), 0, 256, jnp.int32).astype(jnp.uint8),
+                   absmax_scale=0.01 + 0.01 * jax.random.uniform(ks, (-(-blocks // 256),), jnp.float32),
+                   absmax_offset=jnp.float32(0.02), shape=(k, n), dtype=jnp.dtype(jnp.bfloat16))
+
+
+def _time(fn, args, calls: int) -> float:
+  import jax
+  sync = lambda: jax.block_until_ready(fn(*args))
+  return statistics.median(gpu.time_steps(lambda: fn(*args), calls, sync) / calls for _ in range(3))
+
+
+def products_worker(spec: dict) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from fineflax.quant import quantize_nf4
+  from fineflax.quant import nf4_kernel_table
   from fineflax.quant.nf4_gemv import nf4_matmul
 
-  interpret = spec["smoke"]
-  rows = []
-  for name, (k, n) in spec["shapes"].items():
-    keys = jax.random.split(jax.random.key(0), N_KERNELS)
-    dense = [(0.02 * jax.random.normal(kk, (k, n), jnp.float32)).astype(jnp.bfloat16) for kk in keys]
-    nf4 = [quantize_nf4(w.astype(jnp.float32), 64, True) for w in dense]
-    nf4_bytes = sum(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(w)) for w in nf4)
-    variants = {
-        "bf16 W": (jax.jit(lambda x, ws: [x @ w for w in ws]), dense, 2 * k * n * N_KERNELS),
-        "NF4, XLA dequantise + dot": (jax.jit(lambda x, ws: [x @ w.dequantize(jnp.bfloat16) for w in ws]), nf4,
-                                      nf4_bytes),
-        "NF4, fused kernel": (jax.jit(lambda x, ws: [nf4_matmul(x, w, interpret=interpret) for w in ws]), nf4,
-                              nf4_bytes)}
-    for m in spec["rows"]:
-      x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
-      ref = None
-      for variant, (fn, ws, nbytes) in variants.items():
-        try:
-          out = fn(x, ws)
-          jax.block_until_ready(out)
-          runs = [gpu.time_steps(lambda: fn(x, ws), spec["calls"], lambda: jax.block_until_ready(fn(x, ws)))
-                  / spec["calls"] for _ in range(5)]
-          sec = statistics.median(runs)
-          err = None
-          if variant.startswith("NF4, XLA"):
-            ref = np.stack([np.asarray(o, np.float32) for o in out])
-          elif variant.startswith("NF4, fused") and ref is not None:
-            got = np.stack([np.asarray(o, np.float32) for o in out])
-            err = float(np.abs(got - ref).max() / np.abs(ref).max())
-          rows.append({"shape": name, "rows": m, "variant": variant, "us": 1e6 * sec / N_KERNELS,
-                       "gb_s": nbytes / sec / 1e9, "max_rel_err": err})
-        except Exception as e:  # a variant that fails keeps the others
-          rows.append({"shape": name, "rows": m, "variant": variant, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        print(rows[-1], file=sys.stderr, flush=True)
-  return {"rows": rows, "device": gpu.jax_device_name(), "versions": {"jax": jax.__version__}}
+  out = pathlib.Path(spec["out"])
+  out.mkdir(parents=True, exist_ok=True)
+  interpret, smoke = spec["smoke"], spec["smoke"]
+  copy_bw = 0.0 if smoke else gpu.jax_copy_bandwidth(1 << 30)
+  result = {"device": gpu.jax_device_name(), "jax": jax.__version__, "copy_gb_s": copy_bw / 1e9, "rows": []}
+  table = {"device": result["device"], "jax": jax.__version__, "entries": {}}
+  wanted = spec.get("variants")
+  t_start = time.perf_counter()
 
+  def keep(name):
+    return not wanted or any(w in name for w in wanted)
 
-def decode_worker(spec: dict) -> dict:
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+  def flush():
+    (out / "nf4_gemv.json").write_text(json.dumps(result, indent=1))
+    (out / "nf4_kernel_table.json").write_text(json.dumps(table, indent=1))
+    (out / "nf4_gemv.md").write_text(report(result))
 
-  from benchmarks._random_weights import random_params
-  from benchmarks.qlora import MODELS, SMOKE_MODELS
-  from fineflax.models import ModelConfig
-  from fineflax.sampling import SamplerSession
-
-  config = ModelConfig(**(SMOKE_MODELS if spec["smoke"] else MODELS)[spec["model"]])  # imported, not JSON: hashable
-  params = random_params(config, "nf4" if spec["quant"] == "nf4" else "none", jax.random.key(0), jnp.bfloat16)
-  n, b = spec["new_tokens"], spec["batch"]
-  prompts = np.random.default_rng(0).integers(0, config.vocab_size, (b, 32)).tolist()
-  out = {}
-  times = []
-  for i in range(4):  # the first run compiles
-    s = SamplerSession(params, config, max_total_len=32 + n, temperature=0.0, eos_ids=(), dtype=jnp.bfloat16,
-                       impl="unrolled", dense_base=spec.get("dense", False))
-    s.start(prompts)
-    jax.block_until_ready(s.cache)
-    t = time.perf_counter()
-    s.decode(n)
-    dt = time.perf_counter() - t
-    if i:
-      times.append(dt)
-    out["tokens"] = np.asarray(s.result(width=n).tokens).tolist()
-  out.update(step_ms=1e3 * statistics.median(times) / n, device=gpu.jax_device_name())
-  return out
-
-
-def micro_report(micro: dict, command: str) -> str:
-  table = []
-  by = {(r["shape"], r["rows"], r["variant"]): r for r in micro["rows"]}
-  for (shape, m, variant), r in by.items():
-    bf16 = by.get((shape, m, "bf16 W"), {})
-    ratio = f"{bf16['us'] / r['us']:.2f}" if "us" in r and "us" in bf16 else "-"
-    table.append([shape, m, variant, *(["error: " + r["error"][:80], "", "", ""] if "error" in r else
-                                       [f"{r['us']:.1f}", f"{r['gb_s']:.0f}", ratio,
-                                        "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}"])])
-  return "\n".join([
-      "## NF4 products with few rows: fused kernel vs XLA (benchmarks/nf4_gemv.py)", "",
-      f"Device: {micro.get('device')}. Command: `{command}`. jax {micro.get('versions', {}).get('jax')}." +
-      (f" Worker error: {micro['error'][:300]}" if "error" in micro else ""), "",
-      "Per product: us = time of one x @ W (8 distinct kernels per jitted call); GB/s = the kernels' stored "
-      "bytes over that time; bf16/this = the same product on a bf16 W over this one (> 1: faster than bf16).",
-      "", markdown_table(["kernel", "rows", "variant", "us", "GB/s", "bf16/this", "max rel err vs XLA NF4"], table)])
-
-
-def decode_report(decodes: dict, batch: int) -> str:
-  import numpy as np
-  rows = []
-  base = decodes.get("bf16", {}).get("step_ms")
-  xla_tokens = decodes.get("nf4-xla", {}).get("tokens")
-  for name, r in decodes.items():
-    if "error" in r:
-      rows.append([name, "error: " + r["error"][:80], "", ""])
+  weights = {}  # shape: (keys, NF4 weights, bf16 weights or None), made once
+  for m, (shape, (k, n)) in ((m, sk) for m in spec["rows"] for sk in spec["shapes"].items()):  # M first
+    if shape not in weights:
+      reps = 2 if smoke else max(2, min(64, -(-TARGET_BYTES // nf4_bytes(k, n))))
+      keys = jax.random.split(jax.random.key(k * 7 + n), reps)
+      weights[shape] = [keys, [random_nf4(kk, k, n) for kk in keys], None]
+    keys, nf4, dense = weights[shape]
+    reps = len(keys)
+    if time.perf_counter() - t_start > spec["budget_s"]:
+      result["rows"].append({"shape": shape, "k": k, "n": n, "m": m, "variant": "-", "error": "time budget spent"})
       continue
-    same = ("-" if name not in ("nf4-fused", "nf4-dense") or xla_tokens is None else
-            f"{np.mean(np.array(r['tokens']) == np.array(xla_tokens)):.3f}")
-    rows.append([name, f"{r['step_ms']:.3f}", "-" if base is None else f"{base / r['step_ms']:.2f}", same])
-  device = next((r["device"] for r in decodes.values() if "device" in r), "?")
-  return "\n".join([f"Decode step, Llama-3.2-1B shape (random weights), unrolled decoder, batch {batch} ({device}):", "",
-                    markdown_table(["weights", "step ms", "bf16 step / this", "same greedy tokens as NF4 via XLA"],
-                                   rows)])
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
+    variants = {"xla": None, **({"bf16 W": None} if keep("bf16 W") else {})}
+    variants.update({cfg.name(): cfg for cfg in candidates(m, k, n, smoke) if keep(cfg.name())})
+    ref, best, rows = None, None, {}
+    for name, cfg in variants.items():
+      row = {"shape": shape, "k": k, "n": n, "m": m, "variant": name}
+      try:
+        if name == "bf16 W":
+          if dense is None:
+            dense = weights[shape][2] = [(0.02 * jax.random.normal(kk, (k, n), jnp.float32)).astype(jnp.bfloat16)
+                                         for kk in keys]
+          fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w for w in ws]), dense, 2 * k * n
+        elif name == "xla":
+          fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w.dequantize(jnp.bfloat16) for w in ws]), nf4, nf4_bytes(k, n)
+        else:
+          fn = jax.jit(lambda x, ws, cfg=cfg: [nf4_matmul(x, w, jnp.bfloat16, cfg, interpret=interpret) for w in ws])
+          ws, nbytes = nf4, nf4_bytes(k, n)
+        t0 = time.perf_counter()
+        got = np.asarray(fn(x, ws)[0], np.float32)
+        row["compile_s"] = time.perf_counter() - t0
+        if name == "xla":
+          ref = got
+        elif name != "bf16 W" and ref is not None:
+          row["max_rel_err"] = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+        sec = _time(fn, (x, ws), spec["calls"]) / reps
+        row.update(us=1e6 * sec, gb_s=nbytes / sec / 1e9, copy_frac=(nbytes / sec / copy_bw) if copy_bw else None)
+        if cfg is not None and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
+          best = (row, cfg)
+      except Exception as e:  # one failing variant keeps the others
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      rows[name] = row
+      result["rows"].append(row)
+      print(json.dumps(row), file=sys.stderr, flush=True)
+    xla_us = rows.get("xla", {}).get("us")
+    if best is not None and xla_us is not None and best[0]["us"] < xla_us:
+      entry = dict(dataclasses.asdict(best[1]), us=best[0]["us"], xla_us=xla_us, measured_m=m)
+      table["entries"][nf4_kernel_table.key(k, n, nf4_kernel_table.bucket(m))] = entry
+    flush()
+  result["table_path"] = str(out / "nf4_kernel_table.json")
+  flush()
+  return result
+
+
+def report(result: dict) -> str:
+  """Markdown: per (shape, M) every variant, and a summary of the best kernel vs XLA and bf16."""
+  rows, summary = [], {}
+  for r in result["rows"]:
+    if "error" in r:
+      rows.append([r["shape"], r["m"], r["variant"], "error: " + r["error"][:90], "", "", "", ""])
+      continue
+    rows.append([r["shape"], r["m"], r["variant"], f"{r['us']:.1f}", f"{r['gb_s']:.0f}",
+                 "-" if r.get("copy_frac") is None else f"{r['copy_frac']:.2f}", f"{r.get('compile_s', 0):.1f}",
+                 "-" if r.get("max_rel_err") is None else f"{r['max_rel_err']:.1e}"])
+    s = summary.setdefault((r["shape"], r["m"]), {})
+    kind = r["variant"] if r["variant"] in ("xla", "bf16 W") else "kernel"
+    if kind != "kernel" or r.get("max_rel_err", 1.0) < 2 ** -6:
+      if kind not in s or r["us"] < s[kind]["us"]:
+        s[kind] = r
+  best = []
+  for (shape, m), s in summary.items():
+    kern, xla, bf16 = s.get("kernel"), s.get("xla"), s.get("bf16 W")
+    ratio = lambda a, b: "-" if a is None or b is None else f"{a['us'] / b['us']:.2f}"
+    best.append([shape, m, "-" if kern is None else kern["variant"], "-" if kern is None else f"{kern['us']:.1f}",
+                 "-" if kern is None or kern.get("copy_frac") is None else f"{kern['copy_frac']:.2f}",
+                 ratio(xla, kern), ratio(bf16, kern)])
+  head = (f"Device: {result.get('device')}, jax {result.get('jax')}, copy bandwidth "
+          f"{result.get('copy_gb_s', 0):.0f} GB/s (same process).")
+  return "\n".join([
+      "## NF4 products: fused kernel variants vs XLA vs bf16 W (benchmarks/nf4_gemv.py)", "", head, "",
+      "Best kernel per product (copy = its NF4 GB/s over the copy bandwidth; > 1 ratios: the kernel is faster):", "",
+      markdown_table(["product", "M", "best kernel", "us", "copy", "xla us / kernel us", "bf16-W us / kernel us"],
+                     best), "", "Every variant:", "",
+      markdown_table(["product", "M", "variant", "us", "GB/s", "copy", "compile s", "max rel err vs xla"], rows)])
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--smoke", action="store_true")
-  ap.add_argument("--batches", default="1,16", help="decode batch sizes of part 2")
-  ap.add_argument("--decode-only", action="store_true", help="part 2 only, with the dense-copy variant too")
-  ap.add_argument("--section", default="nf4_gemv", help="RESULTS.md section to write")
+  ap.add_argument("--only", choices=("products", "decode"))
+  ap.add_argument("--variants", default="", help="comma-separated substrings: only variants whose name has one "
+                  "(e.g. 'fma,bn128'; 'xla' always runs)")
+  ap.add_argument("--shapes", default="", help="comma-separated substrings of product names (e.g. '8B,70B')")
+  ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values of the products")
+  ap.add_argument("--models", default="1B,8B", help="decode shapes: 1B, 8B")
+  ap.add_argument("--batches", default="1,16,64", help="decode batch sizes")
+  ap.add_argument("--budget-s", type=float, default=300.0, help="products: stop starting new (shape, M) after this")
+  ap.add_argument("--table", default="", help="decode: the table FINEFLAX_NF4_KERNEL=auto reads (default: the "
+                  "one this run wrote under --out, else the committed one)")
+  ap.add_argument("--out", default=os.environ.get("OUT", str(pathlib.Path(__file__).with_name("out"))))
+  ap.add_argument("--merge", nargs="+", metavar="TABLE", help="merge nf4_kernel_table.json files of several "
+                  "calls (later files win per key) into --out/nf4_kernel_table.json, and exit")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.merge:
+    tables = [json.loads(pathlib.Path(t).read_text()) for t in args.merge]
+    merged = dict(tables[-1], entries={k: v for t in tables for k, v in t["entries"].items()})
+    pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(args.out) / "nf4_kernel_table.json").write_text(json.dumps(merged, indent=1))
+    print(f"{len(merged['entries'])} entries -> {args.out}/nf4_kernel_table.json")
+    return
   if args.worker:
     spec = json.loads(args.worker)
-    gpu.print_result(micro_worker(spec) if spec["part"] == "micro" else decode_worker(spec))
+    if spec["part"] == "products":
+      gpu.print_result(products_worker(spec))
+    else:
+      from benchmarks._nf4_decode import decode_worker
+      gpu.print_result(decode_worker(spec))
     return
-  command = " ".join(["python -m benchmarks.nf4_gemv"] + sys.argv[1:])
   env = gpu.jax_env(JAX_PLATFORMS="cpu") if args.smoke else gpu.jax_env()
-  if args.decode_only:
-    md = f"## NF4 decode step: NF4 base vs its dense copy (benchmarks/nf4_gemv.py --decode-only)\n\nCommand: `{command}`."
-    variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-dense", "nf4", "xla", True))
-  else:
-    spec = {"part": "micro", "smoke": args.smoke, "shapes": SMOKE_SHAPES if args.smoke else SHAPES,
-            "rows": [1, 16] if args.smoke else list(ROWS), "calls": 2 if args.smoke else 20}
-    micro = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env)
-    md = micro_report(dict({"rows": []}, **micro), command)
-    variants = (("bf16", "none", "xla", False), ("nf4-xla", "nf4", "xla", False), ("nf4-fused", "nf4", "pallas", False))
-  if not args.smoke:
-    write_section(args.section, md)
-  for batch in [int(b) for b in args.batches.split(",")]:
-    decodes = {}
-    for name, quant, kernel, dense in variants:
-      if args.smoke and name == "nf4-fused":
-        continue  # the Triton kernel needs a GPU (interpret mode is covered by part 1 and the tests)
-      dspec = {"part": "decode", "smoke": args.smoke, "model": "Llama-2-7B" if args.smoke else "Llama-3.2-1B",
-               "quant": quant, "new_tokens": 8 if args.smoke else 64, "batch": batch, "dense": dense}
-      decodes[name] = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(dspec)],
-                                      env=dict(env, FINEFLAX_NF4_KERNEL=kernel))
-      print(name, batch, {k: v for k, v in decodes[name].items() if k != "tokens"}, file=sys.stderr, flush=True)
-    md += "\n\n" + decode_report(decodes, batch)
-    if not args.smoke:
-      write_section(args.section, md)
-  print(md)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  if args.only in (None, "products"):
+    shapes = SMOKE_SHAPES if args.smoke else {
+        k: v for k, v in SHAPES.items() if not args.shapes or any(s in k for s in args.shapes.split(","))}
+    spec = {"part": "products", "smoke": args.smoke, "shapes": shapes, "out": str(out),
+            "rows": [1, 3, 16] if args.smoke else [int(r) for r in args.rows.split(",")],
+            "calls": 2 if args.smoke else 10, "budget_s": args.budget_s,
+            "variants": [v for v in args.variants.split(",") if v]}
+    res = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", json.dumps(spec)], env=env, timeout=900)
+    if "error" in res:
+      print("products worker:", res["error"], file=sys.stderr)
+    md = (out / "nf4_gemv.md").read_text() if (out / "nf4_gemv.md").exists() else ""
+    print(md)
+  if args.only in (None, "decode"):
+    from benchmarks._nf4_decode import run_decode
+    table = args.table or (str(out / "nf4_kernel_table.json") if (out / "nf4_kernel_table.json").exists() else "")
+    print(run_decode(args, env, table, out))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from fineflax.models.attention import grouped_attention
 from fineflax.models.decoder import ACTIVATIONS, cache_masks, lora_down, lora_up, materialize, matmul, rms_norm
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
+from fineflax.quant.nf4 import NF4Tensor
+from fineflax.quant.nf4_layer import NF4Layer
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
 
@@ -47,6 +49,13 @@ def _is_quantized(w) -> bool:
 
 def _cast(x, dtype):
   return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def _layer(p: dict, i: int) -> dict:
+  """Layer i of a stacked quantised linear {"kernel", "bias"?}: an NF4 kernel as an `NF4Layer` view (read in
+  place by the fused kernel; sliced inside XLA's dequantisation otherwise), other leaves sliced."""
+  return {k: NF4Layer(v, i) if isinstance(v, NF4Tensor) and len(v.lead_shape) == 1
+          else jax.tree.map(lambda a: a[i], v) for k, v in p.items()}
 
 
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,
@@ -177,7 +186,7 @@ def forward_unrolled(dparams: dict, config: ModelConfig, tokens: jnp.ndarray, ca
   quantized = dparams.get("quantized", {})
   for i, (lp, window) in enumerate(zip(dparams["layers"], c.layer_windows())):
     if quantized:  # layer i of the stacked quantised linears (the slice fuses into the dequantisation)
-      lp = {**lp, **{n: jax.tree.map(lambda a: a[i], p) for n, p in quantized.items()}}
+      lp = {**lp, **{n: _layer(p, i) for n, p in quantized.items()}}
     ll = None if lora is None else {n: {"a": ab["a"][i], "b": ab["b"][i]} for n, ab in lora.items()}
     h = norm(x, lp["attn_norm"])
     q, k, v = _project(h, lp, "qkv", ("q", "k", "v"), (nq, nkv, nkv), ll, lora_scale, dtype)

@@ -79,6 +79,12 @@ def quantize_blockwise8(x: jnp.ndarray, blocksize: int) -> tuple[jnp.ndarray, jn
   return nearest_code(s, dynamic_code()).reshape(-1)[:x.shape[0]], absmax
 
 
+def rounded(x: jnp.ndarray) -> jnp.ndarray:
+  """x itself, as a select the compiler cannot see through: a product passed through it is rounded to f32
+  before a following add (no fused multiply-add contraction, whatever the fusion), as bitsandbytes rounds."""
+  return jnp.where(jnp.isnan(x), jnp.asarray(jnp.nan, x.dtype), x)
+
+
 def dequantize_blockwise8(q: jnp.ndarray, absmax: jnp.ndarray, n: int, blocksize: int) -> jnp.ndarray:
   """Inverse over any leading axes: q [..., n], absmax [..., B] -> f32 [..., n]."""
   lead, nblocks = q.shape[:-1], absmax.shape[-1]

@@ -11,10 +11,15 @@ the matmul's input, so XLA cannot schedule all of a layer's ahead of time); the 
 dequantisation a linear per step (benchmarks/RESULTS.md, section qlora_notes). Values equal the plain
 product's.
 
-With FINEFLAX_NF4_KERNEL=pallas, forward products of at most `nf4_gemv.MAX_ROWS` rows on a GPU (decoding)
-run as one Pallas kernel that reads the NF4 codes directly (`fineflax.quant.nf4_gemv`; same values up to
-the order of the f32 sums). Not the default: on an H200 it was 0.96-1.12x XLA's unfused product (both
-bound by decoding the codes, not by memory; benchmarks/RESULTS.md, section nf4_gemv).
+Forward products on an unstacked NF4 [K, N] kernel may run as one Pallas kernel that reads the codes
+directly (`fineflax.quant.nf4_gemv`; the same values up to the order of the f32 sums), chosen by
+FINEFLAX_NF4_KERNEL:
+  auto (default)  the kernel on a one-device GPU backend where the measured table (`nf4_kernel_table`)
+                  has a winner for (K, N, M bucket); XLA otherwise (always on CPU / TPU, and with several
+                  devices: GSPMD would gather tensor-parallel shards in front of the custom call)
+  pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
+  xla             never the kernel
+The backward pass always dequantises (dx = dy @ W^T).
 """
 from __future__ import annotations
 
@@ -33,13 +38,45 @@ def _zero_cotangent(leaf):
   return np.zeros(leaf.shape, jax.dtypes.float0)
 
 
+KERNEL_MODES = ("auto", "pallas", "xla")
+
+
+def kernel_mode() -> str:
+  """FINEFLAX_NF4_KERNEL (default auto); ValueError naming a value outside KERNEL_MODES."""
+  mode = os.environ.get("FINEFLAX_NF4_KERNEL", "auto")
+  if mode not in KERNEL_MODES:
+    raise ValueError(f"FINEFLAX_NF4_KERNEL={mode!r}; expected one of {KERNEL_MODES}")
+  return mode
+
+
+def kernel_config(rows: int, w, x_dtype, dtype):
+  """The `nf4_gemv.KernelConfig` the forward product x [rows, K] @ w uses, or None for XLA (docstring)."""
+  from fineflax.quant import nf4_gemv, nf4_kernel_table
+  mode = kernel_mode()
+  floats = (jnp.bfloat16, jnp.float32)
+  if (mode == "xla" or not isinstance(w, (nf4_gemv.NF4Tensor, nf4_gemv.NF4Layer))
+      or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats or len(w.shape) != 2):
+    return None
+  if mode == "auto":
+    # one device only: under tensor parallelism (GSPMD-split leaves) a custom call would gather the shards
+    if jax.default_backend() != "gpu" or jax.device_count() != 1:
+      return None
+    cfg = nf4_kernel_table.kernel_choice(w.shape[0], w.shape[1], rows)
+  else:
+    cfg = nf4_gemv.default_config(rows)
+  if cfg is None or nf4_gemv.unsupported_reason((rows, w.shape[0]), w, cfg) is not None:
+    return None
+  return cfg
+
+
 def _product(x, w, dtype):
-  """x @ w.dequantize(dtype), through the fused NF4 kernel where it applies (see the module docstring)."""
+  """x @ w.dequantize(dtype), through the fused NF4 kernel where `kernel_config` picks it."""
   from fineflax.quant import nf4_gemv
   rows = math.prod(x.shape[:-1])
-  if (os.environ.get("FINEFLAX_NF4_KERNEL", "xla") == "pallas" and jax.default_backend() == "gpu"
-      and x.dtype == jnp.dtype(dtype) == jnp.bfloat16 and nf4_gemv.supported(rows, w)):
-    y = nf4_gemv.nf4_matmul(x.reshape(rows, x.shape[-1]), w)
+  cfg = kernel_config(rows, w, x.dtype, dtype) if rows else None
+  if cfg is not None:
+    interpret = jax.default_backend() != "gpu"
+    y = nf4_gemv.nf4_matmul(x.reshape(rows, x.shape[-1]), w, dtype, cfg, interpret=interpret)
     return y.reshape(*x.shape[:-1], y.shape[-1])
   return x @ w.dequantize(dtype)
 

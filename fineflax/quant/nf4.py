@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fineflax.quant.blockwise import (dequantize_blockwise8, nearest_code, quantize_blockwise8,
+from fineflax.quant.blockwise import (dequantize_blockwise8, nearest_code, quantize_blockwise8, rounded,
                                       scale_blocks)
 
 # bitsandbytes.functional.get_4bit_type("nf4"): quantiles of N(0, 1) scaled to [-1, 1], with an exact 0.
@@ -71,7 +71,7 @@ class NF4Tensor:
     if not self.double_quant:
       return self.absmax
     absmax = dequantize_blockwise8(self.absmax, self.absmax_scale, self.num_blocks, ABSMAX_BLOCKSIZE)
-    return absmax + self.absmax_offset[..., None]
+    return rounded(absmax) + self.absmax_offset[..., None]  # two roundings, as bnb
 
   def dequantize(self, dtype=None) -> jnp.ndarray:
     """Dense [..., *shape] array of `dtype` (default: the dtype it was quantised from).

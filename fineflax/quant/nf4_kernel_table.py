@@ -1,0 +1,60 @@
+"""Which NF4 products run the fused kernel (`fineflax.quant.nf4_gemv`) under FINEFLAX_NF4_KERNEL=auto.
+
+The table is measured, not assumed: `python -m benchmarks.nf4_gemv` times XLA's `x @ W.dequantize()` and
+every kernel variant per (K, N) product and M, and writes `nf4_kernel_table.json` (this folder) with the
+fastest kernel variant of each (K, N, M bucket) where it beats XLA. A missing file or entry means XLA.
+
+FINEFLAX_NF4_TABLE names another table file (the benchmark's fresh one).
+
+  key "K x N / M bucket": M bucket = the least of BUCKETS >= M (M > 256: none, XLA)
+  value: the `KernelConfig` fields of the winning variant, plus "us" and "xla_us" as measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+
+from fineflax.quant.nf4_gemv import KernelConfig
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TABLE_PATH = os.path.join(os.path.dirname(__file__), "nf4_kernel_table.json")
+
+
+def bucket(m: int) -> int | None:
+  """The least bucket >= m rows, None above the largest (or for m < 1)."""
+  return next((b for b in BUCKETS if b >= m), None) if m >= 1 else None
+
+
+def key(k: int, n: int, m_bucket: int) -> str:
+  return f"{k}x{n}/{m_bucket}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(path: str | None = None) -> dict:
+  """{key: entry} from the JSON table (default FINEFLAX_NF4_TABLE, else TABLE_PATH); {} when it does not exist."""
+  path = path or os.environ.get("FINEFLAX_NF4_TABLE") or TABLE_PATH
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)["entries"]
+
+
+def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelConfig | None:
+  """The measured winner for x [m, k] @ NF4 [k, n], or None (XLA).
+
+  The entry of m's bucket, else of the nearest smaller bucket that has one (the benchmark measures M = 1,
+  16, 64, 128, 256), its rows bm raised to cover m in one tile (pow2(m); at most 8 on the FMA path, which
+  then serves m <= 8 only, and 128 on the dot path). No entry at or below m's bucket: None.
+  """
+  table = load_table() if table is None else table
+  b = bucket(m)
+  entry = next((table[key(k, n, c)] for c in reversed(BUCKETS) if b is not None and c <= b
+                and key(k, n, c) in table), None)
+  if entry is None:
+    return None
+  cfg = KernelConfig(**{f: entry[f] for f in KernelConfig.__dataclass_fields__ if f in entry})
+  if cfg.path == "fma" and m > 8:
+    return None
+  return dataclasses.replace(cfg, bm=max(cfg.bm, min(1 << (m - 1).bit_length(), 8 if cfg.path == "fma" else 128)))
