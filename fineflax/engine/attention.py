@@ -5,8 +5,8 @@
   "gather"        `models.paged` gather path (the reference; prefill and T > 1 always use it)
   "pallas"        JAX's Pallas paged-attention kernel (one device only: it is not partitioned over kv heads)
   "paged_decode"  fineflax's kernel (`models.paged_decode`), also under tensor parallelism; its block
-                  parameters come from FINEFLAX_PAGED_DECODE ("pages_per_block=8,splits=0,num_warps=4,
-                  num_stages=2", any subset) or from a `DecodeKernel` passed as `attention`
+                  parameters come from FINEFLAX_PAGED_DECODE ("pages_per_block=4,splits=0,num_warps=4,
+                  num_stages=3", any subset) or from a `DecodeKernel` passed as `attention`
 """
 from __future__ import annotations
 
