@@ -36,13 +36,15 @@ def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
   return config
 
 
-def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0):
+def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0, moment_dtype="float32"):
   """What the job trains (fineflax/train/trainable.py) and how SFT / distillation steps run (fineflax.train)."""
   config.train = ml_collections.ConfigDict()
   config.train.params = params  # lora (adapters on the frozen base, the default) or full (every parameter;
   #   needs model.quant=none; params and AdamW state split over mesh.fsdp; the export is a merged HF folder)
-  config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, f32 AdamW moments) or float32
+  config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, AdamW moments as moment_dtype) or float32
   #   (f32 master params, computed in model.dtype)
+  config.train.moment_dtype = moment_dtype  # AdamW mu and nu stored in float32 or bfloat16 (half the optimizer
+  #   bytes, as torch keeps them for bf16 params; computed in float32 either way: fineflax.train.optim)
   config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
   #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches.
   #   Distillation: as many of the step's padded rows per device per micro-batch as fit; 0 = the whole batch

@@ -21,7 +21,7 @@ from fineflax.mesh import make_mesh, shard_batch
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import make_sft_fns, make_sft_micro_step, stack_micro_batches
-from fineflax.train.trainable import export_trained, init_placed_state, pin_state, split_model
+from fineflax.train.trainable import export_trained, init_placed_state, moment_dtype, pin_state, split_model
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
@@ -75,7 +75,7 @@ def run(config, workdir: str | None) -> dict:
   base = trainable.base  # None in full training
   scale = lora_lib.lora_scale(lora_cfg)
   opt_cfg = config.optimizer
-  optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
+  optimizer, schedule = make_optimizer(opt_cfg, moment_dtype(config)), make_schedule(opt_cfg)
   train_fn, eval_fn = make_sft_fns(optimizer, donate=trainable.donate, model_config=model_config, lora_scale=scale,
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
                                    logits_chunk=config.model.logits_chunk,
