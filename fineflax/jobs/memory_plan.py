@@ -5,18 +5,19 @@ Notation (bytes, per device): n = data x fsdp devices; P = parameters (`ModelCon
 those of the seven linears (what QLoRA quantises), P_L = one layer's, P_a = LoRA parameters (rank r on the
 targeted linears); L layers, H hidden, I intermediate, D_q = heads x head_dim, D_kv = kv heads x head_dim,
 V vocabulary; b = bytes of the compute dtype (2 bf16, 4 f32); b_m = bytes of a trainable parameter (full:
-2 with train.master_dtype=bfloat16, 4 with float32; LoRA: 4); s = fsdp for full training (parameters,
-gradients and AdamW state sharded), 1 for LoRA (replicated).
+2 with train.master_dtype=bfloat16, 4 with float32; LoRA: 4); b_o = bytes of one AdamW moment (4 with
+train.moment_dtype=float32, 2 with bfloat16); s = fsdp for full training (parameters, gradients and AdamW
+state sharded), 1 for LoRA (replicated).
 
 Resident in both phases:
   base weights     LoRA: ((P - P_lin)·b + P_lin·q) / fsdp, q = b (quant none), 1 (int8), NF4_BITS / 8 (nf4);
                    full: P·b_m / fsdp (the trained parameters are the base)
   trainable        LoRA: P_a·4
-  optimizer        8·P_t / s + 4·c: AdamW mu and nu in f32 for the P_t trainable parameters, c int32 counters
+  optimizer        2·b_o·P_t / s + 4·c: AdamW mu and nu for the P_t trainable parameters, c int32 counters
                    of the optax chain (`OPTIMIZER_COUNTERS`: adam's and the schedule's)
   reference        full training with a KL term (rl.beta > 0, or PPO's KL in the reward): P·b / fsdp, a frozen
                    copy; LoRA: none (the reference is the base with adapters off)
-  critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (8·(P + H) / fsdp);
+  critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (2·b_o·(P + H) / fsdp);
                    lora: a second adapter P_a·4 + value head H·4 and their optimizer
 Rollout phase adds, with t = mesh.model (the devices of each tensor-parallel rollout engine, one per group of t
 devices, `fineflax.rl.learner`):
@@ -40,8 +41,9 @@ devices, `fineflax.rl.learner`):
                    (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off)
   decode logits    rows·V·4·2 (f32 logits and probabilities of one decode step); / t when t divides V
 Update phase adds:
-  gradients        P_t·b_m / s (full), P_a·4 (LoRA) (the critic's, sized the same, in its own update: the larger
-                   of the two updates counts)
+  gradients        full: (4 + b_m)·P_t / s, the float32 sum over micro-batches (`train.grad_accum`, `sft_step`)
+                   and one micro-batch's gradient in the parameters' dtype before it is added; LoRA: P_a·4 (the
+                   critic's, sized the same, in its own update: the larger of the two updates counts)
   gathered layers  full training with fsdp > 1: 2·P_L·b (one layer's parameters all-gathered, the next prefetched)
   activations      of one micro-batch of T tokens: T = rl.micro_batch_tokens (SFT: train.micro_batch_tokens)
                    or rl.micro_batch_size rows x their tokens,
@@ -93,6 +95,7 @@ class PlanInputs:
   compute_bytes: int = 2
   params: str = "lora"  # lora | full
   master_bytes: int = 2  # bytes of a trained parameter in full mode
+  moment_bytes: int = 4  # bytes of one AdamW moment (train.moment_dtype)
   quant: str = "none"
   lora_rank: int = 16
   lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
@@ -127,17 +130,17 @@ def resident(i: PlanInputs) -> dict[str, float]:
   out = {}
   if i.params == "full":
     out["parameters"] = P * i.master_bytes / i.fsdp
-    out["optimizer"] = 8 * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
+    out["optimizer"] = 2 * i.moment_bytes * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
   else:
     out["base_weights"] = base_bytes(i) / i.fsdp
     out["parameters"] = _lora_trainable(i) * 4
-    out["optimizer"] = 8 * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
+    out["optimizer"] = 2 * i.moment_bytes * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
   if i.reference and i.params == "full":
     out["reference"] = P * b / i.fsdp
   if i.critic == "full":
-    out["critic"] = (P + c.hidden_size) * (i.master_bytes + 8) / i.fsdp
+    out["critic"] = (P + c.hidden_size) * (i.master_bytes + 2 * i.moment_bytes) / i.fsdp
   elif i.critic == "lora":
-    out["critic"] = (_lora_trainable(i) + c.hidden_size) * (4 + 8)
+    out["critic"] = (_lora_trainable(i) + c.hidden_size) * (4 + 2 * i.moment_bytes)
   return out
 
 
@@ -201,7 +204,7 @@ def update_phase(i: PlanInputs) -> dict[str, float]:
   c = i.model
   out = resident(i)
   if i.params == "full":
-    out["gradients"] = c.num_params() * i.master_bytes / i.fsdp
+    out["gradients"] = c.num_params() * (4 + i.master_bytes) / i.fsdp
     if i.fsdp > 1:
       layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
       out["gathered_layers"] = 2 * layer * i.compute_bytes
@@ -255,6 +258,7 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int, tp: int = 1
       model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, tp=tp, compute_bytes=_BYTES[dtype],
       attention=("xla" if dtype == "float32" else "cudnn") if attention == "auto" else attention,
       params=train.get("params", "lora"), master_bytes=_BYTES[train.get("master_dtype", "bfloat16")],
+      moment_bytes=_BYTES[train.get("moment_dtype", "float32")],
       quant=config.model.get("quant", "none"), lora_rank=lora.r if lora is not None else 0,
       lora_targets=resolve_targets(tuple(lora.targets)) if lora is not None else (),
       remat=config.model.get("remat", "none"), logits_chunk=config.model.get("logits_chunk", 128))
