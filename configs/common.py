@@ -15,8 +15,9 @@ def model(config, source="smollm2-135m-instruct", dtype="auto", quant="nf4", rem
   config.model.dtype = dtype  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU), float32 or bfloat16
   config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
   config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
-  config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots or offload (full, with
-  #   the per-layer inputs kept in pinned host memory: decoder.REMAT_POLICIES)
+  config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots, offload (full, with
+  #   the per-layer inputs kept in pinned host memory: decoder.REMAT_POLICIES), or a policy by name: attn (q/k/v
+  #   and attention output kept), matmuls (every projection and the attention output kept) or save:NAME,...
   config.model.logits_chunk = logits_chunk  # tokens per chunk of the vocabulary projection in the loss
   config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla
   config.model.layer_loop = "auto"  # layers as lax.scan over stacked weights ("scan"), a Python loop with no
@@ -45,6 +46,8 @@ def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0, 
   #   (f32 master params, computed in model.dtype)
   config.train.moment_dtype = moment_dtype  # AdamW mu and nu stored in float32 or bfloat16 (half the optimizer
   #   bytes, as torch keeps them for bf16 params; computed in float32 either way: fineflax.train.optim)
+  config.train.loss_head = "chunked"  # SFT loss: chunked (a trained head's backward recomputes the logits) or
+  #   fused (the head's gradients made in the forward pass, the logits once: fineflax.models.logprobs)
   config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
   #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches.
   #   Distillation: as many of the step's padded rows per device per micro-batch as fit; 0 = the whole batch

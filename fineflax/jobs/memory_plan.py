@@ -57,6 +57,8 @@ Update phase adds:
                      remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A + A_s   matmul outputs kept, one layer redone
                      remat full:    L·T·H·b + 2·(A + A_s)            layer inputs kept, one layer redone
                      remat offload: 2·(A + A_s) (L·T·H·b in pinned host memory, not counted)
+                     named (attn, matmuls, save:a,b; `decoder.REMAT_NAMES`): L·T·b·(H + sum of the kept
+                                    names' widths) + A + A_s   (qkv D_q + 2·D_kv, attn D_q, gate / up / mlp I)
                    plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
                    of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
@@ -75,6 +77,7 @@ import math
 from fineflax.config_checks import ConfigError
 from fineflax.engine.tensor_parallel import COLUMN, check_tp
 from fineflax.models.config import ModelConfig
+from fineflax.models.decoder import remat_saved_names
 from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
 
 GIB = 1024 ** 3
@@ -191,10 +194,15 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
   rows = max(1, T // max(i.seq, 1))
   scores = 2 * rows * c.num_heads * (T / rows) ** 2 * 4 if i.attention == "xla" else 0
   layer = T * b * (4 * H + 3 * dq + 3 * dkv + 3 * I) + scores
-  saved = {"none": L * layer,
-           "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
-           "full": L * T * H * b + 2 * layer,
-           "offload": 2 * layer}[i.remat]
+  names = remat_saved_names(i.remat)
+  if names is not None:
+    width = {"qkv": dq + 2 * dkv, "attn": dq, "gate": I, "up": I, "mlp": I}
+    saved = L * T * b * (H + sum(width[n] for n in names)) + layer
+  else:
+    saved = {"none": L * layer,
+             "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
+             "full": L * T * H * b + 2 * layer,
+             "offload": 2 * layer}[i.remat]
   head_len = i.new_tokens or i.seq
   head = rows * min(i.logits_chunk, head_len) * c.vocab_size * 4 * 3 + T * H * 4
   return {"activations": saved, "loss_head": head}

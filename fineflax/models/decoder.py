@@ -211,6 +211,16 @@ LAYER_INPUT = "layer_input"  # checkpoint name of each layer's input (the residu
 #   dots     matmul outputs without batch dimensions are kept, the rest recomputed
 #   offload  as full, but each layer's input is copied to pinned host memory in the forward pass and back
 #            in the backward pass: the [L, B, T, H] residual stack leaves the device (PCIe traffic instead)
+#   attn     named (REMAT_NAMES): q / k / v after rope and the attention output kept (the fused attention
+#            is not rerun for its inputs); o, the norms and the MLP recomputed (2 of its 3 matmuls)
+#   matmuls  named: the outputs of the projections the backward pass reads and the attention output kept
+#            (q / k / v, attn, gate, up; o's and down's outputs only enter residual adds, which keep nothing);
+#            only the norms and act(gate)·up recomputed: "dots" that also keeps the attention output
+#   save:a,b the layer input and the named activations a, b, ... of REMAT_NAMES kept, the rest recomputed
+# Activations a layer names (checkpoint_name), with their width per token: qkv (Dq + 2 Dkv), attn (Dq), gate (I),
+# up (I), mlp (act(gate)·up: I) (fineflax.jobs.memory_plan counts them).
+REMAT_NAMES = ("qkv", "attn", "gate", "up", "mlp")
+REMAT_NAMED = {"attn": ("qkv", "attn"), "matmuls": ("qkv", "attn", "gate", "up")}
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -218,7 +228,34 @@ REMAT_POLICIES = {
     "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[], names_which_can_be_offloaded=[LAYER_INPUT],
         offload_src="device", offload_dst="pinned_host"),
+    **{k: jax.checkpoint_policies.save_only_these_names(*v) for k, v in REMAT_NAMED.items()},
 }
+
+
+def remat_saved_names(remat: str) -> tuple[str, ...] | None:
+  """The activation names a named policy keeps ("attn", "matmuls" or "save:a,b"); None for the others.
+  ValueError (one line) naming an unknown name."""
+  if remat in REMAT_NAMED:
+    return REMAT_NAMED[remat]
+  if not remat.startswith("save:"):
+    return None
+  names = tuple(n.strip() for n in remat[len("save:"):].split(",") if n.strip())
+  bad = [n for n in names if n not in REMAT_NAMES]
+  if bad or not names:
+    raise ValueError(f"remat={remat!r}: {', '.join(bad) or 'no name'} is not an activation name; "
+                     f"choose from {', '.join(REMAT_NAMES)}")
+  return names
+
+
+def remat_policy(remat: str):
+  """The `jax.checkpoint` policy of config.model.remat (REMAT_POLICIES, or "save:a,b": the named activations
+  a, b kept); ValueError for an unknown value."""
+  if remat in REMAT_POLICIES:
+    return REMAT_POLICIES[remat]
+  names = remat_saved_names(remat)
+  if names is None:
+    raise ValueError(f"remat={remat!r}; choose one of {sorted(REMAT_POLICIES)} or save:NAME,... ({', '.join(REMAT_NAMES)})")
+  return jax.checkpoint_policies.save_only_these_names(*names)
 
 
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
@@ -310,8 +347,9 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     if c.qk_norm:
       q = norm(q, lp["q_norm"])
       k = norm(k, lp["k_norm"])
-    q = apply_rope(q, positions, inv_freq, rope_factor)
-    k = apply_rope(k, positions, inv_freq, rope_factor)
+    q = checkpoint_name(apply_rope(q, positions, inv_freq, rope_factor), "qkv")  # names: REMAT_NAMES
+    k = checkpoint_name(apply_rope(k, positions, inv_freq, rope_factor), "qkv")
+    v = checkpoint_name(v, "qkv")
     if paged:
       ck = write_pages(ck, i, k, bt, positions, attention_mask, c.num_layers)
       cv = write_pages(cv, i, v, bt, positions, attention_mask, c.num_layers)
@@ -334,17 +372,17 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
           m = m & ((window == 0) | (dist < window))
         m = m | self_mask
       attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
+    attn = checkpoint_name(attn, "attn")
     o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
     xa = grouped(("gate", "up"), h)
-    y = lin("down", act(lin("gate", h, xa)) * lin("up", h, xa))
+    gate, up = checkpoint_name(lin("gate", h, xa), "gate"), checkpoint_name(lin("up", h, xa), "up")
+    y = lin("down", checkpoint_name(act(gate) * up, "mlp"))
     x = x + (norm(y, lp["post_mlp_norm"]) if c.sandwich_norms else y)
     return (x, ck, cv), None
 
-  policy = REMAT_POLICIES.get(remat, "unknown")
-  if policy == "unknown":
-    raise ValueError(f"remat={remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+  policy = remat_policy(remat)
   if remat != "none":
     layer = jax.checkpoint(layer, policy=policy)
   ck = cv = None if cache is None else cache["k"]

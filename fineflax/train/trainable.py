@@ -58,6 +58,11 @@ def moment_dtype(config) -> str:
   return lookup(config, "train.moment_dtype", "float32")
 
 
+def loss_head(config) -> str:
+  """The SFT loss head (config.train.loss_head, "chunked" when absent): `fineflax.train.sft_step.sft_nll`."""
+  return lookup(config, "train.loss_head", "chunked")
+
+
 def validate(config) -> None:
   """config.train.params / master_dtype / moment_dtype in their domains; full training of a quantised base or from a
   LoRA start is refused naming the knob to change (ConfigError, one line)."""
@@ -68,6 +73,9 @@ def validate(config) -> None:
   if "moment_dtype" in config.train:
     from fineflax.train.optim import MOMENT_DTYPES
     one_of(config, "train.moment_dtype", MOMENT_DTYPES)
+  if "loss_head" in config.train:
+    from fineflax.train.sft_step import LOSS_HEADS
+    one_of(config, "train.loss_head", LOSS_HEADS)
   if not is_full(config):
     return
   quant = lookup(config, "model.quant", "none")
