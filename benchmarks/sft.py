@@ -115,7 +115,7 @@ def fineflax_worker(spec: dict) -> dict:
   optimizer = make_optimizer(opt_cfg, spec.get("moment_dtype", "float32"))
   train, _ = make_sft_fns(optimizer, donate=full, model_config=mc, lora_scale=scale, lora_dropout=0.0,
                           remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"],
-                          causal_prefix=spec.get("causal_prefix", True))
+                          causal_prefix=spec.get("causal_prefix", True), loss_head=spec.get("loss_head", "chunked"))
   state = init_state(lora, optimizer, seed=0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
