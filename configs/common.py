@@ -16,7 +16,7 @@ def model(config, source="smollm2-135m-instruct", dtype="auto", quant="nf4", rem
   config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
   config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
   config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots, offload (full, with
-  #   the per-layer inputs kept in pinned host memory: decoder.REMAT_POLICIES), or a policy by name: attn (q/k/v
+  #   the per-layer inputs kept in pinned host memory: fineflax.models.remat), or a policy by name: attn (q/k/v
   #   and attention output kept), matmuls (every projection and the attention output kept) or save:NAME,...
   config.model.logits_chunk = logits_chunk  # tokens per chunk of the vocabulary projection in the loss
   config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla

@@ -11,6 +11,7 @@ import pytest
 from fineflax.config_checks import ConfigError
 from fineflax.jobs.resolve import load_config, validate_common
 from fineflax.models import ModelConfig, decoder, init_params
+from fineflax.models.remat import remat_saved_names
 from fineflax.models.logprobs import chunked_token_logp, fused_weighted_nll
 from fineflax.train.sft_step import sft_nll, sft_step
 from fineflax.train.optim import make_optimizer
@@ -79,7 +80,7 @@ def test_named_remat_policies_give_the_gradients_of_no_remat_and_keep_their_name
   heads, kv, h, i = f"{C.num_heads},{C.head_dim}", f"{C.num_kv_heads},{C.head_dim}", f"{C.hidden_size}", \
       f"{C.intermediate_size}"
   shapes = {"qkv": [heads, kv, kv], "attn": [heads], "gate": [i], "up": [i], "mlp": [i]}
-  want = [h] + [s for n in decoder.remat_saved_names(remat) for s in shapes[n]]  # + each layer's input
+  want = [h] + [s for n in remat_saved_names(remat) for s in shapes[n]]  # + each layer's input
   assert kept == sorted(want), (kept, want)
 
 

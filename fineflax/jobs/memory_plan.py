@@ -57,10 +57,12 @@ Update phase adds:
                      remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A + A_s   matmul outputs kept, one layer redone
                      remat full:    L·T·H·b + 2·(A + A_s)            layer inputs kept, one layer redone
                      remat offload: 2·(A + A_s) (L·T·H·b in pinned host memory, not counted)
-                     named (attn, matmuls, save:a,b; `decoder.REMAT_NAMES`): L·T·b·(H + sum of the kept
+                     named (attn, matmuls, save:a,b; `models.remat.REMAT_NAMES`): L·T·b·(H + sum of the kept
                                     names' widths) + A + A_s   (qkv D_q + 2·D_kv, attn D_q, gate / up / mlp I)
                    plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
-                   of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
+                   of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h); with
+                   train.loss_head=fused and a trained head (full) + H·V·(4 + b): its gradient summed over the
+                   chunks in f32 and kept in the compute dtype until the backward pass (SFT only).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
 `--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
 each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.model (rollout
@@ -77,7 +79,7 @@ import math
 from fineflax.config_checks import ConfigError
 from fineflax.engine.tensor_parallel import COLUMN, check_tp
 from fineflax.models.config import ModelConfig
-from fineflax.models.decoder import remat_saved_names
+from fineflax.models.remat import remat_saved_names
 from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
 
 GIB = 1024 ** 3
@@ -116,6 +118,7 @@ class PlanInputs:
   critic: str = ""  # "", lora or full (PPO)
   dense_rollouts: bool = False
   micro_key: str = "rl.micro_batch_tokens"  # the knob that bounds the micro-batch
+  loss_head: str = "chunked"  # train.loss_head (SFT): fused keeps the head's gradient from the forward pass
 
   @property
   def seq(self) -> int:
@@ -205,6 +208,8 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
              "offload": 2 * layer}[i.remat]
   head_len = i.new_tokens or i.seq
   head = rows * min(i.logits_chunk, head_len) * c.vocab_size * 4 * 3 + T * H * 4
+  if i.loss_head == "fused" and i.params == "full":
+    head += H * c.vocab_size * (4 + b)
   return {"activations": saved, "loss_head": head}
 
 
@@ -272,6 +277,7 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int, tp: int = 1
       remat=config.model.get("remat", "none"), logits_chunk=config.model.get("logits_chunk", 128))
   if config.job == "sft":
     return PlanInputs(**common, update_rows=config.data.batch_size, prompt_tokens=config.data.max_length,
+                      loss_head=train.get("loss_head", "chunked"),
                       micro_batch_tokens=train.get("micro_batch_tokens", 0), micro_key="train.micro_batch_tokens")
   rl = config.rl
   objective = rl.get("objective", "grpo")

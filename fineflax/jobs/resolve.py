@@ -136,7 +136,8 @@ def _is_remat(value: str, remat_policy) -> bool:
 def validate_common(config) -> None:
   """Bounded fields every job shares (model, LoRA, what is trained, optimizer, checkpoints, cadence)."""
   from fineflax.models.dtype import DTYPE_CHOICES
-  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_NAMES, REMAT_POLICIES, remat_policy
+  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES
+  from fineflax.models.remat import REMAT_NAMES, REMAT_POLICIES, remat_policy
   from fineflax.models.layer_loop import LAYER_LOOP_CHOICES
   from fineflax.models.targets import resolve_targets
   one_of(config, "model.dtype", DTYPE_CHOICES)
