@@ -4,6 +4,9 @@ LUFFY and of Search-R1's PPO with random weights of the published shapes, on eve
   python -m benchmarks.paper_scale --recipe luffy --out DIR --results          # one device call a recipe:
   python -m benchmarks.paper_scale --recipe search_r1_ppo --out DIR --results  # rows of DIR/paper_scale.json kept
   python -m benchmarks.paper_scale --tiny --out DIR                   # CPU: tiny model on 2 forced host devices
+  python -m benchmarks.paper_scale --recipe luffy --fit --max-new-tokens 2048 --budget 330 --out DIR
+                                      # nvidia-h200-x2 (issue 46.3): the 7B shape, fsdp=2, the most prompts (<= 16)
+                                      # the memory plan fits (benchmarks/_paper_fit.py), else a smaller shape
 
 GPU defaults (sized for one 8-minute call a recipe on 4 x H200, not measured yet): luffy 16 prompts x 8 rows,
 prompts of 512 tokens, lengths median 1024 capped at 4096 (the paper: 128 x 8, cap 8192); search_r1_ppo 32
@@ -86,6 +89,7 @@ def paper_config(spec: dict):
     from configs.papers import luffy
     config = luffy.get_config()
     config.rl.max_new_tokens = spec["max_new_tokens"]
+    config.plan.prompt_tokens = spec["prompt_len"]
   else:
     from configs.papers import search_r1
     config = search_r1.get_config("ppo")
@@ -100,6 +104,8 @@ def paper_config(spec: dict):
   rl.prompts_per_step, rl.group_size = spec["prompts"], spec["samples"]
   rl.mini_batch_size = spec["prompts"] // 2 if spec["prompts"] % 2 == 0 else spec["prompts"]
   rl.micro_batch_tokens = spec["micro_batch_tokens"]
+  if spec.get("model_source"):  # --fit: a smaller shape when the paper's fits at no P (`_paper_fit`)
+    config.model.source = spec["model_source"]
   return config
 
 
@@ -190,7 +196,17 @@ def run_recipe(spec: dict) -> dict:
   import numpy as np
   from benchmarks.scaling import _peak_gib
   from fineflax.rl.collect import Groups
-  t0 = time.perf_counter()
+  t0, fit_notes = time.perf_counter(), []
+  if spec.get("fit"):
+    from benchmarks._paper_fit import fit_spec
+    limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    if limit is None:
+      raise RuntimeError("--fit needs the device's bytes_limit (a GPU)")
+    spec, fit_notes = fit_spec(spec, paper_config, jax.device_count(), float(limit))
+    for line in fit_notes:
+      print(f"[paper_scale] fit: {line}", file=sys.stderr, flush=True)
+    if spec is None:
+      raise RuntimeError("no shape fits: " + " | ".join(fit_notes))
   config = paper_config(spec)
   learner = make_learner(config)
   env = None
@@ -218,6 +234,7 @@ def run_recipe(spec: dict) -> dict:
     if not np.isfinite(steps[-1]["loss"]):
       raise FloatingPointError(f"loss is {steps[-1]['loss']}")
   return {"steps": steps, "setup_s": setup_s, "devices": jax.device_count(), "peak_gib": _peak_gib(),
+          "spec": spec, "fit": fit_notes,
           "device": gpu.jax_device_name(), "shape": {k: getattr(learner.model_config, k) for k in SHAPE_FIELDS},
           "metrics": {k: float(v) for k, v in metrics.items()}}
 
@@ -226,6 +243,7 @@ def run_recipe(spec: dict) -> dict:
 
 def summarize(spec: dict, res: dict) -> dict:
   """The row of a finished recipe: last step's seconds, the first's, the projection and its formula."""
+  spec = res.get("spec", spec)  # --fit: the prompts and shape the worker chose
   paper, last, first = PAPER[spec["recipe"]], res["steps"][-1], res["steps"][0]
   rows, d = spec["prompts"] * spec["samples"], res["devices"]
   scale = paper["prompts"] * paper["group"] / rows
@@ -237,7 +255,8 @@ def summarize(spec: dict, res: dict) -> dict:
               update_s=last["update_s"], first_rollout_s=first["rollout_s"], first_update_s=first["update_s"],
               peak_gib=res.get("peak_gib"), projected_h=hours, formula=formula, paper_setup=paper["setup"],
               mean_tokens=last["mean_tokens"], max_tokens=last["max_tokens"], turns=last["turns"],
-              searches=last["searches"], loss=last["loss"], model=paper["model"], spec=spec, result=res)
+              searches=last["searches"], loss=last["loss"], model=spec.get("model_source") or paper["model"],
+              spec=spec, fit=res.get("fit", []), result=res)
 
 
 def table_row(r: dict) -> list:
@@ -267,6 +286,7 @@ def report(rows: list[dict], device: str, command: str, tiny: bool) -> str:
            "Projected hours = N x (rollout s + update s) x (B x G_paper) / (P x G) x (d / D) / 3600 "
            "(linear in rows, inverse in devices, the measured lengths; an upper bound for the rollout):"]
   lines += [f"- {r['recipe']}: {r['formula']} = **{r['projected_h']:.3g} h**; paper setup: {r['paper_setup']}."
+            + "".join(f" Fit (--fit): {n}." for n in r.get("fit", []))
             for r in rows if "error" not in r]
   return "\n".join(lines)
 
@@ -299,7 +319,8 @@ def specs(args) -> list[dict]:
     for k in d:
       if getattr(args, k, None) is not None:
         d[k] = getattr(args, k)
-    out.append(dict(d, recipe=recipe, tiny=args.tiny, steps=args.steps, critic=args.critic))
+    out.append(dict(d, recipe=recipe, tiny=args.tiny, steps=args.steps, critic=args.critic,
+                    fit=getattr(args, "fit", False)))
   return out
 
 
@@ -315,6 +336,9 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-len", type=int, help="luffy: prompt tokens (default 512)")
   p.add_argument("--micro-batch-tokens", type=int, help="rl.micro_batch_tokens (default the paper's)")
   p.add_argument("--critic", choices=("full", "lora"), default="full", help="search_r1_ppo: the critic")
+  p.add_argument("--fit", action="store_true",
+                 help="run the most prompts (<= --prompts) the memory plan fits on the visible devices, a smaller "
+                      "model shape when the paper's fits at none (benchmarks/_paper_fit.py; JAX may use 95%% of each GPU)")
   p.add_argument("--steps", type=int, default=1, help="RL steps; the table shows the last (default 1)")
   p.add_argument("--budget", type=float, default=450.0,
                  help="seconds for all recipes; each gets what is left (default 450: an 8-minute device call)")
@@ -328,7 +352,7 @@ def main(argv=None) -> int:
   command = "python -m benchmarks.paper_scale " + " ".join(argv if argv is not None else sys.argv[1:])
   device = f"CPU, {TINY_DEVICES} forced host devices" if args.tiny else gpu.device_name()
   env = (gpu.jax_env(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={TINY_DEVICES}")
-         if args.tiny else gpu.jax_env())
+         if args.tiny else gpu.jax_env(**({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"} if args.fit else {})))
   out_dir, t_all = pathlib.Path(args.out), time.perf_counter()
   rows, md = earlier_rows(out_dir, args.recipe, args.tiny), ""
   for spec in specs(args):

@@ -27,7 +27,8 @@ frameworks.
 `--params full` (or `both`): full-parameter training instead of LoRA, RESULTS.md section `sft_full`
 (`--section X`: X_full). fineflax: the same `make_sft_fns` step with `config.train.params="full"`'s state
 (`init_state` of the whole bf16 model, base=None; `make_optimizer`'s `with_f32_state`: f32 AdamW moments,
-bf16 parameters updated in place of a master copy). torch: the `from_config` bf16 model with every
+bf16 parameters updated in place of a master copy; the state donated, as the job's step donates it;
+`moment_dtype` in a case's spec: bf16 moments). torch: the `from_config` bf16 model with every
 parameter trainable (no peft), the same autocast step (`gpu.time_torch_lora_steps`), AdamW fused on CUDA
 (foreach on CPU): torch's AdamW keeps exp_avg / exp_avg_sq in the parameter dtype (bf16 here; it has no
 option for f32 moments of bf16 parameters), so torch reads and writes half the optimizer bytes fineflax
@@ -111,10 +112,10 @@ def fineflax_worker(spec: dict) -> dict:
     lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
   opt_cfg = types.SimpleNamespace(learning_rate=LR, warmup_steps=0, num_steps=10_000, end_lr_ratio=1.0,
                                   weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=1.0)
-  optimizer = make_optimizer(opt_cfg)
-  train, _ = make_sft_fns(optimizer, model_config=mc, lora_scale=scale, lora_dropout=0.0,
+  optimizer = make_optimizer(opt_cfg, spec.get("moment_dtype", "float32"))
+  train, _ = make_sft_fns(optimizer, donate=full, model_config=mc, lora_scale=scale, lora_dropout=0.0,
                           remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"],
-                          causal_prefix=spec.get("causal_prefix", True))
+                          causal_prefix=spec.get("causal_prefix", True), loss_head=spec.get("loss_head", "chunked"))
   state = init_state(lora, optimizer, seed=0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)

@@ -15,8 +15,9 @@ def model(config, source="smollm2-135m-instruct", dtype="auto", quant="nf4", rem
   config.model.dtype = dtype  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU), float32 or bfloat16
   config.model.quant = quant  # frozen base linears: nf4 (QLoRA), int8 or none (plain LoRA)
   config.model.quant_targets = ("all-linear",)  # quantised linears: short/HF names or all-linear
-  config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots or offload (full, with
-  #   the per-layer inputs kept in pinned host memory: decoder.REMAT_POLICIES)
+  config.model.remat = remat  # per-layer gradient checkpointing: none, full, dots, offload (full, with
+  #   the per-layer inputs kept in pinned host memory: fineflax.models.remat), or a policy by name: attn (q/k/v
+  #   and attention output kept), matmuls (every projection and the attention output kept) or save:NAME,...
   config.model.logits_chunk = logits_chunk  # tokens per chunk of the vocabulary projection in the loss
   config.model.attention = "auto"  # attention kernel: auto (cuDNN for bf16 on GPU), cudnn or xla
   config.model.layer_loop = "auto"  # layers as lax.scan over stacked weights ("scan"), a Python loop with no
@@ -36,13 +37,17 @@ def lora(config, r=16, alpha=32.0, dropout=0.0, targets=LINEARS):
   return config
 
 
-def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0):
+def train(config, params="lora", master_dtype="bfloat16", micro_batch_tokens=0, moment_dtype="float32"):
   """What the job trains (fineflax/train/trainable.py) and how SFT / distillation steps run (fineflax.train)."""
   config.train = ml_collections.ConfigDict()
   config.train.params = params  # lora (adapters on the frozen base, the default) or full (every parameter;
   #   needs model.quant=none; params and AdamW state split over mesh.fsdp; the export is a merged HF folder)
-  config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, f32 AdamW moments) or float32
+  config.train.master_dtype = master_dtype  # full: bfloat16 (bf16 params, AdamW moments as moment_dtype) or float32
   #   (f32 master params, computed in model.dtype)
+  config.train.moment_dtype = moment_dtype  # AdamW mu and nu stored in float32 or bfloat16 (half the optimizer
+  #   bytes, as torch keeps them for bf16 params; computed in float32 either way: fineflax.train.optim)
+  config.train.loss_head = "chunked"  # SFT loss: chunked (a trained head's backward recomputes the logits) or
+  #   fused (the head's gradients made in the forward pass, the logits once: fineflax.models.logprobs)
   config.train.micro_batch_tokens = micro_batch_tokens  # SFT token budget per device per micro-batch: the
   #   step's sequences re-packed into rows of this many tokens, gradients accumulated; 0 = data.grad_accum batches.
   #   Distillation: as many of the step's padded rows per device per micro-batch as fit; 0 = the whole batch

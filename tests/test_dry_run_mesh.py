@@ -2,7 +2,7 @@
 import pytest
 
 from fineflax.config_checks import ConfigError
-from fineflax.jobs import dry_run_report, per_device_gib
+from fineflax.jobs import dry_run_report, per_device_gib, plan_for
 from fineflax.jobs.resolve import load_config
 
 
@@ -13,8 +13,10 @@ def test_dry_run_prints_the_mesh_and_per_device_memory(tiny_smol):
   report = dry_run_report(load_config("configs/grpo_arith.py:smoke", [src]))
   assert f"# mesh: data={n} x fsdp=1 over {n} " in report and "# memory plan per device" in report
   assert "rollout phase:" in report and "update phase:" in report
-  with pytest.raises(ConfigError, match=r"config.mesh \(data=-1, fsdp=3\)"):
-    dry_run_report(load_config("configs/grpo_arith.py:smoke", [src, "mesh.fsdp=3"]))
+  three = load_config("configs/grpo_arith.py:smoke", [src, f"mesh.fsdp={3 * n}"])
+  assert f"# planning for the {3 * n} devices config.mesh names" in dry_run_report(three)  # a dry run plans for them
+  with pytest.raises(ConfigError, match=rf"config.mesh \(data=-1, fsdp={3 * n}\)"):  # a run on these devices cannot
+    plan_for(three)
 
 
 def test_per_device_estimate_splits_weights_over_fsdp_and_the_batch_over_all():

@@ -24,7 +24,7 @@ def test_dry_run_reports_counts_and_memory():
   assert r.returncode == 0, r.stderr
   assert "parameters: 134,515,008" in r.stdout  # SmolLM2-135M, tied embeddings
   assert "trainable LoRA parameters (r=8):" in r.stdout
-  assert "total_gib:" in r.stdout and "quant=nf4" in r.stdout
+  assert "# memory plan per device" in r.stdout and "update phase:" in r.stdout and "verdict:" in r.stdout
   assert "r: 8" in r.stdout  # the resolved config
 
 

@@ -56,7 +56,7 @@ def test_parameter_and_optimizer_bytes_equal_the_real_pytrees(mc):
   assert plan["base_weights"] == _nbytes(bf16)
 
 
-@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("remat", ["none", "full", "attn", "matmuls"])
 def test_activation_estimate_is_within_a_factor_2_of_xla(remat):
   b, s = 2, 256
   mc, params = QWEN_LIKE, init_params(QWEN_LIKE, jax.random.key(0), jnp.float32)

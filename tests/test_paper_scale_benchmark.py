@@ -86,3 +86,31 @@ def test_tiny_runs_both_recipes_one_call_each_and_writes_the_table_and_json(tmp_
     assert r["rollout_s"] > 0 and r["update_s"] > 0 and r["projected_h"] > 0
   assert rows["luffy"]["max_tokens"] <= ps.TINY_DEFAULTS["luffy"]["max_new_tokens"]
   assert rows["search_r1_ppo"]["turns"] >= 1  # the env's multi-turn loop ran
+
+
+def _luffy_gpu(**kw):
+  return dict(ps.GPU_DEFAULTS["luffy"], recipe="luffy", tiny=False, steps=1, critic="full", fit=True, **kw)
+
+
+@FAST
+def test_fit_picks_the_most_prompts_the_plan_fits_and_falls_back_to_a_smaller_shape():
+  """`--fit` (issue 46.3): on 2 x 141 GiB the 7B LUFFY shape runs at the largest P whose plan fits (P + 1 does
+  not); where the 7B shape fits at no P the row names why in one line and runs a smaller shape; where nothing
+  fits, None with one line a shape."""
+  from benchmarks._paper_fit import FALLBACK_SHAPES, MARGIN, fit_spec, plan_inputs
+  from fineflax.jobs.memory_plan import GIB, fits
+  spec = _luffy_gpu(prompts=128, max_new_tokens=8192)
+  chosen, notes = fit_spec(spec, ps.paper_config, 2, 141 * GIB)
+  p = chosen["prompts"]
+  assert 1 <= p < 128 and chosen["model_source"] == "Elliott/Qwen2.5-Math-7B-16k-think"
+  budget = MARGIN * 141 * GIB
+  assert fits(plan_inputs(ps.paper_config(chosen), 2), budget)
+  assert not fits(plan_inputs(ps.paper_config(dict(chosen, prompts=p + 1)), 2), budget)
+  assert notes == [f"Elliott/Qwen2.5-Math-7B-16k-think: {p} prompts x 8 rows fit 2 x 126.9 GiB (90% of the device) "
+                   "by the plan"]
+  small, notes = fit_spec(_luffy_gpu(), ps.paper_config, 2, 40 * GIB)  # 7B full: ~42 GiB of params + moments
+  assert small is not None and small["model_source"] in FALLBACK_SHAPES
+  assert notes[0].startswith("Elliott/Qwen2.5-Math-7B-16k-think does not fit 2 devices even at 1 prompt: the ")
+  assert "\n" not in notes[0]
+  none, notes = fit_spec(_luffy_gpu(), ps.paper_config, 2, 1 * GIB)
+  assert none is None and len(notes) == 1 + len(FALLBACK_SHAPES)

@@ -74,5 +74,5 @@ def test_unrolled_offload_puts_every_layer_input_in_host_memory():
 
 def test_unknown_remat_policy_is_a_clear_error():
   params, lora, tokens = _setup()
-  with pytest.raises(ValueError, match=r"remat='host'; choose one of \['dots', 'full', 'none', 'offload'\]"):
+  with pytest.raises(ValueError, match=r"remat='host'; choose one of \['attn', 'dots', 'full', 'matmuls', 'none', 'offload'\] or save:NAME"):
     _loss(lora, params, tokens, C, "host")

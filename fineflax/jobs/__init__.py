@@ -4,6 +4,7 @@ pass `fineflax.jobs.resolve.validate` that launch.py and each job's `run` make b
 from __future__ import annotations
 
 import importlib
+import math
 
 from fineflax.config_checks import ConfigError
 
@@ -77,17 +78,43 @@ def plan_for(config, devices: int | None = None, device_memory_gb: float | None 
   return inputs, device_bytes, line
 
 
+def named_devices(config, devices: int | None = None) -> tuple[int | None, str]:
+  """(devices a dry run plans for, a note line or ""): `devices` when given; None (the visible ones) when
+  config.mesh fits them; else the fewest devices config.mesh names, lcm((data or 1) x fsdp, model), with a
+  line saying so and how to plan for another count (a paper config's fsdp=8 dry-run on a one-device machine)."""
+  import jax
+  from fineflax.mesh import mesh_shape
+  if devices:
+    return devices, ""
+  n = jax.device_count()
+  m = config.get("mesh") or {"data": -1, "fsdp": 1}
+  data, fsdp, model = int(m["data"]), int(m["fsdp"]), int(m.get("model", 1))
+  try:
+    mesh_shape(data, fsdp, n)
+    if model >= 1 and n % model == 0:
+      return None, ""
+  except ValueError:
+    pass
+  named = math.lcm(max(data, 1) * fsdp, max(model, 1))
+  return named, (f"# planning for the {named} devices config.mesh names (data={data}, fsdp={fsdp}, model={model}); "
+                 f"{n} visible here: pass --devices N to plan for another count")
+
+
 def dry_run_report(config, devices: int | None = None, device_memory_gb: float | None = None) -> str:
-  """The resolved config, the device mesh, parameter counts and memory estimate, from model metadata only;
-  for RL and SFT jobs the per-device plan of the rollout and update phases (`fineflax.jobs.memory_plan`) on
-  `devices` of `device_memory_gb` (default: the visible ones). Raises ConfigError naming the knob to change
-  when that plan does not fit (after the report is built; `launch.py` prints it first)."""
+  """The resolved config, the device mesh, parameter counts and one memory estimate, from model metadata
+  only: for RL and SFT jobs the per-device plan of the rollout and update phases (`fineflax.jobs.memory_plan`,
+  in the job's mode: full or LoRA, mesh, micro-batches) on `devices` of `device_memory_gb` (default: the
+  visible ones, or the devices config.mesh names when it does not fit them: `named_devices`) with one verdict;
+  for other jobs the rough whole-model estimate (`fineflax.models.memory_estimate`). Raises ConfigError naming
+  the knob to change when the plan does not fit (after the report is built; `launch.py` prints it first)."""
   import jax
   from fineflax.models import load_config, memory_estimate
   from fineflax.models.dtype import resolve_dtype_name
   from fineflax.models.estimate import lora_params
   from fineflax.models.targets import resolve_targets
+  from fineflax.train.trainable import is_full, moment_dtype
   get_job(config.job)
+  devices, note = named_devices(config, devices)
   mc = load_config(config.model.source)
   lora = config.get("lora")
   rank = lora.r if lora is not None else 0
@@ -104,16 +131,20 @@ def dry_run_report(config, devices: int | None = None, device_memory_gb: float |
            f"architecture: {mc.model_type}, {mc.num_layers} layers, hidden {mc.hidden_size}, "
            f"heads {mc.num_heads}/{mc.num_kv_heads}, vocab {mc.vocab_size}",
            f"parameters: {mc.num_params():,}"]
-  if rank:
+  if is_full(config):
+    lines.append(f"trainable parameters (train.params=full): {mc.num_params():,} (master "
+                 f"{config.train.get('master_dtype', 'bfloat16')}, AdamW moments {moment_dtype(config)})")
+  elif rank:
     lines.append(f"trainable LoRA parameters (r={rank}): {lora_params(mc, rank, resolve_targets(tuple(lora.targets))):,}")
-  lines.append(f"# memory estimate (quant={quant}, batch {batch} x {seq} tokens)")
-  lines += [f"{k}: {v:.3f}" for k, v in est.items()]
   from fineflax.jobs.memory_plan import check_plan, report_lines
   inputs, device_bytes, mesh_line = plan_for(config, devices, device_memory_gb)
-  if inputs is not None:
-    lines += [mesh_line, *report_lines(inputs, device_bytes)]
-  elif config.get("mesh") is not None:
-    lines += mesh_report(config.mesh, est)
+  if inputs is not None:  # the one estimate of an RL or SFT job: its plan
+    lines += [note] * bool(note) + [mesh_line, *report_lines(inputs, device_bytes)]
+  else:
+    lines.append(f"# memory estimate (quant={quant}, batch {batch} x {seq} tokens)")
+    lines += [f"{k}: {v:.3f}" for k, v in est.items()]
+    if config.get("mesh") is not None:
+      lines += mesh_report(config.mesh, est)
   report = "\n".join(lines)
   try:
     check_plan(inputs, device_bytes)

@@ -39,7 +39,7 @@ from fineflax.train.distill_step import make_distill_fn, make_distill_micro_step
 from fineflax.train.loop import Hooks, train_loop
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
-from fineflax.train.trainable import export_trained, init_placed_state, pin_state, split_model
+from fineflax.train.trainable import export_trained, init_placed_state, moment_dtype, pin_state, split_model
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
@@ -98,7 +98,7 @@ def run(config, workdir: str | None) -> dict:
   if mesh is not None and t_lora is not None:
     t_lora = replicate(t_lora, mesh)
   t_system = tc.system_prompt or task.system_prompt
-  optimizer = make_optimizer(config.optimizer)
+  optimizer = make_optimizer(config.optimizer, moment_dtype(config))
   micro_tokens = lookup(config, "train.micro_batch_tokens", 0)
   make = make_distill_micro_step if micro_tokens else make_distill_fn
   step_fn = make(optimizer, model_config=model_config, teacher_config=t_config, teacher_lora_scale=t_scale,

@@ -5,18 +5,19 @@ Notation (bytes, per device): n = data x fsdp devices; P = parameters (`ModelCon
 those of the seven linears (what QLoRA quantises), P_L = one layer's, P_a = LoRA parameters (rank r on the
 targeted linears); L layers, H hidden, I intermediate, D_q = heads x head_dim, D_kv = kv heads x head_dim,
 V vocabulary; b = bytes of the compute dtype (2 bf16, 4 f32); b_m = bytes of a trainable parameter (full:
-2 with train.master_dtype=bfloat16, 4 with float32; LoRA: 4); s = fsdp for full training (parameters,
-gradients and AdamW state sharded), 1 for LoRA (replicated).
+2 with train.master_dtype=bfloat16, 4 with float32; LoRA: 4); b_o = bytes of one AdamW moment (4 with
+train.moment_dtype=float32, 2 with bfloat16); s = fsdp for full training (parameters, gradients and AdamW
+state sharded), 1 for LoRA (replicated).
 
 Resident in both phases:
   base weights     LoRA: ((P - P_lin)·b + P_lin·q) / fsdp, q = b (quant none), 1 (int8), NF4_BITS / 8 (nf4);
                    full: P·b_m / fsdp (the trained parameters are the base)
   trainable        LoRA: P_a·4
-  optimizer        8·P_t / s + 4·c: AdamW mu and nu in f32 for the P_t trainable parameters, c int32 counters
+  optimizer        2·b_o·P_t / s + 4·c: AdamW mu and nu for the P_t trainable parameters, c int32 counters
                    of the optax chain (`OPTIMIZER_COUNTERS`: adam's and the schedule's)
   reference        full training with a KL term (rl.beta > 0, or PPO's KL in the reward): P·b / fsdp, a frozen
                    copy; LoRA: none (the reference is the base with adapters off)
-  critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (8·(P + H) / fsdp);
+  critic (PPO)     rl.ppo.critic=full: (P + H)·b_m / fsdp parameters + their optimizer (2·b_o·(P + H) / fsdp);
                    lora: a second adapter P_a·4 + value head H·4 and their optimizer
 Rollout phase adds, with t = mesh.model (the devices of each tensor-parallel rollout engine, one per group of t
 devices, `fineflax.rl.learner`):
@@ -40,8 +41,9 @@ devices, `fineflax.rl.learner`):
                    (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off)
   decode logits    rows·V·4·2 (f32 logits and probabilities of one decode step); / t when t divides V
 Update phase adds:
-  gradients        P_t·b_m / s (full), P_a·4 (LoRA) (the critic's, sized the same, in its own update: the larger
-                   of the two updates counts)
+  gradients        full: (4 + b_m)·P_t / s, the float32 sum over micro-batches (`train.grad_accum`, `sft_step`)
+                   and one micro-batch's gradient in the parameters' dtype before it is added; LoRA: P_a·4 (the
+                   critic's, sized the same, in its own update: the larger of the two updates counts)
   gathered layers  full training with fsdp > 1: 2·P_L·b (one layer's parameters all-gathered, the next prefetched)
   activations      of one micro-batch of T tokens: T = rl.micro_batch_tokens (SFT: train.micro_batch_tokens)
                    or rl.micro_batch_size rows x their tokens,
@@ -55,8 +57,12 @@ Update phase adds:
                      remat dots:    L·T·b·(D_q + 2·D_kv + 2H + 2I) + A + A_s   matmul outputs kept, one layer redone
                      remat full:    L·T·H·b + 2·(A + A_s)            layer inputs kept, one layer redone
                      remat offload: 2·(A + A_s) (L·T·H·b in pinned host memory, not counted)
+                     named (attn, matmuls, save:a,b; `models.remat.REMAT_NAMES`): L·T·b·(H + sum of the kept
+                                    names' widths) + A + A_s   (qkv D_q + 2·D_kv, attn D_q, gate / up / mlp I)
                    plus the loss head: rows·c·V·4·3 (c = min(model.logits_chunk, completion length) positions
-                   of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h).
+                   of every row: f32 logits, softmax, gradient) + T·H·4 (the kept d loss / d h); with
+                   train.loss_head=fused and a trained head (full) + H·V·(4 + b): its gradient summed over the
+                   chunks in f32 and kept in the compute dtype until the backward pass (SFT only).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
 `--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
 each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.model (rollout
@@ -73,6 +79,7 @@ import math
 from fineflax.config_checks import ConfigError
 from fineflax.engine.tensor_parallel import COLUMN, check_tp
 from fineflax.models.config import ModelConfig
+from fineflax.models.remat import remat_saved_names
 from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
 
 GIB = 1024 ** 3
@@ -93,6 +100,7 @@ class PlanInputs:
   compute_bytes: int = 2
   params: str = "lora"  # lora | full
   master_bytes: int = 2  # bytes of a trained parameter in full mode
+  moment_bytes: int = 4  # bytes of one AdamW moment (train.moment_dtype)
   quant: str = "none"
   lora_rank: int = 16
   lora_targets: tuple = ("q", "k", "v", "o", "gate", "up", "down")
@@ -110,6 +118,7 @@ class PlanInputs:
   critic: str = ""  # "", lora or full (PPO)
   dense_rollouts: bool = False
   micro_key: str = "rl.micro_batch_tokens"  # the knob that bounds the micro-batch
+  loss_head: str = "chunked"  # train.loss_head (SFT): fused keeps the head's gradient from the forward pass
 
   @property
   def seq(self) -> int:
@@ -127,17 +136,17 @@ def resident(i: PlanInputs) -> dict[str, float]:
   out = {}
   if i.params == "full":
     out["parameters"] = P * i.master_bytes / i.fsdp
-    out["optimizer"] = 8 * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
+    out["optimizer"] = 2 * i.moment_bytes * P / i.fsdp + 4 * OPTIMIZER_COUNTERS
   else:
     out["base_weights"] = base_bytes(i) / i.fsdp
     out["parameters"] = _lora_trainable(i) * 4
-    out["optimizer"] = 8 * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
+    out["optimizer"] = 2 * i.moment_bytes * _lora_trainable(i) + 4 * OPTIMIZER_COUNTERS
   if i.reference and i.params == "full":
     out["reference"] = P * b / i.fsdp
   if i.critic == "full":
-    out["critic"] = (P + c.hidden_size) * (i.master_bytes + 8) / i.fsdp
+    out["critic"] = (P + c.hidden_size) * (i.master_bytes + 2 * i.moment_bytes) / i.fsdp
   elif i.critic == "lora":
-    out["critic"] = (_lora_trainable(i) + c.hidden_size) * (4 + 8)
+    out["critic"] = (_lora_trainable(i) + c.hidden_size) * (4 + 2 * i.moment_bytes)
   return out
 
 
@@ -188,12 +197,19 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
   rows = max(1, T // max(i.seq, 1))
   scores = 2 * rows * c.num_heads * (T / rows) ** 2 * 4 if i.attention == "xla" else 0
   layer = T * b * (4 * H + 3 * dq + 3 * dkv + 3 * I) + scores
-  saved = {"none": L * layer,
-           "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
-           "full": L * T * H * b + 2 * layer,
-           "offload": 2 * layer}[i.remat]
+  names = remat_saved_names(i.remat)
+  if names is not None:
+    width = {"qkv": dq + 2 * dkv, "attn": dq, "gate": I, "up": I, "mlp": I}
+    saved = L * T * b * (H + sum(width[n] for n in names)) + layer
+  else:
+    saved = {"none": L * layer,
+             "dots": L * T * b * (dq + 2 * dkv + 2 * H + 2 * I) + layer,
+             "full": L * T * H * b + 2 * layer,
+             "offload": 2 * layer}[i.remat]
   head_len = i.new_tokens or i.seq
   head = rows * min(i.logits_chunk, head_len) * c.vocab_size * 4 * 3 + T * H * 4
+  if i.loss_head == "fused" and i.params == "full":
+    head += H * c.vocab_size * (4 + b)
   return {"activations": saved, "loss_head": head}
 
 
@@ -201,7 +217,7 @@ def update_phase(i: PlanInputs) -> dict[str, float]:
   c = i.model
   out = resident(i)
   if i.params == "full":
-    out["gradients"] = c.num_params() * i.master_bytes / i.fsdp
+    out["gradients"] = c.num_params() * (4 + i.master_bytes) / i.fsdp
     if i.fsdp > 1:
       layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
       out["gathered_layers"] = 2 * layer * i.compute_bytes
@@ -255,11 +271,13 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int, tp: int = 1
       model=load_config(config.model.source), n_devices=n_devices, fsdp=fsdp, tp=tp, compute_bytes=_BYTES[dtype],
       attention=("xla" if dtype == "float32" else "cudnn") if attention == "auto" else attention,
       params=train.get("params", "lora"), master_bytes=_BYTES[train.get("master_dtype", "bfloat16")],
+      moment_bytes=_BYTES[train.get("moment_dtype", "float32")],
       quant=config.model.get("quant", "none"), lora_rank=lora.r if lora is not None else 0,
       lora_targets=resolve_targets(tuple(lora.targets)) if lora is not None else (),
       remat=config.model.get("remat", "none"), logits_chunk=config.model.get("logits_chunk", 128))
   if config.job == "sft":
     return PlanInputs(**common, update_rows=config.data.batch_size, prompt_tokens=config.data.max_length,
+                      loss_head=train.get("loss_head", "chunked"),
                       micro_batch_tokens=train.get("micro_batch_tokens", 0), micro_key="train.micro_batch_tokens")
   rl = config.rl
   objective = rl.get("objective", "grpo")

@@ -125,15 +125,25 @@ def _last_line(message: str) -> str:
   return re.sub(r"^[A-Za-z_.]+(Error|Exception): ", "", tail)
 
 
+def _is_remat(value: str, remat_policy) -> bool:
+  try:
+    remat_policy(value)
+  except ValueError:
+    return False
+  return True
+
+
 def validate_common(config) -> None:
   """Bounded fields every job shares (model, LoRA, what is trained, optimizer, checkpoints, cadence)."""
   from fineflax.models.dtype import DTYPE_CHOICES
-  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES, REMAT_POLICIES
+  from fineflax.models.decoder import ATTENTION_IMPLS, LINEAR_NAMES
+  from fineflax.models.remat import REMAT_NAMES, REMAT_POLICIES, remat_policy
   from fineflax.models.layer_loop import LAYER_LOOP_CHOICES
   from fineflax.models.targets import resolve_targets
   one_of(config, "model.dtype", DTYPE_CHOICES)
   one_of(config, "model.quant", ("none", "nf4", "int8"))
-  one_of(config, "model.remat", REMAT_POLICIES)
+  require(config, "model.remat", lambda v: isinstance(v, str) and _is_remat(v, remat_policy),
+          f"choose one of {', '.join(map(repr, REMAT_POLICIES))} or 'save:NAME,...' of {', '.join(REMAT_NAMES)}")
   one_of(config, "model.attention", ATTENTION_IMPLS)
   if "layer_loop" in config.model:
     one_of(config, "model.layer_loop", LAYER_LOOP_CHOICES)

@@ -21,7 +21,8 @@ from fineflax.mesh import make_mesh, shard_batch
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer, make_schedule
 from fineflax.train.sft_step import make_sft_fns, make_sft_micro_step, stack_micro_batches
-from fineflax.train.trainable import export_trained, init_placed_state, pin_state, split_model
+from fineflax.train.trainable import (export_trained, init_placed_state, loss_head, moment_dtype, pin_state,
+                                     split_model)
 from fineflax.train.workdir import finish_run, make_workdir, preflight
 
 
@@ -75,10 +76,10 @@ def run(config, workdir: str | None) -> dict:
   base = trainable.base  # None in full training
   scale = lora_lib.lora_scale(lora_cfg)
   opt_cfg = config.optimizer
-  optimizer, schedule = make_optimizer(opt_cfg), make_schedule(opt_cfg)
+  optimizer, schedule = make_optimizer(opt_cfg, moment_dtype(config)), make_schedule(opt_cfg)
   train_fn, eval_fn = make_sft_fns(optimizer, donate=trainable.donate, model_config=model_config, lora_scale=scale,
                                    lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
-                                   logits_chunk=config.model.logits_chunk,
+                                   logits_chunk=config.model.logits_chunk, loss_head=loss_head(config),
                                    causal_prefix=not config.data.packing)  # unpacked rows are right-padded
   state = init_placed_state(trainable.params, optimizer, config.seed, mesh, trainable.full)
   train_fn = pin_state(train_fn, state, trainable.donate)
@@ -96,7 +97,8 @@ def run(config, workdir: str | None) -> dict:
   micro_tokens = lookup(config, "train.micro_batch_tokens", 0)  # packed micro-batches (fineflax.data.packing.repack)
   micro_fn = make_sft_micro_step(optimizer, donate=trainable.donate, model_config=model_config, lora_scale=scale,
                                  lora_dropout=lora_cfg.dropout, remat=config.model.remat, dtype=dtype,
-                                 logits_chunk=config.model.logits_chunk) if micro_tokens else None
+                                 logits_chunk=config.model.logits_chunk,
+                                 loss_head=loss_head(config)) if micro_tokens else None
 
   def step(state, step: int):
     grouped = [next(batches) for _ in range(config.data.grad_accum)]

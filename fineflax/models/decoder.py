@@ -33,6 +33,8 @@ from fineflax.models.attention import grouped_attention, softcap
 from fineflax.models.config import ModelConfig
 from fineflax.models.layer_loop import run_layers
 from fineflax.models.paged import is_paged, paged_attention, write_pages
+from fineflax.models.remat import (LAYER_INPUT, REMAT_NAMED, REMAT_NAMES, REMAT_POLICIES,  # noqa: F401 (re-exported)
+                                   remat_policy, remat_saved_names)
 from fineflax.models.rope import apply_rope, layer_rope
 from fineflax.quant.matmul import quantized_matmul
 
@@ -203,24 +205,6 @@ def _attention(q, k, v, mask, impl: str = "xla", scale: float | None = None, cap
   return grouped_attention(q, k, v, mask, scale, cap)
 
 
-LAYER_INPUT = "layer_input"  # checkpoint name of each layer's input (the residual stream entering it)
-
-# config.model.remat -> the per-layer `jax.checkpoint` policy:
-#   none     no rematerialisation (every activation the backward pass reads is kept)
-#   full     only each layer's input is kept ([L, B, T, H] on the device); the layer is recomputed
-#   dots     matmul outputs without batch dimensions are kept, the rest recomputed
-#   offload  as full, but each layer's input is copied to pinned host memory in the forward pass and back
-#            in the backward pass: the [L, B, T, H] residual stack leaves the device (PCIe traffic instead)
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=[LAYER_INPUT],
-        offload_src="device", offload_dst="pinned_host"),
-}
-
-
 def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
                    positions=None, attention_mask=None, segment_ids=None, cache=None, lora=None,
                    lora_scale: float = 1.0, lora_dropout: float = 0.0, dropout_rng=None,
@@ -310,8 +294,9 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
     if c.qk_norm:
       q = norm(q, lp["q_norm"])
       k = norm(k, lp["k_norm"])
-    q = apply_rope(q, positions, inv_freq, rope_factor)
-    k = apply_rope(k, positions, inv_freq, rope_factor)
+    q = checkpoint_name(apply_rope(q, positions, inv_freq, rope_factor), "qkv")  # names: REMAT_NAMES
+    k = checkpoint_name(apply_rope(k, positions, inv_freq, rope_factor), "qkv")
+    v = checkpoint_name(v, "qkv")
     if paged:
       ck = write_pages(ck, i, k, bt, positions, attention_mask, c.num_layers)
       cv = write_pages(cv, i, v, bt, positions, attention_mask, c.num_layers)
@@ -334,17 +319,17 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
           m = m & ((window == 0) | (dist < window))
         m = m | self_mask
       attn = _attention(q, k_all, v_all, m, impl, scale, c.attn_logit_softcapping)
+    attn = checkpoint_name(attn, "attn")
     o = lin("o", attn.reshape(b, t, c.num_heads * c.head_dim))
     x = x + (norm(o, lp["post_attn_norm"]) if c.sandwich_norms else o)
     h = norm(x, lp["mlp_norm"])
     xa = grouped(("gate", "up"), h)
-    y = lin("down", act(lin("gate", h, xa)) * lin("up", h, xa))
+    gate, up = checkpoint_name(lin("gate", h, xa), "gate"), checkpoint_name(lin("up", h, xa), "up")
+    y = lin("down", checkpoint_name(act(gate) * up, "mlp"))
     x = x + (norm(y, lp["post_mlp_norm"]) if c.sandwich_norms else y)
     return (x, ck, cv), None
 
-  policy = REMAT_POLICIES.get(remat, "unknown")
-  if policy == "unknown":
-    raise ValueError(f"remat={remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+  policy = remat_policy(remat)
   if remat != "none":
     layer = jax.checkpoint(layer, policy=policy)
   ck = cv = None if cache is None else cache["k"]

@@ -126,3 +126,61 @@ def _clp_bwd(chunk, logit_softcap, res, g):
 
 
 chunked_token_logp.defvjp(_clp_fwd, _clp_bwd, symbolic_zeros=True)
+
+
+def _nll_and_grads(hidden, out_kernel, tokens, weights, chunk, logit_softcap, want_dw: bool):
+  """(sum_t w_t · -logp_t, d/dh [B, T, H] f32, d/dW [H, V] in W's dtype or None), one T-chunk of logits at a time.
+
+  With z = softcap(h @ W): d(-logp_t)/dz = (softmax(z) - onehot(token)) · dz/dl (`_logp_and_dh`), weighted by
+  w_t; dh = dz @ W^T and dW = sum over chunks of h^T @ dz (f32 accumulation), dz cast to W's dtype before both
+  matmuls as `project_logits`' backward does. Three head matmuls a chunk, all in this one pass."""
+  b, t, _ = hidden.shape
+  chunk = max(1, min(int(chunk), t))
+  n = -(-t // chunk)
+
+  def one_chunk(dw, args):
+    hc, tc, wc = args
+    z = softcap(project_logits(hc, out_kernel), logit_softcap)
+    lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
+    logp = jnp.take_along_axis(z, tc[..., None].astype(jnp.int32), axis=-1)[..., 0] - lse[..., 0]
+    dz = (jnp.exp(z - lse) - jax.nn.one_hot(tc, z.shape[-1], dtype=jnp.float32)) * wc[..., None]
+    if logit_softcap is not None:
+      dz = dz * (1.0 - jnp.square(z / logit_softcap))
+    dz2 = dz.astype(out_kernel.dtype).reshape(-1, dz.shape[-1])
+    dh_t = jax.lax.dot_general(out_kernel, dz2, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dh = dh_t.T.reshape(*dz.shape[:-1], out_kernel.shape[0])
+    if dw is not None:
+      h2 = hc.astype(out_kernel.dtype).reshape(-1, hc.shape[-1])
+      dw = dw + jax.lax.dot_general(h2, dz2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return dw, (-jnp.sum(wc * logp), dh)
+
+  dw0 = jnp.zeros(out_kernel.shape, jnp.float32) if want_dw else None
+  xs = (_chunks(hidden, n, chunk), _chunks(tokens, n, chunk), _chunks(weights.astype(jnp.float32), n, chunk))
+  dw, (nll, dh) = jax.lax.scan(one_chunk, dw0, xs)
+  return jnp.sum(nll), _unchunk(dh, t), None if dw is None else dw.astype(out_kernel.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def fused_weighted_nll(hidden, out_kernel, tokens, weights, chunk: int = 128, logit_softcap=None):
+  """sum_t weights_t · -log softmax(softcap(hidden @ out_kernel))[tokens_t] (f32), a fused linear cross-entropy:
+  the gradients to `hidden` and (when it is differentiated: a trained head) to `out_kernel` are computed in the
+  forward pass, chunk by chunk (`_nll_and_grads`), and scaled by the incoming cotangent in the backward pass.
+  The [B, T, V] logits are made once and never stored (at most [B, chunk, V] live): three head matmuls a step
+  instead of `chunked_token_logp`'s four for a trained head (its backward recomputes the logits). Same values
+  as -sum(weights · chunked_token_logp(...)); `weights` get no gradient (a loss mask)."""
+  return _nll_and_grads(hidden, out_kernel, tokens, weights, chunk, logit_softcap, False)[0]
+
+
+def _fwn_fwd(hidden, out_kernel, tokens, weights, chunk, logit_softcap):
+  nll, dh, dw = _nll_and_grads(hidden.value, out_kernel.value, tokens.value, weights.value, chunk, logit_softcap,
+                               out_kernel.perturbed)
+  return nll, (dh, dw, jnp.zeros((0,), hidden.value.dtype))
+
+
+def _fwn_bwd(chunk, logit_softcap, res, g):
+  dh, dw, h_proto = res
+  return ((g * dh).astype(h_proto.dtype), None if dw is None else (g * dw.astype(jnp.float32)).astype(dw.dtype),
+          None, None)
+
+
+fused_weighted_nll.defvjp(_fwn_fwd, _fwn_bwd, symbolic_zeros=True)

@@ -69,7 +69,8 @@ from fineflax.train.loop import train_loop
 from fineflax.train.model_setup import compute_dtype, setup_model
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
-from fineflax.train.trainable import export_trained, init_opt_state, init_placed_state, pin_state, split_model
+from fineflax.train.trainable import (export_trained, init_opt_state, init_placed_state, moment_dtype, pin_state,
+                                     split_model)
 from fineflax.train.workdir import finish_run
 
 
@@ -89,7 +90,7 @@ class Learner:
     self.base = self.trainable.base  # None in full training
     self.rollout_base = self._rollout_base()  # the base in the rollout mesh's layout (or self.base)
     self.scale = lora_lib.lora_scale(self.lora_cfg)
-    self.optimizer = make_optimizer(config.optimizer)
+    self.optimizer = make_optimizer(config.optimizer, moment_dtype(config))
     # one step per rollout batch without a plan: the step reads its own logp as old_logp (rl.old_logp="auto")
     self.on_policy = reuses_current_logp(rl, rl.num_iterations)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
@@ -97,7 +98,8 @@ class Learner:
                                              skip_grad_bound=rl.skip_grad_bound, on_policy=self.on_policy,
                                              donate=self.trainable.donate)
     self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
-    self.critic = (Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs, donate=self.trainable.donate)
+    self.critic = (Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs, donate=self.trainable.donate,
+                          moment_dtype=moment_dtype(config))
                    if self.objective.critic else None)
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
       if rl.ppo.critic == "full" and config.model.quant != "none":

@@ -170,11 +170,11 @@ class Critic:
   a non-finite gradient leaves it unchanged.
   """
 
-  def __init__(self, ppo, optimizer_cfg, *, fwd_kwargs: dict, donate: bool = False):
+  def __init__(self, ppo, optimizer_cfg, *, fwd_kwargs: dict, donate: bool = False, moment_dtype: str = "float32"):
     self.kind, self.base = ppo.critic, None
     cfg = types.SimpleNamespace(**{k: optimizer_cfg[k] for k in optimizer_cfg.keys()})
     cfg.learning_rate, cfg.warmup_steps = ppo.critic_lr, ppo.critic_warmup_steps
-    self.optimizer = make_optimizer(cfg)
+    self.optimizer = make_optimizer(cfg, moment_dtype)
     fwd = {k: v for k, v in fwd_kwargs.items() if k in ("model_config", "lora_scale", "remat", "dtype")}
     self.values = jax.jit(functools.partial(critic_values, **fwd))
     self.micro = make_micro_grad(functools.partial(critic_loss, cliprange_value=ppo.cliprange_value,

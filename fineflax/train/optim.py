@@ -1,5 +1,6 @@
 """The optimizer: AdamW with linear warmup + cosine decay and global-norm gradient clipping (optax),
-kept in float32 whatever the parameters' dtype (`with_f32_state`)."""
+computed in float32 whatever the parameters' dtype (`with_f32_state`), its moments stored in float32
+(default) or bfloat16 (`config.train.moment_dtype`)."""
 from __future__ import annotations
 
 import jax
@@ -15,27 +16,51 @@ def make_schedule(cfg) -> optax.Schedule:
       decay_steps=max(cfg.num_steps, warmup + 1), end_value=cfg.learning_rate * cfg.end_lr_ratio)
 
 
+def _cast_floats(tree, dtype):
+  """`tree` with its floating leaves cast to `dtype` (the integer step counters as they are)."""
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x, tree)
+
+
 def _f32(tree):
   """`tree` with its floating leaves cast to float32 (the others as they are)."""
-  return jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(x), jnp.floating)
-                      else x, tree)
+  return _cast_floats(tree, jnp.float32)
 
 
-def with_f32_state(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` computed in float32: its state (AdamW's moments) is initialised from float32 views of the
-  params, and each update sees float32 gradients and params and returns float32 updates.
-  `optax.apply_updates` then adds them to each param and casts the sum to the param's dtype: bf16
-  parameters with f32 moments (config.train.master_dtype="bfloat16"); an identity for f32 parameters."""
-  return optax.GradientTransformation(
-      lambda params: tx.init(_f32(params)),
-      lambda updates, state, params=None: tx.update(_f32(updates), state, None if params is None else _f32(params)))
+MOMENT_DTYPES = ("float32", "bfloat16")  # config.train.moment_dtype
 
 
-def make_optimizer(cfg) -> optax.GradientTransformation:
-  """clip_by_global_norm(cfg.grad_clip) then adamw(schedule, b1, b2, weight_decay), in float32."""
+def with_f32_state(tx: optax.GradientTransformation, moment_dtype="float32") -> optax.GradientTransformation:
+  """`tx` computed in float32, its floating state (AdamW's mu and nu) stored in `moment_dtype`.
+
+  init: tx.init of float32 views of the params, cast to `moment_dtype`. update: the stored state read as
+  float32, mu' = b1·mu + (1 - b1)·g and nu' = b2·nu + (1 - b2)·g² (and the update) computed in float32 from
+  float32 gradients and params, mu' and nu' rounded to `moment_dtype` (round to nearest) when stored; the
+  update is float32. `optax.apply_updates` then adds it to each param and casts the sum to the param's
+  dtype: bf16 parameters with f32 moments (config.train.master_dtype="bfloat16"); with float32 moments
+  an identity for f32 parameters. bfloat16 moments halve the optimizer's bytes (torch's AdamW keeps its
+  moments in the parameters' dtype: bf16 for a bf16 model)."""
+  dtype = jnp.dtype(moment_dtype)
+  if dtype == jnp.float32:
+    return optax.GradientTransformation(
+        lambda params: tx.init(_f32(params)),
+        lambda updates, state, params=None: tx.update(_f32(updates), state,
+                                                      None if params is None else _f32(params)))
+
+  def update(updates, state, params=None):
+    out, new = tx.update(_f32(updates), _f32(state), None if params is None else _f32(params))
+    return out, _cast_floats(new, dtype)
+
+  return optax.GradientTransformation(lambda params: _cast_floats(tx.init(_f32(params)), dtype), update)
+
+
+def make_optimizer(cfg, moment_dtype="float32") -> optax.GradientTransformation:
+  """clip_by_global_norm(cfg.grad_clip) then adamw(schedule, b1, b2, weight_decay), computed in float32,
+  the moments stored in `moment_dtype` (`with_f32_state`; the jobs pass `trainable.moment_dtype(config)`)."""
+  if str(moment_dtype) not in MOMENT_DTYPES:
+    raise ValueError(f"moment_dtype={moment_dtype!r}; choose one of {', '.join(MOMENT_DTYPES)}")
   parts = []
   if cfg.grad_clip and cfg.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(cfg.grad_clip))
   parts.append(optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=1e-8,
                            weight_decay=cfg.weight_decay))
-  return with_f32_state(optax.chain(*parts))
+  return with_f32_state(optax.chain(*parts), moment_dtype)

@@ -21,6 +21,7 @@ RESUMABLE_CHANGES = ("num_steps", "optimizer.num_steps", "eval_every", "eval_bat
                      "mesh.*", "distributed.*", "model.layer_loop", "rl.dense_rollouts", "rl.decode_impl")
 # keys added to the configs after runs were saved without them: {key: the value their absence meant}
 ADDED_KEYS = {"train.params": "lora", "train.master_dtype": "bfloat16", "train.micro_batch_tokens": 0,
+              "train.moment_dtype": "float32", "train.loss_head": "chunked",
               "rl.mini_batch_size": 0, "rl.micro_batch_tokens": 0, "rl.skip_grad_bound": 0.0,
               "rl.decode_impl": "auto"}
 RUN_OUTPUTS = ("checkpoints", "checkpoints.unreadable", "logs", "history.json", "summary.json", "adapter",

@@ -15,15 +15,18 @@ import optax
 
 from fineflax.mesh import shard_batch
 from fineflax.models import ModelConfig, forward_hidden, output_kernel
-from fineflax.models.logprobs import chunked_token_logp
+from fineflax.models.logprobs import chunked_token_logp, fused_weighted_nll
 from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state, update_unless
 from fineflax.train.state import State
 from fineflax.train.trainable import model_weights
 
 
+LOSS_HEADS = ("chunked", "fused")  # config.train.loss_head
+
+
 def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,
             dropout_rng=None, remat: str = "none", dtype=jnp.float32, logits_chunk: int = 256,
-            causal_prefix: bool = False):
+            causal_prefix: bool = False, loss_head: str = "chunked"):
   """(sum_t -log p(target_t) * loss_mask_t, sum_t loss_mask_t) over one micro-batch [B, T].
 
   trainable / base: the LoRA on the frozen base, or (base None) the full parameters
@@ -31,6 +34,9 @@ def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: fl
 
   causal_prefix=True: the batch holds one right-padded sequence a row (`fineflax.data` without packing),
   so its segment_ids are ignored and attention is plain causal (`forward_hidden`): same loss, faster kernel.
+  loss_head (config.train.loss_head): "chunked" (`chunked_token_logp`: a trained head's backward recomputes
+  each chunk's logits) or "fused" (`fused_weighted_nll`: the head's gradients made in the forward pass, the
+  logits once); the same sum.
   """
   params, lora = model_weights(trainable, base)
   h = forward_hidden(params, model_config, batch["tokens"], positions=batch["positions"],
@@ -38,10 +44,15 @@ def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: fl
                      segment_ids=None if causal_prefix else batch.get("segment_ids"),
                      lora=lora, lora_scale=lora_scale, lora_dropout=lora_dropout,
                      dropout_rng=dropout_rng, remat=remat, dtype=dtype, causal_prefix=causal_prefix)
-  with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
-    logp = chunked_token_logp(h, output_kernel(params, model_config, dtype, softcap_applied=True),
-                              batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   mask = batch["loss_mask"].astype(jnp.float32)
+  with jax.named_scope("loss_head"):  # named for benchmarks/profile_step.py
+    kernel = output_kernel(params, model_config, dtype, softcap_applied=True)
+    if loss_head == "fused":
+      return fused_weighted_nll(h, kernel, batch["targets"], mask, logits_chunk,
+                                model_config.final_logit_softcapping), jnp.sum(mask)
+    if loss_head != "chunked":
+      raise ValueError(f"loss_head={loss_head!r}; choose one of {', '.join(LOSS_HEADS)}")
+    logp = chunked_token_logp(h, kernel, batch["targets"], logits_chunk, model_config.final_logit_softcapping)
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
 
@@ -95,7 +106,7 @@ def sft_step(state: State, base, batch, *, optimizer: optax.GradientTransformati
 
 def eval_step(lora, base, batch, **loss_kwargs):
   """(sum NLL, number of loss tokens) of one micro-batch [B, T], no dropout."""
-  loss_kwargs = dict(loss_kwargs, lora_dropout=0.0)
+  loss_kwargs = dict(loss_kwargs, lora_dropout=0.0, loss_head="chunked")  # no gradient: no fused head
   return sft_nll(lora, base, batch, **loss_kwargs)
 
 

@@ -4,7 +4,8 @@
           beside it; the KL reference is the base with the adapters off; the export is a PEFT adapter.
   "full"  the trainable pytree is the whole model, stored in `config.train.master_dtype` ("bfloat16":
           bf16 parameters; "float32": f32 master parameters, computed in `config.model.dtype`); AdamW
-          moments are float32 either way (`fineflax.train.optim.with_f32_state`). No base is passed
+          moments are stored in `config.train.moment_dtype` (float32 default, or bfloat16: half the
+          optimizer bytes) and computed in float32 either way (`fineflax.train.optim.with_f32_state`). No base is passed
           (base=None); the KL reference is a frozen copy of the initial parameters; rollouts read the
           current parameters directly; the export is a merged Hugging Face folder. Needs
           `config.model.quant="none"`.
@@ -51,13 +52,30 @@ def master_dtype(config):
   return jnp.dtype(lookup(config, "train.master_dtype", "bfloat16"))
 
 
+def moment_dtype(config) -> str:
+  """The dtype AdamW's moments are stored in (config.train.moment_dtype, "float32" when absent), for
+  `fineflax.train.optim.make_optimizer`; LoRA and full training alike."""
+  return lookup(config, "train.moment_dtype", "float32")
+
+
+def loss_head(config) -> str:
+  """The SFT loss head (config.train.loss_head, "chunked" when absent): `fineflax.train.sft_step.sft_nll`."""
+  return lookup(config, "train.loss_head", "chunked")
+
+
 def validate(config) -> None:
-  """config.train.params / master_dtype in their domains; full training of a quantised base or from a
+  """config.train.params / master_dtype / moment_dtype in their domains; full training of a quantised base or from a
   LoRA start is refused naming the knob to change (ConfigError, one line)."""
   if config.get("train") is None:
     return
   one_of(config, "train.params", TRAIN_PARAMS)
   one_of(config, "train.master_dtype", MASTER_DTYPES)
+  if "moment_dtype" in config.train:
+    from fineflax.train.optim import MOMENT_DTYPES
+    one_of(config, "train.moment_dtype", MOMENT_DTYPES)
+  if "loss_head" in config.train:
+    from fineflax.train.sft_step import LOSS_HEADS
+    one_of(config, "train.loss_head", LOSS_HEADS)
   if not is_full(config):
     return
   quant = lookup(config, "model.quant", "none")
