@@ -45,15 +45,26 @@ class StreamText:
       end -= 1  # the last token leaves a character incomplete: try without it
     return ""
 
-  def flush(self) -> str:
-    """The text held back (an incomplete character at the end decodes to U+FFFD); the stream is then
-    fully emitted."""
+  def peek(self) -> str:
+    """The text held back (an incomplete character at the end decodes to U+FFFD), left held back."""
     if self.read == len(self.ids):
       return ""
-    prefix_text = self.decode(self.ids[self.prefix:self.read])
-    text = self.decode(self.ids[self.prefix:])
+    return self.decode(self.ids[self.prefix:])[len(self.decode(self.ids[self.prefix:self.read])):]
+
+  def flush(self) -> str:
+    """`peek`; the stream is then fully emitted."""
+    text = self.peek()
     self.prefix = self.read = len(self.ids)
-    return text[len(prefix_text):]
+    return text
+
+  def mark(self) -> tuple[int, int, int]:
+    """The state to `rewind` to: (ids, prefix, read)."""
+    return len(self.ids), self.prefix, self.read
+
+  def rewind(self, mark: tuple[int, int, int]) -> None:
+    """Back to the state of `mark()`: the ids added since are dropped."""
+    n, self.prefix, self.read = mark
+    del self.ids[n:]
 
 
 def text_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
