@@ -48,6 +48,7 @@ from starlette.routing import Route
 
 from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
 
+from fineflax.engine.detok import token_bytes
 from fineflax.rag.agents import context_messages, question_of, retrieve, run_agentic
 from fineflax.rag.retrievers import passage_record
 from fineflax.sampling.chat import chat_prompt_ids
@@ -76,6 +77,14 @@ def longest_token_chars(tokenizer) -> int:
   """The longest token string of the vocabulary: an upper bound on the characters one token decodes to
   (byte-level BPE writes one character per byte; SentencePiece's "▁" stands for one space)."""
   return max(len(t) for t in tokenizer.get_vocab())
+
+
+async def post_on_disconnect(request: Request, queue: asyncio.Queue) -> None:
+  """Puts ("disconnect",) on `queue` when the ASGI server reports the client gone (`http.disconnect`; after
+  the body was read, `receive` waits for exactly that)."""
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+  queue.put_nowait(("disconnect",))
 
 
 class LoopOutbox:
@@ -112,6 +121,7 @@ class Server:
     self.max_prompt_chars = int(max_prompt_chars or engine.context * longest_token_chars(engine.tokenizer))
     self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}  # name -> adapter
     self.rag = rag  # fineflax.serve.rag.RagRuntime or None
+    self.token_bytes = token_bytes(engine.tokenizer)  # token id -> its bytes (logprobs)
     self._outbox: LoopOutbox | None = None  # of the running event loop
     for name, v in (rag.variants.items() if rag else ()):
       generator = v.generator or base_name
@@ -247,27 +257,31 @@ class Server:
     return await self._respond(request, Job(prompt=[], emit=None), queue, ctx)
 
   async def _complete(self, request, job, queue, ctx):
+    """The whole answer as one JSON response. A client that disconnects before it is ready cancels the job
+    at once (`post_on_disconnect` puts a ("disconnect",) event on the job's queue, so it is seen between two
+    chunk events, not after a timeout that events keep resetting): its rows leave at the engine's next
+    step, and the undelivered answer is not logged (status 499, as nginx logs it)."""
     texts, entries, reasons, counts = [""] * job.n, [[] for _ in range(job.n)], [None] * job.n, [0] * job.n
-    while None in reasons:
-      try:
-        ev = await asyncio.wait_for(queue.get(), 0.5)
-      except asyncio.TimeoutError:
-        if await request.is_disconnected():
+    watcher = asyncio.create_task(post_on_disconnect(request, queue))
+    try:
+      while None in reasons:
+        ev = await queue.get()
+        if ev[0] == "disconnect":
           self.engine.cancel(job)
           return Response(status_code=499)
-        continue
-      if ev[0] == "error":
-        raise P.ApiError(500, ev[1])
-      if ev[0] == "delta":
-        texts[ev[1]] += ev[2]
-        entries[ev[1]] += ev[3]
-      else:
-        reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
+        if ev[0] == "error":
+          raise P.ApiError(500, ev[1])
+        if ev[0] == "delta":
+          texts[ev[1]] += ev[2]
+          entries[ev[1]] += ev[3]
+        else:
+          reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
+    finally:
+      watcher.cancel()
     await self._log(ctx, texts, reasons, counts)
-    tok = self.engine.tokenizer
+    lp = lambda i: {"content": P.logprob_content(entries[i], self.token_bytes)} if ctx["req"].logprobs else None
     choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                "finish_reason": reasons[i],
-                "logprobs": {"content": P.logprob_content(tok, entries[i])} if ctx["req"].logprobs else None}
+                "finish_reason": reasons[i], "logprobs": lp(i)}
                for i in range(job.n)]
     return JSONResponse(P.completion(ctx["rid"], ctx["variant"], ctx["created"], choices,
                                      P.usage(ctx["prompt_len"], sum(counts))),
@@ -290,7 +304,7 @@ class Server:
           texts[ev[1]] += ev[2]
           if not ev[2] and not req.logprobs:
             continue  # tokens held back (a possible stop string or a partial character): nothing to send
-          lp = {"content": P.logprob_content(self.engine.tokenizer, ev[3])} if req.logprobs else None
+          lp = {"content": P.logprob_content(ev[3], self.token_bytes)} if req.logprobs else None
           yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
                                                      "finish_reason": None, "logprobs": lp}]))
         else:

@@ -188,7 +188,7 @@ class Engine:
         if not isinstance(s, str):
           raise TypeError(f"stop={job.stop!r}: stop strings must be str, got {type(s).__name__}")
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
-      keys = row_keys(int(seed) % (1 << 63), job.n)  # fold_in(PRNGKey(seed), i), without a device call
+      keys = row_keys(seed, job.n, wide=True)  # fold_in(key of all 64 bits of the seed, i), no device call
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
       job.rows = [_Row(job, i, stream=StreamText(self._decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
@@ -251,7 +251,8 @@ class Engine:
       end, hit = len(text) if final else len(text) - hold, False
     if end > row.sent or hit or final:
       delta = text[row.sent:end] if end > row.sent else ""
-      entries = list(zip(seq.tokens[row.logged:ntok], seq.raw_logprobs[row.logged:ntok]))
+      entries = [(t, lp) for t, lp in zip(seq.tokens[row.logged:ntok], seq.raw_logprobs[row.logged:ntok])
+                 if job.ignore_eos or t not in self.eos_ids]  # the end token is not content (OpenAI)
       row.logged = ntok
       row.sent = max(row.sent, end)
       if delta or entries:
