@@ -55,6 +55,8 @@ from fineflax.sampling.chat import chat_prompt_ids
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
 from fineflax.serve.feedback import UnknownResponse
+from fineflax.serve.metrics import health_fields, prometheus, snapshot
+from fineflax.serve.waiting import QueueFull
 
 
 INLINE_CHARS = 8192  # request bodies (bytes) and messages (characters) up to this size are handled on the loop
@@ -85,6 +87,14 @@ async def post_on_disconnect(request: Request, queue: asyncio.Queue) -> None:
   while (await request.receive())["type"] != "http.disconnect":
     pass
   queue.put_nowait(("disconnect",))
+
+
+def event_error(ev) -> P.ApiError:
+  """The ApiError of an ("error", message[, status, retry_after]) event (`serve.engine.Job`): 500 unless
+  it names a status; a Retry-After header when it gives one."""
+  status = ev[2] if len(ev) > 2 else 500
+  headers = {"Retry-After": str(ev[3])} if len(ev) > 3 else None
+  return P.ApiError(status, ev[1], code="server_overloaded" if status == 503 else None, headers=headers)
 
 
 class LoopOutbox:
@@ -228,10 +238,28 @@ class Server:
     return await self._respond(request, job, queue, ctx)
 
   async def _respond(self, request, job, queue, ctx):
+    """A stream starts (status 200) with the job's first event, once a row of it is admitted: a request
+    refused while it waits (the queue's deadline) still gets its 503, and a client gone before is a 499."""
     if ctx["req"].stream:
-      return StreamingResponse(self._stream(job, queue, ctx), media_type="text/event-stream",
+      first = await self._next_event(request, job, queue)
+      if first[0] == "disconnect":
+        return Response(status_code=499)
+      if first[0] == "error":
+        raise event_error(first)
+      return StreamingResponse(self._stream(job, queue, ctx, first), media_type="text/event-stream",
                                headers={"x-fineflax-variant": ctx["variant"]})
     return await self._complete(request, job, queue, ctx)
+
+  async def _next_event(self, request, job, queue):
+    """The job's next event, or ("disconnect",) when the client leaves first (its job is then cancelled)."""
+    watcher = asyncio.create_task(post_on_disconnect(request, queue))
+    try:
+      ev = await queue.get()
+    finally:
+      watcher.cancel()
+    if ev[0] == "disconnect":
+      self.engine.cancel(job)
+    return ev
 
   async def _agentic(self, request, req, body, variant, rag, question, record):
     """The Search-R1 loop on a worker thread (module docstring), answered through `_respond`."""
@@ -270,7 +298,7 @@ class Server:
           self.engine.cancel(job)
           return Response(status_code=499)
         if ev[0] == "error":
-          raise P.ApiError(500, ev[1])
+          raise event_error(ev)
         if ev[0] == "delta":
           texts[ev[1]] += ev[2]
           entries[ev[1]] += ev[3]
@@ -287,7 +315,7 @@ class Server:
                                      P.usage(ctx["prompt_len"], sum(counts))),
                         headers={"x-fineflax-variant": ctx["variant"]})
 
-  async def _stream(self, job, queue, ctx):
+  async def _stream(self, job, queue, ctx, first):
     rid, variant, created, req = ctx["rid"], ctx["variant"], ctx["created"], ctx["req"]
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n"
     texts, reasons, counts = [""] * job.n, [None] * job.n, [0] * job.n
@@ -295,22 +323,25 @@ class Server:
       for i in range(job.n):
         yield sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                    "finish_reason": None, "logprobs": None}]))
-      while None in reasons:
-        ev = await queue.get()
+      ev = first
+      while True:
+        if ev[0] == "disconnect":  # (the client left as the stream started: the finally clause cancels)
+          return
         if ev[0] == "error":
           yield sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}})
           return
-        if ev[0] == "delta":
-          texts[ev[1]] += ev[2]
-          if not ev[2] and not req.logprobs:
-            continue  # tokens held back (a possible stop string or a partial character): nothing to send
+        if ev[0] == "delta" and (ev[2] or req.logprobs):  # else tokens held back (a possible stop string
+          texts[ev[1]] += ev[2]                            # or a partial character): nothing to send
           lp = {"content": P.logprob_content(ev[3], self.token_bytes)} if req.logprobs else None
           yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
                                                      "finish_reason": None, "logprobs": lp}]))
-        else:
+        elif ev[0] == "done":
           reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
           yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
                                                      "logprobs": None}]))
+        if None not in reasons:
+          break
+        ev = await queue.get()
       await self._log(ctx, texts, reasons, counts)
       if req.include_usage:
         yield sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts))))
@@ -364,7 +395,11 @@ class Server:
                          "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
                          "prefix_hit_tokens": stats["prefix_hit_tokens"], "decode_calls": stats["decode_calls"],
                          "decode_rows": stats["decode_rows"], "compiles": count,
-                         "compile_s": round(seconds, 3)})
+                         "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine))})
+
+  async def metrics(self, request: Request):
+    self.check_auth(request)
+    return Response(prometheus(snapshot(self.engine)), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _guard(handler):
@@ -372,7 +407,10 @@ def _guard(handler):
     try:
       return await handler(request)
     except P.ApiError as e:
-      return JSONResponse(e.body(), status_code=e.status)
+      return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    except QueueFull as e:  # the waiting queue is full: 429, come back in Retry-After seconds
+      err = P.ApiError(429, str(e), code="server_overloaded", headers={"Retry-After": str(e.retry_after)})
+      return JSONResponse(err.body(), status_code=429, headers=err.headers)
     except Exception as e:  # anything unforeseen is a 500 for this request, not a dead server
       err = P.ApiError(500, f"internal error: {type(e).__name__}: {e}")
       return JSONResponse(err.body(), status_code=500)
@@ -394,7 +432,8 @@ def create_app(server: Server) -> Starlette:
             Route("/feedback", _guard(server.feedback), methods=["POST"]),
             Route("/rl/stats", _guard(server.stats), methods=["GET"]),
             Route("/rl/leaderboard", _guard(server.leaderboard), methods=["GET"]),
-            Route("/health", _guard(server.health), methods=["GET"])]
+            Route("/health", _guard(server.health), methods=["GET"]),
+            Route("/metrics", _guard(server.metrics), methods=["GET"])]
   app = Starlette(routes=routes, lifespan=lifespan)
   app.state.server = server
   return app

@@ -18,9 +18,13 @@ from fineflax.engine.keys import SEED_RANGE
 
 
 class ApiError(Exception):
-  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+  """An HTTP error answer; headers: extra response headers (Retry-After of a 429 / 503)."""
+
+  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+               headers: dict | None = None):
     super().__init__(message)
     self.status, self.message, self.param, self.code = status, message, param, code
+    self.headers = dict(headers or {})
 
   def body(self) -> dict:
     kind = ("authentication_error" if self.status == 401 else "server_error" if self.status >= 500
