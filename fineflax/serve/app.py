@@ -10,6 +10,8 @@
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
                               category); router state
   GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
+  GET  /metrics               Prometheus text: KV pages, rows, evictions, cancellations, rejections, queue wait
+                              (`serve.metrics`; /health holds the same fields)
   GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens",
                                "decode_calls", "decode_rows", "compiles", "compile_s"} (since the start: prompt
                               tokens prefilled / taken from the prefix cache, decode chunks and the rows they
@@ -29,21 +31,22 @@ template and tokenising of a large request run on worker threads, not on the eve
 ~1.4 s to tokenise on one core); a short one's (bodies and messages of at most `INLINE_CHARS`) run on the event
 loop: they take ~0.5 ms, less than one worker-thread hop under a burst (~1.8 ms at 128 requests on this
 project's CPU), and each request of a burst then reaches the engine on its own instead of every request
-waiting for the whole burst to pass each stage. A streaming client that disconnects cancels its rows.
+waiting for the whole burst to pass each stage. A client that disconnects (streaming or not) cancels its rows
+at the next event; an answer it did not get is not logged. Backpressure: `engine.submit` raises QueueFull
+past the waiting queue's bound (429 + Retry-After); a job past the queue's deadline ends with a 503 event
+(+ Retry-After), which a stream still answers as a 503 (it starts with its first event).
 `uvicorn_config` closes connections that keep silent (see `retrieval.asgi.idle_timeout_protocol`).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
-import threading
 import uuid
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
@@ -54,6 +57,8 @@ from fineflax.rag.retrievers import passage_record
 from fineflax.sampling.chat import chat_prompt_ids
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
+from fineflax.serve.answers import Answers
+from fineflax.serve.events import LoopOutbox
 from fineflax.serve.feedback import UnknownResponse
 from fineflax.serve.metrics import health_fields, prometheus, snapshot
 from fineflax.serve.waiting import QueueFull
@@ -81,46 +86,7 @@ def longest_token_chars(tokenizer) -> int:
   return max(len(t) for t in tokenizer.get_vocab())
 
 
-async def post_on_disconnect(request: Request, queue: asyncio.Queue) -> None:
-  """Puts ("disconnect",) on `queue` when the ASGI server reports the client gone (`http.disconnect`; after
-  the body was read, `receive` waits for exactly that)."""
-  while (await request.receive())["type"] != "http.disconnect":
-    pass
-  queue.put_nowait(("disconnect",))
-
-
-def event_error(ev) -> P.ApiError:
-  """The ApiError of an ("error", message[, status, retry_after]) event (`serve.engine.Job`): 500 unless
-  it names a status; a Retry-After header when it gives one."""
-  status = ev[2] if len(ev) > 2 else 500
-  headers = {"Retry-After": str(ev[3])} if len(ev) > 3 else None
-  return P.ApiError(status, ev[1], code="server_overloaded" if status == 503 else None, headers=headers)
-
-
-class LoopOutbox:
-  """Events posted from the engine thread to asyncio queues of one event loop, delivered in batches: one
-  `call_soon_threadsafe` (one wake-up of the loop) for all the events posted before the loop drains them,
-  instead of one per event (a decode chunk of 128 streams posts 128 deltas at once)."""
-
-  def __init__(self, loop: asyncio.AbstractEventLoop):
-    self.loop, self._items, self._lock, self._scheduled = loop, [], threading.Lock(), False
-
-  def post(self, queue: asyncio.Queue, event) -> None:
-    with self._lock:
-      self._items.append((queue, event))
-      if self._scheduled:
-        return
-      self._scheduled = True
-    self.loop.call_soon_threadsafe(self._drain)
-
-  def _drain(self) -> None:
-    with self._lock:
-      items, self._items, self._scheduled = self._items, [], False
-    for queue, event in items:
-      queue.put_nowait(event)
-
-
-class Server:
+class Server(Answers):
   """The app's state: engine, names, log, router and limits (see `create_app`)."""
 
   def __init__(self, engine, *, base_name, log, router, api_key=None, max_body_bytes=1 << 20,
@@ -237,30 +203,6 @@ class Server:
                prompt_len=len(prompt), record=record)
     return await self._respond(request, job, queue, ctx)
 
-  async def _respond(self, request, job, queue, ctx):
-    """A stream starts (status 200) with the job's first event, once a row of it is admitted: a request
-    refused while it waits (the queue's deadline) still gets its 503, and a client gone before is a 499."""
-    if ctx["req"].stream:
-      first = await self._next_event(request, job, queue)
-      if first[0] == "disconnect":
-        return Response(status_code=499)
-      if first[0] == "error":
-        raise event_error(first)
-      return StreamingResponse(self._stream(job, queue, ctx, first), media_type="text/event-stream",
-                               headers={"x-fineflax-variant": ctx["variant"]})
-    return await self._complete(request, job, queue, ctx)
-
-  async def _next_event(self, request, job, queue):
-    """The job's next event, or ("disconnect",) when the client leaves first (its job is then cancelled)."""
-    watcher = asyncio.create_task(post_on_disconnect(request, queue))
-    try:
-      ev = await queue.get()
-    finally:
-      watcher.cancel()
-    if ev[0] == "disconnect":
-      self.engine.cancel(job)
-    return ev
-
   async def _agentic(self, request, req, body, variant, rag, question, record):
     """The Search-R1 loop on a worker thread (module docstring), answered through `_respond`."""
     from fineflax.serve.rag import EngineLLM
@@ -283,80 +225,6 @@ class Server:
     ctx = dict(rid=f"chatcmpl-{uuid.uuid4().hex}", created=P.now(), variant=variant, body=body, req=req,
                settings=settings, prompt_len=out.prompt_tokens, record=record)
     return await self._respond(request, Job(prompt=[], emit=None), queue, ctx)
-
-  async def _complete(self, request, job, queue, ctx):
-    """The whole answer as one JSON response. A client that disconnects before it is ready cancels the job
-    at once (`post_on_disconnect` puts a ("disconnect",) event on the job's queue, so it is seen between two
-    chunk events, not after a timeout that events keep resetting): its rows leave at the engine's next
-    step, and the undelivered answer is not logged (status 499, as nginx logs it)."""
-    texts, entries, reasons, counts = [""] * job.n, [[] for _ in range(job.n)], [None] * job.n, [0] * job.n
-    watcher = asyncio.create_task(post_on_disconnect(request, queue))
-    try:
-      while None in reasons:
-        ev = await queue.get()
-        if ev[0] == "disconnect":
-          self.engine.cancel(job)
-          return Response(status_code=499)
-        if ev[0] == "error":
-          raise event_error(ev)
-        if ev[0] == "delta":
-          texts[ev[1]] += ev[2]
-          entries[ev[1]] += ev[3]
-        else:
-          reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
-    finally:
-      watcher.cancel()
-    await self._log(ctx, texts, reasons, counts)
-    lp = lambda i: {"content": P.logprob_content(entries[i], self.token_bytes)} if ctx["req"].logprobs else None
-    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                "finish_reason": reasons[i], "logprobs": lp(i)}
-               for i in range(job.n)]
-    return JSONResponse(P.completion(ctx["rid"], ctx["variant"], ctx["created"], choices,
-                                     P.usage(ctx["prompt_len"], sum(counts))),
-                        headers={"x-fineflax-variant": ctx["variant"]})
-
-  async def _stream(self, job, queue, ctx, first):
-    rid, variant, created, req = ctx["rid"], ctx["variant"], ctx["created"], ctx["req"]
-    sse = lambda obj: f"data: {json.dumps(obj)}\n\n"
-    texts, reasons, counts = [""] * job.n, [None] * job.n, [0] * job.n
-    try:
-      for i in range(job.n):
-        yield sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "finish_reason": None, "logprobs": None}]))
-      ev = first
-      while True:
-        if ev[0] == "disconnect":  # (the client left as the stream started: the finally clause cancels)
-          return
-        if ev[0] == "error":
-          yield sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}})
-          return
-        if ev[0] == "delta" and (ev[2] or req.logprobs):  # else tokens held back (a possible stop string
-          texts[ev[1]] += ev[2]                            # or a partial character): nothing to send
-          lp = {"content": P.logprob_content(ev[3], self.token_bytes)} if req.logprobs else None
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
-                                                     "finish_reason": None, "logprobs": lp}]))
-        elif ev[0] == "done":
-          reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
-                                                     "logprobs": None}]))
-        if None not in reasons:
-          break
-        ev = await queue.get()
-      await self._log(ctx, texts, reasons, counts)
-      if req.include_usage:
-        yield sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts))))
-      yield "data: [DONE]\n\n"
-    finally:
-      if None in reasons:
-        self.engine.cancel(job)
-
-  async def _log(self, ctx, texts, reasons, counts):
-    rows = [{"id": ctx["rid"] if i == 0 else f"{ctx['rid']}/{i}", "created": ctx["created"],
-             "variant": ctx["variant"], "request": ctx["body"], "messages": ctx["req"].messages,
-             "answer": texts[i], "settings": ctx["settings"], "choice": i, "prompt_tokens": ctx["prompt_len"],
-             "completion_tokens": counts[i], "finish_reason": reasons[i], **ctx["record"]}
-            for i in range(len(texts))]
-    await run_in_threadpool(self.log.add_responses, rows)
 
   async def feedback(self, request: Request):
     self.check_auth(request)
