@@ -3,6 +3,7 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 
   python -m benchmarks.serve --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
   python -m benchmarks.serve --tiny --out DIR          # CPU check: tiny random model, 1 and 4 clients
+  python -m benchmarks.serve --random-weights --shared-clients 0 --out DIR   # GPU without the GGUF (issue 51)
   ... --results                                        # also writes RESULTS.md's serve-engine section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
@@ -61,6 +62,10 @@ def parse_args(argv=None):
   ap.add_argument("--tiny", action="store_true",
                   help="CPU check: a tiny random Llama with SmolLM2's tokenizer (written under --out), "
                        "float32, no quantisation; default clients 1,4, 16 new tokens, 1 round")
+  ap.add_argument("--random-weights", action="store_true",
+                  help="random weights of SmolLM2-135M's shape (benchmarks.sampler.SHAPES, N(0, 0.02)) with the "
+                       "bundled SmolLM2 tokenizer, written under --out: no checkpoint needed (answers have "
+                       "exactly --new-tokens tokens either way: ignore_eos)")
   ap.add_argument("--clients", default=None, help="comma-separated concurrency levels (default 1,32,128)")
   ap.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64)")
   ap.add_argument("--rounds", type=int, default=None, help="timed requests per client (default 2)")
@@ -85,6 +90,8 @@ def parse_args(argv=None):
   for k, v in (tiny if args.tiny else full).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
+  if args.tiny and args.random_weights:
+    ap.error("--tiny and --random-weights: pick one")
   args.levels = [int(c) for c in args.clients.split(",")]
   args.slots = max(args.levels + [args.shared_clients])
   return args
@@ -228,6 +235,8 @@ def run_server(args, out, levels, shared: bool, extra=()):
       rows[c] = _timed(url, proc.pid, lambda: _level(url, c, args.rounds, args.new_tokens, args.temperature,
                                                      procs=client_procs(args, c)))
       print(f"server   clients={c}: {rows[c]}", flush=True)
+      atomic_write_json(out / "serve.json", {"partial": "server levels so far; the ceiling comes last",
+                                             "args": vars(args), "server": rows}, indent=2)
     row = shared_level(url, proc.pid, args) if shared else None
     if row is not None:
       print(f"shared   clients={args.shared_clients} {' '.join(extra) or 'prefix cache'}: {row}", flush=True)
@@ -277,6 +286,14 @@ def tiny_model(out: pathlib.Path) -> str:
   return tiny_chat_model(out)
 
 
+def random_smollm2(out: pathlib.Path) -> str:
+  """An HF folder of random SmolLM2-135M-shaped weights (N(0, 0.02), norms 1) with the bundled tokenizer."""
+  from benchmarks.sampler import SHAPES
+  from fineflax.testing.serve import random_chat_model
+  return random_chat_model(out, "random_smollm2", {**SHAPES["SmolLM2-135M"], "max_position_embeddings": 8192},
+                           std=0.02, norm_std=0.0)
+
+
 def main(argv=None):
   args = parse_args(argv)
   out = pathlib.Path(args.out)
@@ -286,6 +303,8 @@ def main(argv=None):
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
   if args.tiny:
     args.model = tiny_model(out)
+  elif args.random_weights:
+    args.model = random_smollm2(out)
   t0 = time.perf_counter()
   server, shared_on = run_server(args, out, args.levels, args.shared_clients > 0)
   shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
