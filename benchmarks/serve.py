@@ -83,6 +83,9 @@ def parse_args(argv=None):
   ap.add_argument("--client-procs", type=int, default=None,
                   help="client processes a level's clients are spread over (default: one per 16 clients, at most "
                        "half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
+  ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                  help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
+                       "compile what the levels need, quicker on a CPU)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
   tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32", shared_clients=4, system_tokens=128)
@@ -115,7 +118,7 @@ def server_args(args, port, log):
   return ["--model", args.model, "--name", "bench", "--quant", args.quant, "--dtype", args.dtype,
           "--slots", str(args.slots), "--context", str(args.context), "--chunk", str(args.chunk),
           "--max-tokens-limit", str(args.new_tokens), "--log", str(log), "--log-sync", "NORMAL",
-          "--port", str(port), "--warmup"]
+          "--port", str(port), "--warmup" if args.warmup else "--no-warmup"]
 
 
 def _messages(shared, c, r):

@@ -13,6 +13,8 @@ import sys
 
 from fineflax.models.dtype import DTYPE_CHOICES
 
+SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval of the server process (see `build`)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(prog="python -m fineflax.serve", description=__doc__.splitlines()[0])
@@ -164,6 +166,10 @@ def build(args: argparse.Namespace, checked=None):
   from fineflax.serve.router import ContextualRouter
 
   _, adapters, base, variants, rag = checked or check_args(args)
+  # The engine thread must get the GIL back as soon as a decode chunk returns (the device idles until it
+  # starts the next), while the event loop and the emitter thread turn the last chunk into events: a thread
+  # waiting for the GIL waits up to the switch interval, 5 ms by default (a chunk of SmolLM2 on an H200).
+  sys.setswitchinterval(SWITCH_INTERVAL_S)
   params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
   if tokenizer is None:
     raise UsageError(f"--model {args.model}: no tokenizer found; the server needs one")

@@ -1,12 +1,11 @@
 """A chat request's answer from its job's events: one JSON response (`_complete`) or server-sent events
 (`_stream`), and the logged rows (`_log`); `serve.app.Server` inherits them (it holds `engine`, `log` and
-`token_bytes`). See `serve.app`'s docstring for disconnects and the waiting queue's 429 / 503."""
+`token_bytes`, `log_writer`). See `serve.app`'s docstring for disconnects and the waiting queue's 429 / 503."""
 from __future__ import annotations
 
 import asyncio
 import json
 
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fineflax.serve import protocol as P
@@ -112,4 +111,4 @@ class Answers:
              "answer": texts[i], "settings": ctx["settings"], "choice": i, "prompt_tokens": ctx["prompt_len"],
              "completion_tokens": counts[i], "finish_reason": reasons[i], **ctx["record"]}
             for i in range(len(texts))]
-    await run_in_threadpool(self.log.add_responses, rows)
+    await self.log_writer.add(rows)  # one transaction for the answers that end together

@@ -60,6 +60,7 @@ from fineflax.serve.engine import Job
 from fineflax.serve.answers import Answers
 from fineflax.serve.events import LoopOutbox
 from fineflax.serve.feedback import UnknownResponse
+from fineflax.serve.logwriter import LogWriter
 from fineflax.serve.metrics import health_fields, prometheus, snapshot
 from fineflax.serve.waiting import QueueFull
 
@@ -98,6 +99,7 @@ class Server(Answers):
     self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}  # name -> adapter
     self.rag = rag  # fineflax.serve.rag.RagRuntime or None
     self.token_bytes = token_bytes(engine.tokenizer)  # token id -> its bytes (logprobs)
+    self.log_writer = LogWriter(log)  # group commit of the answers' log rows
     self._outbox: LoopOutbox | None = None  # of the running event loop
     for name, v in (rag.variants.items() if rag else ()):
       generator = v.generator or base_name
@@ -294,6 +296,7 @@ def create_app(server: Server) -> Starlette:
     server.engine.start()
     yield
     server.engine.stop()
+    server.log_writer.close()
 
   routes = [Route("/v1/chat/completions", _guard(server.chat), methods=["POST"]),
             Route("/v1/models", _guard(server.models), methods=["GET"]),
