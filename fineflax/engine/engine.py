@@ -530,7 +530,8 @@ class Engine(CompiledPrograms):
     """Cuts s after the shortest prefix of its current segment whose text holds a stop string
     (`engine.stops.stop_cut`, found incrementally: `StopScan` decodes only the new tokens); True if cut.
     The cache is cut back to the kept tokens."""
-    if s.stop_scan is None or s.stop_scan.key != (s.seg_start, s.stop_strings):
+    scan = s.stop_scan  # a new one when the segment, its stop strings or its tokens (cut back) changed
+    if scan is None or scan.key != (s.seg_start, s.stop_strings) or scan.fed > len(s.tokens) - s.seg_start:
       s.stop_scan = StopScan(s.stop_strings, self._text, s.seg_start)
     cut = s.stop_scan.scan(s.tokens)
     if cut is None:
