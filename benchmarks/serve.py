@@ -7,8 +7,10 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
   ... --results                                        # also writes RESULTS.md's serve-engine section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
-Clients: `openai.AsyncOpenAI` in `--client-procs` processes (default one per 16 clients, at most half the cores;
-one process of 128 such clients is CPU-bound by itself); each of N clients sends `--rounds` streaming requests one
+Clients: `openai.AsyncOpenAI` in `--client-procs` processes (default one per `CLIENTS_PER_PROC` clients, at most half
+the cores; one process of 128 such clients is CPU-bound by itself, and an `openai` streaming request costs its
+process ~5 ms of CPU: with 16 clients in a process, the last request of a burst can leave it up to ~80 ms after
+the first, a wait its TTFT counts); each of N clients sends `--rounds` streaming requests one
 after another (a closed loop), one chat prompt, temperature 1 (`--temperature`), `ignore_eos` so every answer has
 exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
 second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
@@ -52,6 +54,7 @@ from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.serve.spawn import health, spawn_server
 from fineflax.testing.serve import free_port
 
+CLIENTS_PER_PROC = 4  # default client processes: one per this many clients (module docstring)
 PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}]
 
 
@@ -81,8 +84,8 @@ def parse_args(argv=None):
   ap.add_argument("--system-tokens", type=int, default=None,
                   help="about this many tokens of shared system prompt (default 384; tiny 128)")
   ap.add_argument("--client-procs", type=int, default=None,
-                  help="client processes a level's clients are spread over (default: one per 16 clients, at most "
-                       "half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
+                  help=f"client processes a level's clients are spread over (default: one per {CLIENTS_PER_PROC} "
+                       "clients, at most half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
   ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                   help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
                        "compile what the levels need, quicker on a CPU)")
@@ -101,8 +104,9 @@ def parse_args(argv=None):
 
 
 def client_procs(args, clients: int) -> int:
-  """Client processes of a level of `clients` (--client-procs, else one per 16 clients, at most half the cores)."""
-  return args.client_procs or max(1, min((os.cpu_count() or 2) // 2, -(-clients // 16)))
+  """Client processes of a level of `clients` (--client-procs, else one per CLIENTS_PER_PROC clients, at most half
+  the cores)."""
+  return args.client_procs or max(1, min((os.cpu_count() or 2) // 2, -(-clients // CLIENTS_PER_PROC)))
 
 
 def shared_messages(system_tokens: int, i: int) -> list[dict]:
