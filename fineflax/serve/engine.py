@@ -44,7 +44,7 @@ from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.engine.pages import pages_for
 from fineflax.lora import lora_scale
-from fineflax.serve.waiting import WaitQueue
+from fineflax.serve.waiting import QueueFull, WaitQueue
 
 COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
             "prefix_hit_tokens")  # summed over the core engines; decode_rows / decode_calls: rows a decode chunk
@@ -154,8 +154,11 @@ class Engine:
                        f"prompt + {job.max_tokens} new tokens) but the pool holds {self.pool_pages} (--pages); "
                        "lower max_tokens or n")
     job.texts = [""] * job.n
-    self._note_admitted()  # (rows admitted since the last step's end are not waiting)
-    self.waiting.enter(job, job.n, room=self.slots - self.active_rows())
+    try:
+      self.waiting.enter(job, job.n, room=self.slots - self.active_rows(), final=False)
+    except QueueFull:  # rows admitted since the last step's end wait no more: count again, once
+      self._note_admitted()
+      self.waiting.enter(job, job.n, room=self.slots - self.active_rows())
     self.driver.call(lambda engine: self._admit(engine, job))
 
   def pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:

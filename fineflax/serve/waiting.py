@@ -66,12 +66,12 @@ class WaitQueue:
     waits = list(self.waits)
     return max(1, math.ceil(float(np.median(waits)))) if waits else 1
 
-  def enter(self, job, rows: int, room: int = 0) -> None:
+  def enter(self, job, rows: int, room: int = 0, final: bool = True) -> None:
     """Queues `job` of `rows` rows; QueueFull if the rows waiting plus these pass the bound plus `room`
-    (decode slots free now)."""
+    (decode slots free now); final=False: a refusal the caller may retry, not counted in stats."""
     with self._lock:
       if self.max_rows is not None and self._rows and self._rows + rows > self.max_rows + max(room, 0):
-        self.stats["rejected_full"] += 1
+        self.stats["rejected_full"] += final
         raise QueueFull(f"the server is at capacity: {self._rows} rows wait for a decode slot and this request "
                         f"adds {rows} (--max-waiting {self.max_rows}); retry later", self.retry_after())
       self._jobs[job] = (self.clock(), rows)
