@@ -12,9 +12,9 @@ Clients: `openai.AsyncOpenAI` (or plain httpx: `--client httpx`) in `--client-pr
 `openai` streaming request costs its process ~5 ms of CPU: with 16 clients in a process, the last request of a
 burst can leave it up to ~80 ms after the first, a wait its TTFT counts); each of N clients sends `--rounds`
 streaming requests one after another (a closed loop), one chat prompt, temperature 1 (`--temperature`),
-`ignore_eos` so every answer has exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
-second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
-prefill shapes).
+`ignore_eos` so every answer has exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that
+level compile what it needs (the second round's prompts find the first's pages in the prefix cache and prefill
+only their last tokens: other prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
   TTFT = time from sending a request to its first content chunk (p50 over the level's requests);
   client CPU = CPU seconds of the busiest client process / wall: near 1, the clients' own Python bounds the level;
