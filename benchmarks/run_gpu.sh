@@ -3,7 +3,7 @@
 # on a machine prepared by ../shared/tools/device-prep.sh (wheels in .whl/, the SmolLM2 GGUF in two halves).
 #   bash benchmarks/run_gpu.sh STAGE...   stages: setup1 setup2 runner bench profile unroll nf4 qlora qspeed gemv sampler decode rl apo sweep grpo
 #                                          search_r1 luffy
-#                                          cudnn exgrpo masking sr1speed sr1impl agents serve pack
+#                                          cudnn exgrpo masking sr1speed sr1impl agents serve serve51 pack
 #                                          luffy5 sr1rag combined (issue 16; 4-GPU machine: nvidia-h100-x4)
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
@@ -90,6 +90,10 @@ for stage in "$@"; do
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 -m benchmarks.serve --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
+    serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
+            # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed), ~3 min on one H200
+            timeout -s TERM 300 python3 -m benchmarks.serve --random-weights --shared-clients 0 --out "$OUT/serve" \
+              --results; cp benchmarks/RESULTS.md "$OUT/" ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
             install_peers
             for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \

@@ -3,15 +3,18 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
 
   python -m benchmarks.serve --model /root/models/SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # GPU
   python -m benchmarks.serve --tiny --out DIR          # CPU check: tiny random model, 1 and 4 clients
+  python -m benchmarks.serve --random-weights --shared-clients 0 --out DIR   # GPU without the GGUF (issue 51)
   ... --results                                        # also writes RESULTS.md's serve-engine section
 
 Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
-Clients: `openai.AsyncOpenAI` in `--client-procs` processes (default one per 16 clients, at most half the cores;
-one process of 128 such clients is CPU-bound by itself); each of N clients sends `--rounds` streaming requests one
-after another (a closed loop), one chat prompt, temperature 1 (`--temperature`), `ignore_eos` so every answer has
-exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that level compile what it needs (the
-second round's prompts find the first's pages in the prefix cache and prefill only their last tokens: other
-prefill shapes).
+Clients: `openai.AsyncOpenAI` (or plain httpx: `--client httpx`) in `--client-procs` processes (default one per
+`CLIENTS_PER_PROC` clients, at most half the cores; one process of 128 such clients is CPU-bound by itself, and an
+`openai` streaming request costs its process ~5 ms of CPU: with 16 clients in a process, the last request of a
+burst can leave it up to ~80 ms after the first, a wait its TTFT counts); each of N clients sends `--rounds`
+streaming requests one after another (a closed loop), one chat prompt, temperature 1 (`--temperature`),
+`ignore_eos` so every answer has exactly `--new-tokens` tokens. Before each timed level two untimed rounds at that
+level compile what it needs (the second round's prompts find the first's pages in the prefix cache and prefill
+only their last tokens: other prefill shapes).
   server tok/s = completion tokens (from usage) / wall time of the level;
   TTFT = time from sending a request to its first content chunk (p50 over the level's requests);
   client CPU = CPU seconds of the busiest client process / wall: near 1, the clients' own Python bounds the level;
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import pathlib
 import statistics
@@ -51,6 +55,7 @@ from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.serve.spawn import health, spawn_server
 from fineflax.testing.serve import free_port
 
+CLIENTS_PER_PROC = 4  # default client processes: one per this many clients (module docstring)
 PROMPT = [{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}]
 
 
@@ -61,6 +66,10 @@ def parse_args(argv=None):
   ap.add_argument("--tiny", action="store_true",
                   help="CPU check: a tiny random Llama with SmolLM2's tokenizer (written under --out), "
                        "float32, no quantisation; default clients 1,4, 16 new tokens, 1 round")
+  ap.add_argument("--random-weights", action="store_true",
+                  help="random weights of SmolLM2-135M's shape (benchmarks.sampler.SHAPES, N(0, 0.02)) with the "
+                       "bundled SmolLM2 tokenizer, written under --out: no checkpoint needed (answers have "
+                       "exactly --new-tokens tokens either way: ignore_eos)")
   ap.add_argument("--clients", default=None, help="comma-separated concurrency levels (default 1,32,128)")
   ap.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64)")
   ap.add_argument("--rounds", type=int, default=None, help="timed requests per client (default 2)")
@@ -76,8 +85,14 @@ def parse_args(argv=None):
   ap.add_argument("--system-tokens", type=int, default=None,
                   help="about this many tokens of shared system prompt (default 384; tiny 128)")
   ap.add_argument("--client-procs", type=int, default=None,
-                  help="client processes a level's clients are spread over (default: one per 16 clients, at most "
-                       "half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
+                  help=f"client processes a level's clients are spread over (default: one per {CLIENTS_PER_PROC} "
+                       "clients, at most half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
+  ap.add_argument("--client", choices=("openai", "httpx"), default="openai",
+                  help="the clients: openai.AsyncOpenAI (default), or plain httpx streaming reading the events as "
+                       "JSON lines (no openai objects per event: less client CPU per request in the numbers)")
+  ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                  help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
+                       "compile what the levels need, quicker on a CPU)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
   tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32", shared_clients=4, system_tokens=128)
@@ -85,14 +100,17 @@ def parse_args(argv=None):
   for k, v in (tiny if args.tiny else full).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
+  if args.tiny and args.random_weights:
+    ap.error("--tiny and --random-weights: pick one")
   args.levels = [int(c) for c in args.clients.split(",")]
   args.slots = max(args.levels + [args.shared_clients])
   return args
 
 
 def client_procs(args, clients: int) -> int:
-  """Client processes of a level of `clients` (--client-procs, else one per 16 clients, at most half the cores)."""
-  return args.client_procs or max(1, min((os.cpu_count() or 2) // 2, -(-clients // 16)))
+  """Client processes of a level of `clients` (--client-procs, else one per CLIENTS_PER_PROC clients, at most half
+  the cores)."""
+  return args.client_procs or max(1, min((os.cpu_count() or 2) // 2, -(-clients // CLIENTS_PER_PROC)))
 
 
 def shared_messages(system_tokens: int, i: int) -> list[dict]:
@@ -108,13 +126,35 @@ def server_args(args, port, log):
   return ["--model", args.model, "--name", "bench", "--quant", args.quant, "--dtype", args.dtype,
           "--slots", str(args.slots), "--context", str(args.context), "--chunk", str(args.chunk),
           "--max-tokens-limit", str(args.new_tokens), "--log", str(log), "--log-sync", "NORMAL",
-          "--port", str(port), "--warmup"]
+          "--port", str(port), "--warmup" if args.warmup else "--no-warmup"]
 
 
 def _messages(shared, c, r):
   """Messages of client c's round r: PROMPT, or with shared = (system_tokens, offset) the shared case's
   request offset + c."""
   return PROMPT if shared is None else shared_messages(shared[0], shared[1] + c)
+
+
+async def _raw_client(http, c, rounds, new_tokens, temperature, shared, ttfts, prompt_tokens):
+  """`_client` over plain httpx: the server-sent events read as lines, one json.loads each (no pydantic)."""
+  tokens = 0
+  for r in range(rounds):
+    t0, first = time.perf_counter(), None
+    body = {"model": "bench", "messages": _messages(shared, c, r), "max_tokens": new_tokens, "stream": True,
+            "temperature": temperature, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+      response.raise_for_status()
+      async for line in response.aiter_lines():
+        if not line.startswith("data: {"):
+          continue
+        ch = json.loads(line[6:])
+        if first is None and ch["choices"] and ch["choices"][0]["delta"].get("content"):
+          first = time.perf_counter() - t0
+        if ch.get("usage"):
+          tokens += ch["usage"]["completion_tokens"]
+          prompt_tokens.append(ch["usage"]["prompt_tokens"])
+    ttfts.append(first if first is not None else float("nan"))
+  return tokens
 
 
 async def _client(client, c, rounds, new_tokens, temperature, shared, ttfts, prompt_tokens):
@@ -134,21 +174,23 @@ async def _client(client, c, rounds, new_tokens, temperature, shared, ttfts, pro
   return tokens
 
 
-async def _clients(url, lo, hi, rounds, new_tokens, temperature, shared, start_at=None) -> dict:
+async def _clients(url, lo, hi, rounds, new_tokens, temperature, shared, start_at=None, kind="openai") -> dict:
   """Clients lo..hi-1 of a level in this process (they start at time.time() == start_at, if given): their
-  raw counts (TTFTs, tokens, prompt tokens, CPU seconds of this process, first start and last end)."""
+  raw counts (TTFTs, tokens, prompt tokens, CPU seconds of this process, first start and last end).
+  kind: "openai" (`openai.AsyncOpenAI`) or "httpx" (`_raw_client`)."""
   import httpx2
   import openai
   n = hi - lo
   limits = httpx2.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
-  client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600,
-                              http_client=httpx2.AsyncClient(limits=limits, timeout=3600))
+  http = httpx2.AsyncClient(limits=limits, timeout=3600, base_url=url)
+  client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600, http_client=http)
+  one = _raw_client if kind == "httpx" else _client
   if start_at is not None:
     await asyncio.sleep(max(0.0, start_at - time.time()))
   ttfts, prompt_tokens = [], []
   t0, cpu0 = time.time(), time.process_time()
-  tokens = await asyncio.gather(*[_client(client, c, rounds, new_tokens, temperature, shared, ttfts, prompt_tokens)
-                                  for c in range(lo, hi)])
+  tokens = await asyncio.gather(*[one(http if kind == "httpx" else client, c, rounds, new_tokens, temperature,
+                                      shared, ttfts, prompt_tokens) for c in range(lo, hi)])
   t1, cpu = time.time(), time.process_time() - cpu0
   await client.close()
   return {"ttfts": ttfts, "tokens": int(sum(tokens)), "prompt_tokens": int(sum(prompt_tokens)), "cpu_s": cpu,
@@ -159,19 +201,19 @@ def _client_process(out, *args):
   out.put(asyncio.run(_clients(*args)))
 
 
-def _level(url, clients, rounds, new_tokens, temperature=1.0, shared=None, procs=1):
+def _level(url, clients, rounds, new_tokens, temperature=1.0, shared=None, procs=1, kind="openai"):
   """One level: `clients` closed-loop streaming clients spread over `procs` client processes (one: this
   process), all starting together. client CPU = the busiest client process's CPU seconds / wall."""
   procs = max(1, min(procs, clients))
   bounds = [clients * i // procs for i in range(procs + 1)]
   if procs == 1:
-    parts = [asyncio.run(_clients(url, 0, clients, rounds, new_tokens, temperature, shared))]
+    parts = [asyncio.run(_clients(url, 0, clients, rounds, new_tokens, temperature, shared, None, kind))]
   else:
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue, start_at = ctx.Queue(), time.time() + 5.0  # children import openai first
     ps = [ctx.Process(target=_client_process, args=(queue, url, bounds[i], bounds[i + 1], rounds, new_tokens,
-                                                   temperature, shared, start_at), daemon=True)
+                                                   temperature, shared, start_at, kind), daemon=True)
           for i in range(procs)]
     for p in ps:
       p.start()
@@ -205,9 +247,10 @@ def shared_level(url, pid, args) -> dict:
   the server's prefilled and prefix-hit prompt tokens."""
   c = args.shared_clients
   for k in (1, 2):  # untimed, other questions: compile (the second: the shapes of cached system prompts)
-    _level(url, c, 1, args.new_tokens, args.temperature, (args.system_tokens, k * c), client_procs(args, c))
+    _level(url, c, 1, args.new_tokens, args.temperature, (args.system_tokens, k * c), client_procs(args, c),
+           args.client)
   return _timed(url, pid, lambda: _level(url, c, 1, args.new_tokens, args.temperature, (args.system_tokens, 0),
-                                         client_procs(args, c)))
+                                         client_procs(args, c), args.client))
 
 
 def run_server(args, out, levels, shared: bool, extra=()):
@@ -224,10 +267,12 @@ def run_server(args, out, levels, shared: bool, extra=()):
     rows = {}
     for c in levels:
       for _ in range(2):  # untimed: compile this level's shapes (the second: those of prompts cached by the first)
-        _level(url, c, 1, args.new_tokens, args.temperature, procs=client_procs(args, c))
+        _level(url, c, 1, args.new_tokens, args.temperature, procs=client_procs(args, c), kind=args.client)
       rows[c] = _timed(url, proc.pid, lambda: _level(url, c, args.rounds, args.new_tokens, args.temperature,
-                                                     procs=client_procs(args, c)))
+                                                     procs=client_procs(args, c), kind=args.client))
       print(f"server   clients={c}: {rows[c]}", flush=True)
+      atomic_write_json(out / "serve.json", {"partial": "server levels so far; the ceiling comes last",
+                                             "args": vars(args), "server": rows}, indent=2)
     row = shared_level(url, proc.pid, args) if shared else None
     if row is not None:
       print(f"shared   clients={args.shared_clients} {' '.join(extra) or 'prefix cache'}: {row}", flush=True)
@@ -277,6 +322,14 @@ def tiny_model(out: pathlib.Path) -> str:
   return tiny_chat_model(out)
 
 
+def random_smollm2(out: pathlib.Path) -> str:
+  """An HF folder of random SmolLM2-135M-shaped weights (N(0, 0.02), norms 1) with the bundled tokenizer."""
+  from benchmarks.sampler import SHAPES
+  from fineflax.testing.serve import random_chat_model
+  return random_chat_model(out, "random_smollm2", {**SHAPES["SmolLM2-135M"], "max_position_embeddings": 8192},
+                           std=0.02, norm_std=0.0)
+
+
 def main(argv=None):
   args = parse_args(argv)
   out = pathlib.Path(args.out)
@@ -286,6 +339,8 @@ def main(argv=None):
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the server inherits both
   if args.tiny:
     args.model = tiny_model(out)
+  elif args.random_weights:
+    args.model = random_smollm2(out)
   t0 = time.perf_counter()
   server, shared_on = run_server(args, out, args.levels, args.shared_clients > 0)
   shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
@@ -304,7 +359,8 @@ def main(argv=None):
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
         f"temperature {args.temperature:g}, "
-        f"{args.rounds} timed streaming requests per client, slots = {args.slots}, chunk {args.chunk}, "
+        f"{args.rounds} timed streaming requests per client ({args.client} clients), slots = {args.slots}, "
+        f"chunk {args.chunk}, "
         f"context {args.context}. Targets: server / ceiling >= 0.7 at 128 clients; TTFT at 32 <= 2x at 1.\n\n"
         f"{table}\n")
   if shared_on is not None:

@@ -59,6 +59,10 @@ def idle_timeout_protocol(idle_timeout: float):
       self._last_data = self.loop.time()
       super().data_received(data)
 
+    def on_response_complete(self) -> None:
+      self._last_data = self.loop.time()  # the wait on the client starts now, not at its last byte (a
+      super().on_response_complete()      # response slower than idle_timeout closed the connection at once)
+
     def connection_lost(self, exc):
       if self._watch is not None:
         self._watch.cancel()

@@ -4,7 +4,7 @@ SmolLM2 tokenizer; no delta ends in an incomplete character."""
 import numpy as np
 import pytest
 
-from fineflax.engine.detok import REPLACEMENT, StreamText, text_decoder
+from fineflax.engine.detok import REPLACEMENT, StreamText, text_decoder, token_bytes
 
 pytestmark = pytest.mark.fast
 
@@ -66,3 +66,30 @@ def test_a_window_decoder_that_drops_leading_spaces_keeps_them_inside_the_stream
     ids = [int(t) for t in rng.integers(1, 6, size=int(rng.integers(1, 20)))]
     deltas, rest = _stream(decode, ids, rng)
     assert "".join(deltas) + rest == decode(ids)
+
+
+def test_token_bytes_join_to_the_texts_utf8_even_inside_a_character(tok):
+  of = token_bytes(tok)
+  for text in TEXTS:
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(of(t) for t in ids) == text.encode("utf-8"), text
+  ids = tok.encode("😀", add_special_tokens=False)
+  assert len(ids) == 3 and [len(of(t)) for t in ids] == [2, 1, 1]  # the probe's 10813, 242, 218
+  assert all(tok.decode([t]) == REPLACEMENT for t in ids)  # what decoding one such token alone gives
+  assert of(tok.all_special_ids[0]) == tok.decode([tok.all_special_ids[0]]).encode()
+
+
+def test_token_bytes_of_a_sentencepiece_byte_fallback_vocabulary():
+  class Piece:  # a Llama-2-like vocabulary: "▁" for spaces, <0xNN> for bytes outside it
+    all_special_ids = [0]
+    backend_tokenizer = type("B", (), {"decoder": "Sequence([Replace('▁', ' '), ByteFallback(), Fuse()])"})()
+    vocab = {0: "</s>", 1: "▁caf", 2: "é", 3: "<0xF0>", 4: "<0x9F>", 5: "<0x98>", 6: "<0x80>"}
+
+    def convert_ids_to_tokens(self, i):
+      return self.vocab[i]
+
+    def decode(self, ids, skip_special_tokens=False):
+      return "".join(self.vocab[i] for i in ids)
+  of = token_bytes(Piece())
+  assert b"".join(of(t) for t in [1, 2, 3, 4, 5, 6]) == " café😀".encode()
+  assert of(0) == b"</s>"

@@ -282,3 +282,27 @@ def test_health_counts_the_processs_xla_compiles(served):
   jax.jit(lambda x: x * 3 + 1)(np.arange(7.0, dtype=np.float32))  # one new program in the server's process (idle server)
   after = http(served["url"], "/health")[1]
   assert after["compiles"] == before["compiles"] + 1 and after["compile_s"] >= before["compile_s"]
+
+
+def test_logprob_bytes_rebuild_each_answer_and_flags_of_another_type_are_400(served):
+  """Joining a choice's logprobs bytes gives its text, characters split over tokens included (before: each
+  such token reported U+FFFD's bytes); "logprobs": "yes" is a 400, not true."""
+  url = served["url"]
+  body = {"model": "tiny", "messages": MSG, "max_tokens": 40, "temperature": 1.0, "n": 4, "seed": 3,
+          "logprobs": True, "ignore_eos": True}
+  status, got = http(url, "/v1/chat/completions", body)
+  assert status == 200
+  partial = 0
+  for choice in got["choices"]:
+    pieces = [bytes(e["bytes"]) for e in choice["logprobs"]["content"]]
+    assert len(pieces) == 40
+    assert b"".join(pieces).decode("utf-8", errors="replace") == choice["message"]["content"]
+    for p in pieces:
+      try:
+        p.decode("utf-8")
+      except UnicodeDecodeError:
+        partial += 1
+  assert partial > 0  # some tokens hold part of a character
+  for flag in ("logprobs", "stream", "ignore_eos"):
+    status, err = http(url, "/v1/chat/completions", {**body, "n": 1, flag: "yes"})
+    assert status == 400 and err["error"]["param"] == flag and "'yes'" in err["error"]["message"]

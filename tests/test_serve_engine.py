@@ -128,3 +128,34 @@ def test_a_failing_row_fails_only_its_own_request():
   assert [t for e in good if e[0] == "delta" for t, _ in e[3]] == ref.tokens[0].tolist()
   assert good[-1] == ("done", 0, "length", 7)
   assert engine.stats["errors"] == 2 and engine.stats["max_active"] == 2 and engine.active_rows() == 0
+
+
+def test_seeds_use_all_64_bits():
+  """Seeds that agree in their low 32 bits draw different samples (before: jax's PRNGKey without x64 kept
+  only those bits, and each pair drew the same); a seed again draws the same."""
+  params, config, _ = _model()
+  make = lambda: Engine(params, config, DigitTokenizer(), slots=4, context=64, chunk=3, dtype=jnp.float32,
+                        eos_ids=[])
+  seeds = [5, 5 + 2**32, -1, 2**32 - 1, 7, 7 + 2**40, 5]
+  jobs = [Job(prompt=[5, 9, 14, 3], emit=None, max_tokens=8, temperature=1.0, seed=s) for s in seeds]
+  events = list(_run_jobs(make(), jobs).values())
+  got = [_tokens(ev, 0) for ev in events]
+  assert not jax.config.jax_enable_x64 and all(len(t) == 8 for t in got)
+  assert got[0] != got[1] and got[2] != got[3] and got[4] != got[5]
+  assert got[6] == got[0]
+
+
+def test_the_end_token_counts_as_completion_token_but_is_not_content():
+  """A row that ends at EOS: completion_tokens counts the EOS token (it was generated, as vLLM counts it);
+  the log-prob entries are the content's tokens only (OpenAI's logprobs.content), without the EOS."""
+  params, config, _ = _model()
+  prompt = [5, 9, 14, 3]
+  ref = generate(params, config, [prompt, list(range(3, 20))], max_new_tokens=7, temperature=0.0, eos_ids=(),
+                 lora_scale=L.lora_scale(L.LoraConfig()), dtype=jnp.float32).tokens[0].tolist()
+  k = next(i for i in range(2, 7) if ref[i] not in ref[:i])  # the first new token from the third on: EOS
+  engine = Engine(params, config, DigitTokenizer(), slots=2, context=64, chunk=3, dtype=jnp.float32,
+                  eos_ids=[ref[k]])
+  (ev,) = _run_jobs(engine, [Job(prompt=prompt, emit=None, max_tokens=7, temperature=0.0)]).values()
+  assert ev[-1] == ("done", 0, "stop", k + 1)
+  assert _tokens(ev, 0) == ref[:k]
+  assert "".join(e[2] for e in ev if e[0] == "delta") == DigitTokenizer().decode(ref[:k])

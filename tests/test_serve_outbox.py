@@ -1,11 +1,11 @@
-"""serve.app.LoopOutbox: events posted from another thread reach their queues in order, with one wake-up of
+"""serve.events.LoopOutbox: events posted from another thread reach their queues in order, with one wake-up of
 the event loop for all the events posted before it drains them."""
 import asyncio
 import threading
 
 import pytest
 
-from fineflax.serve.app import LoopOutbox
+from fineflax.serve.events import LoopOutbox
 
 pytestmark = pytest.mark.fast
 

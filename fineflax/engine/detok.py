@@ -45,15 +45,26 @@ class StreamText:
       end -= 1  # the last token leaves a character incomplete: try without it
     return ""
 
-  def flush(self) -> str:
-    """The text held back (an incomplete character at the end decodes to U+FFFD); the stream is then
-    fully emitted."""
+  def peek(self) -> str:
+    """The text held back (an incomplete character at the end decodes to U+FFFD), left held back."""
     if self.read == len(self.ids):
       return ""
-    prefix_text = self.decode(self.ids[self.prefix:self.read])
-    text = self.decode(self.ids[self.prefix:])
+    return self.decode(self.ids[self.prefix:])[len(self.decode(self.ids[self.prefix:self.read])):]
+
+  def flush(self) -> str:
+    """`peek`; the stream is then fully emitted."""
+    text = self.peek()
     self.prefix = self.read = len(self.ids)
-    return text[len(prefix_text):]
+    return text
+
+  def mark(self) -> tuple[int, int, int]:
+    """The state to `rewind` to: (ids, prefix, read)."""
+    return len(self.ids), self.prefix, self.read
+
+  def rewind(self, mark: tuple[int, int, int]) -> None:
+    """Back to the state of `mark()`: the ids added since are dropped."""
+    n, self.prefix, self.read = mark
+    del self.ids[n:]
 
 
 def text_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
@@ -64,3 +75,40 @@ def text_decoder(tokenizer) -> Callable[[Sequence[int]], str]:
   if callable(getattr(backend, "decode", None)) and getattr(tokenizer, "clean_up_tokenization_spaces", None) is False:
     return lambda ids: backend.decode(list(ids), skip_special_tokens=True)
   return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _byte_level_chars() -> dict[str, int]:
+  """GPT-2's bytes_to_unicode, inverted: the printable character byte-level BPE writes for a byte -> the byte
+  (printable Latin-1 bytes stand for themselves, the other 68 for chr(256 + k) in byte order)."""
+  kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+  others = [b for b in range(256) if b not in kept]
+  return {**{chr(b): b for b in kept}, **{chr(256 + k): b for k, b in enumerate(others)}}
+
+
+def token_bytes(tokenizer) -> Callable[[int], bytes]:
+  """token id -> the token's own bytes, so that joining a text's tokens' bytes gives its UTF-8 (a character
+  split over tokens has its bytes split the same way; decoding one such token alone gives U+FFFD instead).
+  Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2): each character of the vocabulary entry maps back to one
+  byte; SentencePiece byte fallback: `<0xNN>` is byte NN and "▁" a space; special tokens (and any other
+  vocabulary): the UTF-8 of their decoded text."""
+  decoder = repr(getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None))
+  byte_level, fallback = "ByteLevel" in decoder, "ByteFallback" in decoder
+  chars, special = _byte_level_chars(), set(getattr(tokenizer, "all_special_ids", ()))
+  cache: dict[int, bytes] = {}
+
+  def of(token: int) -> bytes:
+    token = int(token)
+    if token in cache:
+      return cache[token]
+    piece = tokenizer.convert_ids_to_tokens(token) if token not in special else None
+    if byte_level and piece is not None and all(c in chars for c in piece):
+      out = bytes(chars[c] for c in piece)
+    elif fallback and piece is not None and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+      out = bytes([int(piece[3:5], 16)])
+    elif fallback and piece is not None:
+      out = piece.replace("▁", " ").encode("utf-8")
+    else:
+      out = tokenizer.decode([token], skip_special_tokens=False).encode("utf-8")
+    cache[token] = out
+    return out
+  return of

@@ -31,9 +31,11 @@ from fineflax.engine.tensor_parallel import shard_decode_params, tp_size
 
 
 def engine_factory(params, config, *, max_rows: int, context: int, page_size: int = 16, impl: str | None = "auto",
-                   dtype, dense_base: bool = False, mesh=None, **engine_kwargs) -> Callable[[], Engine]:
+                   dtype, dense_base: bool = False, mesh=None, num_pages: int | None = None,
+                   **engine_kwargs) -> Callable[[], Engine]:
   """make_engine() -> a fresh `Engine` of `max_rows` rows, each up to `context` positions: pages_for(context)
-  pages a row (max_pages_per_row) and a pool of max_rows x (that + 1) pages plus the trash page. The decode
+  pages a row (max_pages_per_row) and a pool of max_rows x (that + 1) pages plus the trash page (num_pages:
+  a pool of that many pages instead, the trash page included: rows then wait for pages, not only slots). The decode
   params are prepared once (`prepare_decode_params`, impl, dtype, dense_base) and shared by every engine it
   makes; `engine_kwargs` go to `Engine` (chunk_size, tokenizer, eos_ids, lora, adapters, ...). mesh: decode
   tensor-parallel over its "model" axis (`engine.tensor_parallel`; the params are split once, here)."""
@@ -44,7 +46,9 @@ def engine_factory(params, config, *, max_rows: int, context: int, page_size: in
   else:
     prepared, mesh = prepare_decode_params(params, config, impl, dtype, dense_base), None
   row_pages = pages_for(context, page_size)
-  kwargs = dict(max_rows=max_rows, num_pages=max_rows * (row_pages + 1) + 1, page_size=page_size,
+  if num_pages is not None and num_pages < 2:
+    raise ValueError(f"num_pages={num_pages}: the pool needs the trash page and at least one more")
+  kwargs = dict(max_rows=max_rows, num_pages=num_pages or max_rows * (row_pages + 1) + 1, page_size=page_size,
                 max_pages_per_row=row_pages, dtype=dtype, impl=impl, prepared=True, mesh=mesh,
                 **engine_kwargs)
   return lambda: Engine(prepared, config, **kwargs)

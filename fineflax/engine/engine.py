@@ -57,7 +57,8 @@ from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params, r
 from fineflax.engine.processors import RowFilters
 from fineflax.engine.programs import CompiledPrograms, signature_shapes
 from fineflax.engine.prompts import check_ids
-from fineflax.engine.stops import stop_cut
+from fineflax.engine.detok import text_decoder
+from fineflax.engine.stops import StopScan
 
 FINISHED = ("eos", "stop", "length", "cancelled")
 MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
@@ -107,6 +108,7 @@ class Sequence:
   seg_start: int = 0  # start of the current model segment (stop strings look at it only)
   excess_chars: int = 0  # text past the stop string's end inside the last token
   stop_strings: tuple = ()
+  stop_scan: object = None  # the segment's incremental stop-string search (`engine.stops.StopScan`)
   leader: "Sequence | None" = None  # group member: shares this sequence's prompt pages
   followers: list = dataclasses.field(default_factory=list)
 
@@ -177,6 +179,7 @@ class Engine(CompiledPrograms):
     self.params = params if prepared else prepare_decode_params(params, config, self.impl, dtype, dense_base,
                                                                 fuse=self.mesh is None)
     self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+    self._text = text_decoder(tokenizer) if tokenizer is not None else None  # ids -> text, no special tokens
     self.lora, self.lora_scale = lora, jnp.asarray(lora_scale, jnp.float32)
     self.adapter_scales = None  # per-row adapters: scale of each stacked adapter
     if adapters:
@@ -517,9 +520,12 @@ class Engine(CompiledPrograms):
 
   def _cut_at_stop(self, s: Sequence) -> bool:
     """Cuts s after the shortest prefix of its current segment whose text holds a stop string
-    (`engine.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
-    cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
-                   lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+    (`engine.stops.stop_cut`, found incrementally: `StopScan` decodes only the new tokens); True if cut.
+    The cache is cut back to the kept tokens."""
+    scan = s.stop_scan  # a new one when the segment, its stop strings or its tokens (cut back) changed
+    if scan is None or scan.key != (s.seg_start, s.stop_strings) or scan.fed > len(s.tokens) - s.seg_start:
+      s.stop_scan = StopScan(s.stop_strings, self._text, s.seg_start)
+    cut = s.stop_scan.scan(s.tokens)
     if cut is None:
       return False
     end = s.seg_start + cut[0]

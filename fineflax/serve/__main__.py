@@ -13,6 +13,8 @@ import sys
 
 from fineflax.models.dtype import DTYPE_CHOICES
 
+SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval of the server process (see `build`)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(prog="python -m fineflax.serve", description=__doc__.splitlines()[0])
@@ -33,6 +35,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--prefill-tokens", type=int, default=2048,
                   help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
                        "(raised to the engine's 512-token prefill block if smaller)")
+  ap.add_argument("--pages", type=int, default=None,
+                  help="KV pages in the pool, trash page included (default: --slots x (pages of --context + 1) + 1, "
+                       "so no row ever waits for pages; fewer: rows also wait for pages to free up, and a request "
+                       "that needs more than the whole pool gets 400)")
+  ap.add_argument("--max-waiting", type=int, default=None,
+                  help="rows (n per request) that may wait for a decode slot; past it requests get 429 with "
+                       "Retry-After (default 4 x --slots; 0: unbounded)")
+  ap.add_argument("--queue-timeout", type=float, default=30.0,
+                  help="seconds a request may wait for a decode slot before it gets 503 with Retry-After "
+                       "(default 30; 0: no deadline)")
   ap.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                   help="prefill every prompt in full (default: reuse the KV pages of prefixes seen before)")
   ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
@@ -67,6 +79,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   if not args.reward_min < args.reward_max:
     ap.error(f"--reward-min {args.reward_min:g} --reward-max {args.reward_max:g}: need min < max")
+  if args.max_waiting is not None and args.max_waiting < 0:
+    ap.error(f"--max-waiting {args.max_waiting}: must be >= 0 (0: unbounded)")
+  if not args.queue_timeout >= 0:
+    ap.error(f"--queue-timeout {args.queue_timeout:g}: must be >= 0 (0: no deadline)")
+  if args.pages is not None and args.pages < 2:
+    ap.error(f"--pages {args.pages}: the pool needs the trash page and at least one more")
   if args.prefill_tokens < 1:
     ap.error(f"--prefill-tokens {args.prefill_tokens}: must be >= 1")
   for name in ("keep_alive_timeout", "idle_timeout"):
@@ -148,12 +166,18 @@ def build(args: argparse.Namespace, checked=None):
   from fineflax.serve.router import ContextualRouter
 
   _, adapters, base, variants, rag = checked or check_args(args)
+  # The engine thread must get the GIL back as soon as a decode chunk returns (the device idles until it
+  # starts the next), while the event loop and the emitter thread turn the last chunk into events: a thread
+  # waiting for the GIL waits up to the switch interval, 5 ms by default (a chunk of SmolLM2 on an H200).
+  sys.setswitchinterval(SWITCH_INTERVAL_S)
   params, config, tokenizer = load(args.model, dtype=jnp.float32, quant=args.quant)
   if tokenizer is None:
     raise UsageError(f"--model {args.model}: no tokenizer found; the server needs one")
   engine = Engine(params, config, tokenizer, adapters=adapters, slots=args.slots, context=args.context,
                   dtype=resolve_dtype(args.dtype), chunk=args.chunk, prefill_tokens=args.prefill_tokens,
-                  prefix_cache=args.prefix_cache)
+                  prefix_cache=args.prefix_cache, num_pages=args.pages,
+                  max_waiting=(4 * args.slots if args.max_waiting is None else args.max_waiting) or None,
+                  queue_timeout=args.queue_timeout or None)
   if args.warmup if args.warmup is not None else jax.default_backend() != "cpu":
     count, seconds, compiled = engine.warm_up()
     print(f"warm-up: {count} programs in {seconds:.1f} s ({compiled} XLA compiles, the rest from the "

@@ -10,6 +10,8 @@
   GET  /rl/stats              per-variant responses, feedback count, mean reward, 95% CI (overall and per
                               category); router state
   GET  /rl/leaderboard        per category (and "all"): variants ranked by mean reward, with count and CI
+  GET  /metrics               Prometheus text: KV pages, rows, evictions, cancellations, rejections, queue wait
+                              (`serve.metrics`; /health holds the same fields)
   GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens",
                                "decode_calls", "decode_rows", "compiles", "compile_s"} (since the start: prompt
                               tokens prefilled / taken from the prefix cache, decode chunks and the rows they
@@ -29,31 +31,38 @@ template and tokenising of a large request run on worker threads, not on the eve
 ~1.4 s to tokenise on one core); a short one's (bodies and messages of at most `INLINE_CHARS`) run on the event
 loop: they take ~0.5 ms, less than one worker-thread hop under a burst (~1.8 ms at 128 requests on this
 project's CPU), and each request of a burst then reaches the engine on its own instead of every request
-waiting for the whole burst to pass each stage. A streaming client that disconnects cancels its rows.
+waiting for the whole burst to pass each stage. A client that disconnects (streaming or not) cancels its rows
+at the next event; an answer it did not get is not logged. Backpressure: `engine.submit` raises QueueFull
+past the waiting queue's bound (429 + Retry-After); a job past the queue's deadline ends with a 503 event
+(+ Retry-After), which a stream still answers as a 503 (it starts with its first event).
 `uvicorn_config` closes connections that keep silent (see `retrieval.asgi.idle_timeout_protocol`).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
-import threading
 import uuid
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from retrieval.asgi import idle_timeout_protocol, parse_json, read_capped_body
 
+from fineflax.engine.detok import token_bytes
 from fineflax.rag.agents import context_messages, question_of, retrieve, run_agentic
 from fineflax.rag.retrievers import passage_record
 from fineflax.sampling.chat import chat_prompt_ids
 from fineflax.serve import protocol as P
 from fineflax.serve.engine import Job
+from fineflax.serve.answers import Answers
+from fineflax.serve.events import LoopOutbox
 from fineflax.serve.feedback import UnknownResponse
+from fineflax.serve.logwriter import LogWriter
+from fineflax.serve.metrics import health_fields, prometheus, snapshot
+from fineflax.serve.waiting import QueueFull
 
 
 INLINE_CHARS = 8192  # request bodies (bytes) and messages (characters) up to this size are handled on the loop
@@ -78,30 +87,7 @@ def longest_token_chars(tokenizer) -> int:
   return max(len(t) for t in tokenizer.get_vocab())
 
 
-class LoopOutbox:
-  """Events posted from the engine thread to asyncio queues of one event loop, delivered in batches: one
-  `call_soon_threadsafe` (one wake-up of the loop) for all the events posted before the loop drains them,
-  instead of one per event (a decode chunk of 128 streams posts 128 deltas at once)."""
-
-  def __init__(self, loop: asyncio.AbstractEventLoop):
-    self.loop, self._items, self._lock, self._scheduled = loop, [], threading.Lock(), False
-
-  def post(self, queue: asyncio.Queue, event) -> None:
-    with self._lock:
-      self._items.append((queue, event))
-      if self._scheduled:
-        return
-      self._scheduled = True
-    self.loop.call_soon_threadsafe(self._drain)
-
-  def _drain(self) -> None:
-    with self._lock:
-      items, self._items, self._scheduled = self._items, [], False
-    for queue, event in items:
-      queue.put_nowait(event)
-
-
-class Server:
+class Server(Answers):
   """The app's state: engine, names, log, router and limits (see `create_app`)."""
 
   def __init__(self, engine, *, base_name, log, router, api_key=None, max_body_bytes=1 << 20,
@@ -112,6 +98,8 @@ class Server:
     self.max_prompt_chars = int(max_prompt_chars or engine.context * longest_token_chars(engine.tokenizer))
     self.variants = {base_name: None, **{name: name for name in engine.adapter_ids}}  # name -> adapter
     self.rag = rag  # fineflax.serve.rag.RagRuntime or None
+    self.token_bytes = token_bytes(engine.tokenizer)  # token id -> its bytes (logprobs)
+    self.log_writer = LogWriter(log)  # group commit of the answers' log rows
     self._outbox: LoopOutbox | None = None  # of the running event loop
     for name, v in (rag.variants.items() if rag else ()):
       generator = v.generator or base_name
@@ -217,12 +205,6 @@ class Server:
                prompt_len=len(prompt), record=record)
     return await self._respond(request, job, queue, ctx)
 
-  async def _respond(self, request, job, queue, ctx):
-    if ctx["req"].stream:
-      return StreamingResponse(self._stream(job, queue, ctx), media_type="text/event-stream",
-                               headers={"x-fineflax-variant": ctx["variant"]})
-    return await self._complete(request, job, queue, ctx)
-
   async def _agentic(self, request, req, body, variant, rag, question, record):
     """The Search-R1 loop on a worker thread (module docstring), answered through `_respond`."""
     from fineflax.serve.rag import EngineLLM
@@ -245,73 +227,6 @@ class Server:
     ctx = dict(rid=f"chatcmpl-{uuid.uuid4().hex}", created=P.now(), variant=variant, body=body, req=req,
                settings=settings, prompt_len=out.prompt_tokens, record=record)
     return await self._respond(request, Job(prompt=[], emit=None), queue, ctx)
-
-  async def _complete(self, request, job, queue, ctx):
-    texts, entries, reasons, counts = [""] * job.n, [[] for _ in range(job.n)], [None] * job.n, [0] * job.n
-    while None in reasons:
-      try:
-        ev = await asyncio.wait_for(queue.get(), 0.5)
-      except asyncio.TimeoutError:
-        if await request.is_disconnected():
-          self.engine.cancel(job)
-          return Response(status_code=499)
-        continue
-      if ev[0] == "error":
-        raise P.ApiError(500, ev[1])
-      if ev[0] == "delta":
-        texts[ev[1]] += ev[2]
-        entries[ev[1]] += ev[3]
-      else:
-        reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
-    await self._log(ctx, texts, reasons, counts)
-    tok = self.engine.tokenizer
-    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
-                "finish_reason": reasons[i],
-                "logprobs": {"content": P.logprob_content(tok, entries[i])} if ctx["req"].logprobs else None}
-               for i in range(job.n)]
-    return JSONResponse(P.completion(ctx["rid"], ctx["variant"], ctx["created"], choices,
-                                     P.usage(ctx["prompt_len"], sum(counts))),
-                        headers={"x-fineflax-variant": ctx["variant"]})
-
-  async def _stream(self, job, queue, ctx):
-    rid, variant, created, req = ctx["rid"], ctx["variant"], ctx["created"], ctx["req"]
-    sse = lambda obj: f"data: {json.dumps(obj)}\n\n"
-    texts, reasons, counts = [""] * job.n, [None] * job.n, [0] * job.n
-    try:
-      for i in range(job.n):
-        yield sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "finish_reason": None, "logprobs": None}]))
-      while None in reasons:
-        ev = await queue.get()
-        if ev[0] == "error":
-          yield sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}})
-          return
-        if ev[0] == "delta":
-          texts[ev[1]] += ev[2]
-          if not ev[2] and not req.logprobs:
-            continue  # tokens held back (a possible stop string or a partial character): nothing to send
-          lp = {"content": P.logprob_content(self.engine.tokenizer, ev[3])} if req.logprobs else None
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
-                                                     "finish_reason": None, "logprobs": lp}]))
-        else:
-          reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
-                                                     "logprobs": None}]))
-      await self._log(ctx, texts, reasons, counts)
-      if req.include_usage:
-        yield sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts))))
-      yield "data: [DONE]\n\n"
-    finally:
-      if None in reasons:
-        self.engine.cancel(job)
-
-  async def _log(self, ctx, texts, reasons, counts):
-    rows = [{"id": ctx["rid"] if i == 0 else f"{ctx['rid']}/{i}", "created": ctx["created"],
-             "variant": ctx["variant"], "request": ctx["body"], "messages": ctx["req"].messages,
-             "answer": texts[i], "settings": ctx["settings"], "choice": i, "prompt_tokens": ctx["prompt_len"],
-             "completion_tokens": counts[i], "finish_reason": reasons[i], **ctx["record"]}
-            for i in range(len(texts))]
-    await run_in_threadpool(self.log.add_responses, rows)
 
   async def feedback(self, request: Request):
     self.check_auth(request)
@@ -350,7 +265,11 @@ class Server:
                          "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
                          "prefix_hit_tokens": stats["prefix_hit_tokens"], "decode_calls": stats["decode_calls"],
                          "decode_rows": stats["decode_rows"], "compiles": count,
-                         "compile_s": round(seconds, 3)})
+                         "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine))})
+
+  async def metrics(self, request: Request):
+    self.check_auth(request)
+    return Response(prometheus(snapshot(self.engine)), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _guard(handler):
@@ -358,7 +277,10 @@ def _guard(handler):
     try:
       return await handler(request)
     except P.ApiError as e:
-      return JSONResponse(e.body(), status_code=e.status)
+      return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    except QueueFull as e:  # the waiting queue is full: 429, come back in Retry-After seconds
+      err = P.ApiError(429, str(e), code="server_overloaded", headers={"Retry-After": str(e.retry_after)})
+      return JSONResponse(err.body(), status_code=429, headers=err.headers)
     except Exception as e:  # anything unforeseen is a 500 for this request, not a dead server
       err = P.ApiError(500, f"internal error: {type(e).__name__}: {e}")
       return JSONResponse(err.body(), status_code=500)
@@ -374,13 +296,15 @@ def create_app(server: Server) -> Starlette:
     server.engine.start()
     yield
     server.engine.stop()
+    server.log_writer.close()
 
   routes = [Route("/v1/chat/completions", _guard(server.chat), methods=["POST"]),
             Route("/v1/models", _guard(server.models), methods=["GET"]),
             Route("/feedback", _guard(server.feedback), methods=["POST"]),
             Route("/rl/stats", _guard(server.stats), methods=["GET"]),
             Route("/rl/leaderboard", _guard(server.leaderboard), methods=["GET"]),
-            Route("/health", _guard(server.health), methods=["GET"])]
+            Route("/health", _guard(server.health), methods=["GET"]),
+            Route("/metrics", _guard(server.metrics), methods=["GET"])]
   app = Starlette(routes=routes, lifespan=lifespan)
   app.state.server = server
   return app

@@ -17,6 +17,10 @@ deltas (decoded incrementally, held back while they might be the start of a stop
 UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
 from the text. "stop" = EOS or a stop string; "length" = max_tokens.
 
+Waiting: a job waits in `waiting.WaitQueue` until a row of it is admitted: a bounded queue (`submit` raises
+QueueFull past `max_waiting` rows) with a deadline (`queue_timeout` s: the job then ends with a 503 error
+event). A request that could never fit the KV pool (`pages_needed` > the pool) is refused at `submit`.
+
 Errors: a job whose settings the engine refuses, or whose callback or text handling raises, ends with an
 ("error", message) event; its sequences are cancelled, the others keep going. Only a failed device call
 fails every job in flight (the engine is then rebuilt; the server keeps serving).
@@ -38,7 +42,9 @@ from fineflax.engine.engine import FINISHED
 from fineflax.engine.keys import row_keys
 from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
+from fineflax.engine.pages import pages_for
 from fineflax.lora import lora_scale
+from fineflax.serve.waiting import QueueFull, WaitQueue
 
 COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
             "prefix_hit_tokens")  # summed over the core engines; decode_rows / decode_calls: rows a decode chunk
@@ -49,7 +55,8 @@ class Job:
   """One chat request: `n` completions of `prompt` (token ids) with one adapter and sampling settings.
 
   emit(event) is called from the server's emitter thread with ("delta", index, text, logprob_entries),
-  ("done", index, finish_reason, completion_tokens) or ("error", message). finish_reason: "stop" (EOS
+  ("done", index, finish_reason, completion_tokens) or ("error", message[, status, retry_after]) (status 503
+  and retry_after seconds: the queue's deadline passed; else a failure, 500). finish_reason: "stop" (EOS
   or a stop string, which is cut from the text) or "length". logprob entries: (token_id, logprob) with
   logprob = log_softmax(logits)[token] (untempered).
   """
@@ -98,7 +105,8 @@ class Engine:
   def __init__(self, params, config, tokenizer, *, adapters=None, slots: int = 8, context: int = 1024,
                dtype=jnp.bfloat16, chunk: int = 8, eos_ids: Sequence[int] | None = None, page_size: int = 16,
                impl: str | None = "auto", prefill_tokens: int = 2048, prefix_cache: bool = True,
-               gather_s: float = 0.02):
+               gather_s: float = 0.02, num_pages: int | None = None, max_waiting: int | None = None,
+               queue_timeout: float | None = None):
     self.slots, self.context, self.chunk = int(slots), int(context), int(chunk)
     if self.slots < 1 or self.context < 2 or self.chunk < 1:
       raise ValueError(f"slots={slots}, context={context}, chunk={chunk}: need slots >= 1, context >= 2, "
@@ -113,20 +121,26 @@ class Engine:
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
                                  interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
-                                 coarse_buckets=True)
-    self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._sync_stats,
+                                 coarse_buckets=True, num_pages=num_pages)
+    self.page_size = int(page_size)
+    self.waiting = WaitQueue(max_waiting, queue_timeout)  # not yet admitted: bound, deadline, wait times
+    self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._after_step,
                                gather_s=gather_s)
+    self.pool_pages = self.driver.engine.pages.num_pages - 1  # pages a sequence can use (the trash page aside)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
     self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
     self._emitter: threading.Thread | None = None
-    self._seen = (None, dict.fromkeys(COUNTERS, 0))
+    self._seen = (None, dict.fromkeys(COUNTERS + ("evictions",), 0))
     self.stats = {**dict.fromkeys(COUNTERS, 0), "max_active": 0, "generated_tokens": 0, "cancelled_rows": 0,
-                  "errors": 0}
+                  "errors": 0, "evictions": 0}
 
   # -- public, any thread ------------------------------------------------------------------------
   def submit(self, job: Job) -> None:
-    """Queues the job's n completions (ValueError for an unknown adapter or a too-long request)."""
+    """Queues the job's n completions: ValueError for an unknown adapter, a too-long request or one whose
+    rows need more KV pages than the whole pool (`pages_needed`); `waiting.QueueFull` when the waiting
+    queue is full. A job that waits longer than the queue's deadline ends with ("error", message, 503,
+    retry_after)."""
     if job.adapter is not None and job.adapter not in self.adapter_ids:
       raise ValueError(f"unknown adapter {job.adapter!r}; loaded: {sorted(self.adapter_ids)}")
     if not job.prompt:
@@ -134,12 +148,30 @@ class Engine:
     if len(job.prompt) + job.max_tokens > self.context:
       raise ValueError(f"prompt of {len(job.prompt)} tokens + max_tokens={job.max_tokens} exceeds the "
                        f"context of {self.context} tokens")
+    need = self.pages_needed(len(job.prompt), job.max_tokens, job.n)
+    if need > self.pool_pages:
+      raise ValueError(f"the request needs {need} KV pages ({min(job.n, self.slots)} rows of {len(job.prompt)} "
+                       f"prompt + {job.max_tokens} new tokens) but the pool holds {self.pool_pages} (--pages); "
+                       "lower max_tokens or n")
     job.texts = [""] * job.n
+    try:
+      self.waiting.enter(job, job.n, room=self.slots - self.active_rows(), final=False)
+    except QueueFull:  # rows admitted since the last step's end wait no more: count again, once
+      self._note_admitted()
+      self.waiting.enter(job, job.n, room=self.slots - self.active_rows())
     self.driver.call(lambda engine: self._admit(engine, job))
+
+  def pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
+    """KV pages the largest group of a job (min(n, slots) rows sharing the prompt's full pages) may hold at
+    once, copies on write included: an upper bound of what the engine's admission reserves for it."""
+    g, size = min(n, self.slots), pages_for(prompt_len + max_tokens, self.page_size)
+    shared = (prompt_len - 1) // self.page_size
+    return size + (g - 1) * (size - shared) + (g > 1)
 
   def cancel(self, job: Job) -> None:
     """Marks the job cancelled; its sequences leave the engine at the next step boundary."""
     job.cancelled = True
+    self.waiting.left(job)
     self.driver.call(self._cancel_rows(job))
 
   def active_rows(self) -> int:
@@ -147,8 +179,8 @@ class Engine:
     return len(self.driver.engine.live)
 
   def num_waiting(self) -> int:
-    """Requests not yet admitted (queued for the engine thread or waiting for a row)."""
-    return self.driver.queued + len(self.driver.engine.waiting)
+    """Rows of the requests not yet admitted (queued for the engine thread or waiting for a row)."""
+    return self.waiting.rows
 
   def warm_up(self, threads: int | None = None) -> tuple[int, float, int]:
     """(programs built, seconds, XLA backend compiles): every program the engine can meet serving requests
@@ -188,7 +220,7 @@ class Engine:
         if not isinstance(s, str):
           raise TypeError(f"stop={job.stop!r}: stop strings must be str, got {type(s).__name__}")
       seed = job.seed if job.seed is not None else int.from_bytes(os.urandom(8), "little")
-      keys = row_keys(int(seed) % (1 << 63), job.n)  # fold_in(PRNGKey(seed), i), without a device call
+      keys = row_keys(seed, job.n, wide=True)  # fold_in(key of all 64 bits of the seed, i), no device call
       adapter = self.adapter_ids[job.adapter] if job.adapter is not None else None
       job.rows = [_Row(job, i, stream=StreamText(self._decode)) for i in range(job.n)]
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
@@ -202,6 +234,30 @@ class Engine:
       self._jobs.add(job)
     except Exception as e:
       self._fail(engine, job, e)
+
+  def _after_step(self, engine: CoreEngine) -> None:
+    self._sync_stats(engine)
+    self._check_waiting(engine)
+
+  def _note_admitted(self) -> None:
+    """Waiting jobs with a row admitted leave the queue (their wait recorded). Any thread: it reads the
+    rows' statuses, which only the engine thread writes."""
+    for job in self.waiting.jobs():
+      if any(r.seq is not None and r.seq.status != "waiting" for r in job.rows):
+        self.waiting.admitted(job)
+
+  def _check_waiting(self, engine: CoreEngine) -> None:
+    """`_note_admitted`; the jobs past the deadline are refused: their rows are cancelled and they end with
+    ("error", message, 503, retry_after)."""
+    self._note_admitted()
+    for job in self.waiting.expired():
+      job.cancelled = True
+      self._cancel_rows(job)(engine)
+      try:
+        job.emit(("error", f"the request waited more than {self.waiting.timeout_s:g} s for a decode slot "
+                  "(--queue-timeout); the server is overloaded, retry later", 503, self.waiting.retry_after()))
+      except Exception:  # the client is gone: nothing to tell
+        traceback.print_exc()
 
   # -- emitter thread ----------------------------------------------------------------------------
   def _emit_loop(self) -> None:
@@ -251,7 +307,8 @@ class Engine:
       end, hit = len(text) if final else len(text) - hold, False
     if end > row.sent or hit or final:
       delta = text[row.sent:end] if end > row.sent else ""
-      entries = list(zip(seq.tokens[row.logged:ntok], seq.raw_logprobs[row.logged:ntok]))
+      entries = [(t, lp) for t, lp in zip(seq.tokens[row.logged:ntok], seq.raw_logprobs[row.logged:ntok])
+                 if job.ignore_eos or t not in self.eos_ids]  # the end token is not content (OpenAI)
       row.logged = ntok
       row.sent = max(row.sent, end)
       if delta or entries:
@@ -264,6 +321,7 @@ class Engine:
     another thread, None: at the engine thread's next step)."""
     self.stats["errors"] += 1
     traceback.print_exc()
+    self.waiting.left(job)
     if job.cancelled:
       return
     job.cancelled = True
@@ -290,6 +348,7 @@ class Engine:
     jobs, self._jobs = self._jobs, set()
     for job in jobs:
       job.cancelled = True
+      self.waiting.left(job)
       try:
         job.emit(("error", f"engine error: {type(e).__name__}: {e}"))
       except Exception:
@@ -298,9 +357,9 @@ class Engine:
   def _sync_stats(self, engine: CoreEngine) -> None:
     """Adds the core engine's new counts to `stats` (a rebuilt engine counts from 0 again)."""
     if self._seen[0] is not engine:
-      self._seen = (engine, dict.fromkeys(COUNTERS, 0))
-    seen = self._seen[1]
-    for k in COUNTERS:
-      self.stats[k] += engine.stats[k] - seen[k]
-      seen[k] = engine.stats[k]
+      self._seen = (engine, dict.fromkeys(COUNTERS + ("evictions",), 0))
+    seen, now = self._seen[1], {**{k: engine.stats[k] for k in COUNTERS}, "evictions": engine.pages.evicted}
+    for k, v in now.items():
+      self.stats[k] += v - seen[k]
+      seen[k] = v
     self.stats["max_active"] = max(self.stats["max_active"], engine.stats["peak_rows"])

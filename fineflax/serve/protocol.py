@@ -14,11 +14,17 @@ import dataclasses
 import math
 import time
 
+from fineflax.engine.keys import SEED_RANGE
+
 
 class ApiError(Exception):
-  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+  """An HTTP error answer; headers: extra response headers (Retry-After of a 429 / 503)."""
+
+  def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+               headers: dict | None = None):
     super().__init__(message)
     self.status, self.message, self.param, self.code = status, message, param, code
+    self.headers = dict(headers or {})
 
   def body(self) -> dict:
     kind = ("authentication_error" if self.status == 401 else "server_error" if self.status >= 500
@@ -62,6 +68,16 @@ def _int(body, key, default, lo, hi):
     raise ApiError(400, f"{key}={v!r}: expected an integer", key)
   if not lo <= v <= hi:
     raise ApiError(400, f"{key}={v}: must be in [{lo}, {hi}]", key)
+  return v
+
+
+def _flag(body, key, name=None):
+  """A boolean field (absent or null: False); any other type is a 400 ("yes" is not true)."""
+  v = body.get(key)
+  if v is None:
+    return False
+  if not isinstance(v, bool):
+    raise ApiError(400, f"{name or key}={v!r}: expected true or false", name or key)
   return v
 
 
@@ -112,6 +128,8 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
   seed = body.get("seed")
   if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
     raise ApiError(400, f"seed={seed!r}: expected an integer", "seed")
+  if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+    raise ApiError(400, f"seed={seed}: must be in [-2**63, 2**64 - 1] (all 64 bits are used)", "seed")
   top_logprobs = body.get("top_logprobs")
   if top_logprobs not in (None, 0):
     raise ApiError(400, f"top_logprobs={top_logprobs!r}: not supported (only the sampled token's logprob)",
@@ -125,17 +143,20 @@ def parse_chat_request(body, *, max_tokens_limit: int, max_n: int) -> ChatReques
   return ChatRequest(
       model=model, messages=messages, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
       top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), max_tokens=max_tokens, stop=stop,
-      n=_int(body, "n", 1, 1, max_n), seed=seed, stream=bool(body.get("stream", False)),
-      include_usage=bool(opts.get("include_usage", False)), logprobs=bool(body.get("logprobs", False)),
-      ignore_eos=bool(body.get("ignore_eos", False)), category=category)
+      n=_int(body, "n", 1, 1, max_n), seed=seed, stream=_flag(body, "stream"),
+      include_usage=_flag(opts, "include_usage", "stream_options.include_usage"), logprobs=_flag(body, "logprobs"),
+      ignore_eos=_flag(body, "ignore_eos"), category=category)
 
 
-def logprob_content(tokenizer, entries) -> list[dict]:
-  """OpenAI `logprobs.content` items from (token id, logprob) pairs (top_logprobs left empty)."""
+def logprob_content(entries, token_bytes) -> list[dict]:
+  """OpenAI `logprobs.content` items from (token id, logprob) pairs (top_logprobs left empty). bytes: the
+  token's own bytes (`token_bytes`, `engine.detok.token_bytes`: a choice's joined bytes are its text's UTF-8,
+  a character split over tokens included); token: those bytes as text (U+FFFD for a partial character)."""
   out = []
   for tok, lp in entries:
-    text = tokenizer.decode([tok], skip_special_tokens=False)
-    out.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+    raw = token_bytes(tok)
+    out.append({"token": raw.decode("utf-8", errors="replace"), "logprob": float(lp), "bytes": list(raw),
+                "top_logprobs": []})
   return out
 
 

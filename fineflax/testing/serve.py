@@ -14,23 +14,32 @@ import jax
 import numpy as np
 
 
+TINY_SHAPE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=512)
+
+
 def tiny_chat_model(root: pathlib.Path) -> str:
   """An HF folder of a tiny random Llama (vocab 49152, tied embeddings) with the bundled SmolLM2
   tokenizer and chat template; written without torch (fineflax's own export path)."""
+  return random_chat_model(root, "tiny_chat", TINY_SHAPE, std=0.3, norm_std=0.1)
+
+
+def random_chat_model(root: pathlib.Path, name: str, shape: dict, std: float, norm_std: float) -> str:
+  """An HF folder root/name (made once) of a random Llama of `shape` (`ModelConfig` fields; BOS 1, EOS 2)
+  with the bundled SmolLM2 tokenizer and chat template: norms ~ 1 + N(0, norm_std), matrices ~ N(0, std),
+  float32 safetensors written from NumPy (no jit compiles, no torch)."""
   import json
   from fineflax.io import atomic_write_text
   from fineflax.models import ModelConfig, init_params, load_tokenizer, state_dict_from_params
   from fineflax.models.safetensors_io import write_safetensors
-  path = root / "tiny_chat"
+  path = root / name
   if not (path / "config.json").exists():
-    config = ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
-                         max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,))
+    config = ModelConfig(**{"bos_token_id": 1, "eos_token_ids": (2,), **shape})
     rng = np.random.default_rng(0)
 
-    def draw(path, s):  # norms ~ 1 + N(0, 0.1), matrices ~ N(0, 0.3): NumPy, no jit compiles
+    def draw(path, s):
       norm = "norm" in jax.tree_util.keystr(path)
-      noise = (0.1 if norm else 0.3) * rng.standard_normal(s.shape)
+      noise = (norm_std if norm else std) * rng.standard_normal(s.shape)
       return ((1.0 if norm else 0.0) + noise).astype(np.float32)
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
     params = jax.tree_util.tree_map_with_path(draw, shapes)
