@@ -7,15 +7,21 @@
     seq.tokens, seq.raw_logprobs, seq.status
 
 A step (`step`), all decisions on the host between device calls:
-  1. admission: waiting requests (first come, first served; a group of n samples as one unit) become live
-     sequences while at most `max_rows` are live and the free pages cover what every live sequence may
-     still need (its prompt plus its reserve), so a decode never runs out of pages;
+  1. admission: waiting requests (first come, first served; a group of n samples as one unit; preempted
+     rows first) become live sequences while at most `max_rows` are live and the free pages cover, with
+     admission="watermark" (default, as vLLM), what every live sequence and the group take up to the end of
+     their next decode chunk plus a watermark of free pages; with admission="reserve", what every live
+     sequence may still need (its prompt plus its whole reserve: no preemption, fewer rows in flight);
   2. prefill: live sequences with tokens not yet in the cache (a new prompt, tool output appended with
      `append`) feed up to `prefill_chunk` of them each (a long prompt takes several steps; while other
      rows decode, or always with `interleave_prefill`, at most `prefill_tokens` tokens a step, so decoding
      rows keep going between blocks); a
      group's first sequence prefills the prompt once, the other n - 1 then share its pages
      (`PageAllocator.fork`; the shared partial page is copied on write);
+  before each prefill or decode call, when the pages it takes are not free, the newest live rows with
+  work are preempted: their pages freed, they wait at the head of the queue and recompute their prompt and
+  tokens by prefill when they enter again (tokens and sampling unchanged: token t of a row is drawn with
+  fold_in(key, t); `stats["preemptions"]`, `stats["recomputed_tokens"]`);
   3. decode: one chunk of up to `chunk_size` steps on the device (`device.decode_chunk`, lax.while_loop,
      no Python per token) for the rows with a budget, packed into a compact batch (rows bucketed to a
      power of two, pages read per row bucketed to the longest row: cost follows the live tokens);
@@ -34,7 +40,7 @@ On a mesh of one process, `fineflax.sampling` with cache="replicas" runs one eng
 over them, and on a data x model mesh one tensor-parallel engine per group of the model axis's devices
 (`sampling.replicas`). `Engine(mesh=make_mesh(model=N))`: tensor-parallel decoding, the weights,
 adapters and page pool split over the mesh's "model" axis (`engine.tensor_parallel`); the host side is
-unchanged. Not yet: preemption (admission reserves each sequence's whole length instead).
+unchanged.
 
 For a server: `submit` may be called between steps at any time (one thread drives the engine, others hand it
 work: `engine.driver.EngineThread`, used by `fineflax.serve` and `fineflax.agents.LocalLLM`), `on_update(seq)`
@@ -43,6 +49,7 @@ streams tokens after each chunk, `cancel(seq)` frees a sequence's row and pages 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Callable, Sequence as Seq
 
@@ -61,6 +68,7 @@ from fineflax.engine.prompts import check_ids
 from fineflax.engine.stops import stop_cut
 
 FINISHED = ("eos", "stop", "length", "cancelled")
+ADMISSIONS = ("watermark", "reserve")
 MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
 
 
@@ -110,6 +118,7 @@ class Sequence:
   stop_strings: tuple = ()
   leader: "Sequence | None" = None  # group member: shares this sequence's prompt pages
   followers: list = dataclasses.field(default_factory=list)
+  preemptions: int = 0  # times its pages were freed to be recomputed (admission="watermark")
 
   @property
   def prompt_len(self) -> int:
@@ -144,7 +153,7 @@ class Engine(CompiledPrograms):
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
                prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False,
-               mesh=None):
+               mesh=None, admission: str = "watermark", watermark: float = 0.01):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "auto" (= environment variable FINEFLAX_PAGED_ATTENTION if set, else
@@ -167,9 +176,18 @@ class Engine(CompiledPrograms):
     rows up to min_row_bucket x 4^k (not 2^k) and block tables to 2^k pages (not 2^k or 3 x 2^(k-1)): fewer
     programs to compile for more padding (the server's). mesh: a mesh with a "model" axis of N > 1 devices
     decodes tensor-parallel over it (`engine.tensor_parallel`; heads, kv heads and intermediate size divisible
-    by N; with prepared=True the params must be prepared with fuse=False)."""
+    by N; with prepared=True the params must be prepared with fuse=False). admission: "watermark" (a group
+    enters when the pages its rows take up to the end of their first decode chunk, plus those every live
+    row takes in its next chunk, plus `watermark` x the pool, are free; rows grow a chunk at a time and the
+    newest are preempted and recomputed when the pool runs dry: `engine.schedule`) or "reserve" (a group
+    enters when the pool covers every live row's prompt + whole reserve: never preempts, fewer rows in
+    flight when rows end early)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
+    if admission not in ADMISSIONS:
+      raise ValueError(f"admission={admission!r}; choose one of {ADMISSIONS}")
+    if not 0 <= watermark < 1:
+      raise ValueError(f"watermark={watermark}: a fraction of the pool in [0, 1)")
     self.impl = decode_impl(impl)
     self.mesh = mesh if tp.tp_size(mesh) > 1 else None
     if self.mesh is not None:
@@ -208,6 +226,8 @@ class Engine(CompiledPrograms):
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
+    self.admission = admission
+    self.watermark_pages = math.ceil(watermark * (self.pages.num_pages - 1))
     if self.mesh is None:
       self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)
     else:
@@ -221,7 +241,8 @@ class Engine(CompiledPrograms):
     self.live: list[Sequence] = []
     self._next_id = 0
     self.stats = {"prefill_tokens": 0, "prefix_hit_tokens": 0, "prefill_calls": 0, "decode_calls": 0,
-                  "decode_steps": 0, "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0}
+                  "decode_steps": 0, "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0,
+                  "preemptions": 0, "recomputed_tokens": 0}
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:
@@ -313,13 +334,25 @@ class Engine(CompiledPrograms):
             f.leader = group[0]
     self.waiting = [g for g in self.waiting if g]
     if seq in self.live:
-      for f in seq.followers:  # members still waiting for this prompt prefill it themselves
-        if f.status == "fork":
-          f.leader, f.status = None, "prefill"
-          self.pages.new(f.id)
+      self._hand_over(seq)
       self._finish(seq, "cancelled", force_release=True)
     else:
       seq.status = "cancelled"
+
+  def _hand_over(self, seq: Sequence) -> None:
+    """Before a live leader leaves: its first follower still waiting for the prompt becomes the group's
+    leader, holding the pages prefilled so far (they hold the same prompt's KV) and prefilling the rest;
+    the other waiting followers wait for it. The group's pages stay what admission counted (before, each
+    waiting follower prefilled the whole prompt itself into pages no one had counted: OutOfPages)."""
+    waiting = [f for f in seq.followers if f.status == "fork"]
+    if not waiting:
+      return
+    heir = waiting[0]
+    self.pages.fork(seq.id, heir.id, seq.cache_len)
+    heir.leader, heir.followers, heir.status, heir.cache_len = None, waiting[1:], "prefill", seq.cache_len
+    for f in waiting[1:]:
+      f.leader = heir
+    seq.followers = [f for f in seq.followers if f not in waiting]
 
   def release(self, seq: Sequence) -> None:
     """Frees a held sequence's pages and row."""
@@ -361,17 +394,45 @@ class Engine(CompiledPrograms):
     shared_tail = bool(table) and seq.cache_len % self.page_size != 0 and self.pages.refcount[table[-1]] > 1
     return max(size - len(table), 0) + int(shared_tail or forking)
 
+  def _step_need(self, seq: Sequence) -> int:
+    """Pages `seq` takes from the free list until the end of its next decode chunk (its prefill first:
+    positions up to len(full) - 1 + min(budget, chunk_size)); a group's follower does not count the
+    prompt's full pages it will share (a copy of the shared partial page counts). 0 for a row with no
+    work (finished, or held with no budget)."""
+    k = min(seq.budget, self.chunk_size) if seq.status in ("waiting", "prefill", "fork", "ready") else 0
+    if seq.status == "ready":
+      return self.pages.pages_to_grow(seq.id, seq.cache_len + k) if k > 0 else 0
+    if seq.status not in ("waiting", "prefill", "fork"):
+      return 0
+    table = self.pages.tables.get(seq.id)
+    have = (len(seq.prompt) - 1) // self.page_size if seq.leader is not None else len(table or ())
+    return max(pages_for(len(seq.full) - 1 + k, self.page_size) - have, 0)
+
+  def _fits(self, group: list[Sequence]) -> tuple[bool, int]:
+    """(whether `group` may enter now, the pages it needs), by the engine's admission rule: "reserve":
+    every live row's and the group's prompt + whole reserve (`_outstanding`) fit the free pages;
+    "watermark": their next chunk's pages (`_step_need`) plus `watermark_pages` fit."""
+    if self.admission == "reserve":
+      need = sum(self._outstanding(s) for s in group)
+      return need + sum(self._outstanding(s) for s in self.live) <= self.pages.num_free, need
+    need = sum(self._step_need(s) for s in group)
+    committed = sum(self._step_need(s) for s in self.live)
+    return committed + need + self.watermark_pages <= self.pages.num_free, need
+
   def _admit(self) -> None:
     while self.waiting:
       group = self.waiting[0]
       if len(self.live) + len(group) > self.max_rows:
         return
-      need = sum(self._outstanding(s) for s in group)
-      if need + sum(self._outstanding(s) for s in self.live) > self.pages.num_free:
-        if not self.live:
+      fits, need = self._fits(group)
+      if not fits:
+        if self.live:
+          return
+        if self.admission == "reserve":
           raise RuntimeError(f"a request needs {need} pages; the pool has {self.pages.num_free} free: raise "
                              "num_pages")
-        return
+        # an empty engine takes the group: its first row fits the pool (submit checks), the others
+        # are preempted until they fit
       self.waiting.pop(0)
       for s in group:
         if s.status == "cancelled":
@@ -380,6 +441,50 @@ class Engine(CompiledPrograms):
           self.pages.new(s.id)
         s.status = "fork" if s.leader is not None else "prefill"
         self.live.append(s)
+
+  def _make_room(self, plan: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+    """Preempts the newest live rows with work (`_preempt`) until the pages the rows of `plan` take to grow
+    to their lengths (sequence, length) are free; returns the plan's rows still live. A row with no work
+    (held, no budget) is never preempted: its pages are its owner's. With no row left to preempt, the
+    plan is empty: the step does nothing and `run` names the held rows."""
+    while True:
+      plan = [(s, end) for s, end in plan if s.status != "waiting"]
+      need = sum(self.pages.pages_to_grow(s.id, end) for s, end in plan)
+      if need <= self.pages.num_free:
+        return plan
+      planned = {s.id for s, _ in plan}
+      victim = next((s for s in reversed(self.live) if self._preemptible(s)
+                     and (s.id in planned or self.pages.tables.get(s.id))), None)
+      if victim is None:
+        return []
+      self._preempt(victim)
+
+  def _preemptible(self, seq: Sequence) -> bool:
+    """A live row with work: prefilling, or ready with a budget (a group's follower waiting for its
+    leader's prompt holds no pages: it goes with its leader)."""
+    return seq.status == "prefill" or (seq.status == "ready" and seq.budget > 0)
+
+  def _preempt(self, seq: Sequence) -> None:
+    """Frees `seq`'s pages and queues it ahead of new work to recompute its prompt and tokens (a prefill of
+    full[:-1]); its followers that wait for its prompt go with it, those that share its pages already
+    keep them. Tokens, budget and the key's counter are kept: the row continues where it stopped (token t
+    is drawn with fold_in(key, t) whatever the row's history)."""
+    group = [seq] + [f for f in seq.followers if f.status == "fork"]
+    for f in seq.followers:
+      if f.status != "fork":
+        f.leader = None
+    if seq.leader is not None:
+      seq.leader.followers.remove(seq)
+    seq.leader, seq.followers = None, group[1:]
+    self.stats["preemptions"] += len(group)
+    self.stats["recomputed_tokens"] += seq.cache_len
+    if seq.id in self.pages.tables:
+      self.pages.release(seq.id)
+    for s in group:
+      self.live.remove(s)
+      s.status, s.cache_len = "waiting", 0
+      s.preemptions += 1
+    self.waiting.insert(0, group)
 
   def _prefill(self) -> bool:
     """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
@@ -396,31 +501,40 @@ class Engine(CompiledPrograms):
     if not todo:
       return False
     one_call = self.interleave_prefill or any(s.status == "ready" and s.budget > 0 for s in self.live)
-    done = 0
-    while done < len(todo) and not (one_call and done):
-      longest = min(max(len(s.full) - 1 - s.cache_len for s in todo[done:]), self.prefill_chunk)
+    queue, calls = list(todo), 0
+    while not (one_call and calls):
+      queue = [s for s in queue if s.status == "prefill"]  # a call before may have preempted some
+      if not queue:
+        break
+      longest = min(max(len(s.full) - 1 - s.cache_len for s in queue), self.prefill_chunk)
       width = min(bucket(longest, minimum=16), self.prefill_chunk)
-      rows = max(1, min(len(todo) - done, self.prefill_tokens // width))
-      batch, done = todo[done:done + rows], done + rows
-      self._prefill_call(batch, width)
+      rows = max(1, min(len(queue), self.prefill_tokens // width))
+      batch, queue = queue[:rows], queue[rows:]
+      calls += self._prefill_call(batch, width)
     for s in todo:
-      if s.cache_len >= len(s.full) - 1:
+      if s.status == "prefill" and s.cache_len >= len(s.full) - 1:
         self._prefilled(s)
     return True
 
-  def _prefill_call(self, batch: list[Sequence], width: int) -> None:
+  def _prefill_call(self, batch: list[Sequence], width: int) -> bool:
+    """One prefill call feeding each row of `batch` its next block (at most `width` tokens); False when
+    every row of it was preempted first (`_make_room`)."""
+    plan = self._make_room([(s, min(s.cache_len + width, len(s.full) - 1)) for s in batch])
+    if not plan:
+      return False
+    batch = [s for s, _ in plan]
     b = self._rows(len(batch))
     tokens = np.zeros((b, width), np.int32)
     positions = np.zeros((b, width), np.int32)
     valid = np.zeros((b, width), bool)
     copies, ends = [], []
-    for r, s in enumerate(batch):
-      seg = s.full[s.cache_len:len(s.full) - 1][:width]
+    for r, (s, end) in enumerate(plan):
+      seg = s.full[s.cache_len:end]
       tokens[r, :len(seg)] = seg
       positions[r] = s.cache_len + np.arange(width)
       valid[r, :len(seg)] = True
-      copies += self.pages.grow(s.id, s.cache_len + len(seg))
-      ends.append(s.cache_len + len(seg))
+      copies += self.pages.grow(s.id, end)
+      ends.append(end)
     self._copy(copies)
     table = self._table(batch, b, self._row_limit() if self.prefill_full_table else max(ends))
     program = self._prefill_program(b, width, table.shape[1])
@@ -431,6 +545,7 @@ class Engine(CompiledPrograms):
       s.cache_len = end
     self.stats["prefill_calls"] += 1
     self._note_pages()
+    return True
 
   def _reuse_prefix(self, s: Sequence) -> None:
     """s (nothing in its cache yet) starts with the cached pages of its prompt's longest cached prefix
@@ -458,15 +573,13 @@ class Engine(CompiledPrograms):
       self._finish(s, "length")
 
   def _decode(self) -> bool:
-    rows = [s for s in self.live if s.status == "ready" and s.budget > 0]
-    if not rows:
+    plan = self._make_room([(s, s.cache_len + min(s.budget, self.chunk_size))
+                            for s in self.live if s.status == "ready" and s.budget > 0])
+    if not plan:
       return False
-    steps = self.chunk_size
-    copies, ends = [], []
-    for s in rows:
-      end = s.cache_len + min(s.budget, steps)
+    rows, ends, copies = [s for s, _ in plan], [end for _, end in plan], []
+    for s, end in plan:
       copies += self.pages.grow(s.id, end)
-      ends.append(end)
     self._copy(copies)
     b = self._rows(len(rows))
     table = self._table(rows, b, max(ends))
