@@ -129,6 +129,21 @@ def test_a_leader_cancelled_mid_prefill_hands_its_pages_to_a_follower():
     assert engine.pages.num_used == 0
 
 
+def test_a_pool_too_small_for_two_rows_runs_them_one_after_the_other():
+  """Two samples of 11 positions (3 pages of 4 each), a pool of 3 pages: reserving admission refuses the
+  group (test_engine_errors); the watermark's admits it, preempts the second row, and runs it after the
+  first, with the tokens of a pool that holds both."""
+  req = Request([3, 4], max_new_tokens=9, temperature=1.0, key=jax.random.key(4))
+  ref_engine = _engine(2, 16)
+  ref = ref_engine.submit(req, n=2)
+  ref_engine.run()
+  engine = _engine(2, 4)
+  group = engine.submit(req, n=2)
+  engine.run()
+  assert [s.tokens for s in group] == [s.tokens for s in ref] and engine.stats["peak_rows"] == 1
+  assert group[1].preemptions == 1 and engine.pages.num_used == 0
+
+
 @pytest.mark.fast
 def test_admission_errors():
   with pytest.raises(ValueError, match="admission='greedy'"):
