@@ -399,7 +399,7 @@ class Engine(CompiledPrograms):
     positions up to len(full) - 1 + min(budget, chunk_size)); a group's follower does not count the
     prompt's full pages it will share (a copy of the shared partial page counts). 0 for a row with no
     work (finished, or held with no budget)."""
-    k = min(seq.budget, self.chunk_size) if seq.status in ("waiting", "prefill", "fork", "ready") else 0
+    k = max(min(seq.budget, self.chunk_size), 0)
     if seq.status == "ready":
       return self.pages.pages_to_grow(seq.id, seq.cache_len + k) if k > 0 else 0
     if seq.status not in ("waiting", "prefill", "fork"):
@@ -408,24 +408,24 @@ class Engine(CompiledPrograms):
     have = (len(seq.prompt) - 1) // self.page_size if seq.leader is not None else len(table or ())
     return max(pages_for(len(seq.full) - 1 + k, self.page_size) - have, 0)
 
-  def _fits(self, group: list[Sequence]) -> tuple[bool, int]:
-    """(whether `group` may enter now, the pages it needs), by the engine's admission rule: "reserve":
-    every live row's and the group's prompt + whole reserve (`_outstanding`) fit the free pages;
-    "watermark": their next chunk's pages (`_step_need`) plus `watermark_pages` fit."""
-    if self.admission == "reserve":
-      need = sum(self._outstanding(s) for s in group)
-      return need + sum(self._outstanding(s) for s in self.live) <= self.pages.num_free, need
-    need = sum(self._step_need(s) for s in group)
-    committed = sum(self._step_need(s) for s in self.live)
-    return committed + need + self.watermark_pages <= self.pages.num_free, need
+  def _need(self, seq: Sequence) -> int:
+    """The pages admission counts for `seq`: "reserve", its prompt + whole reserve (`_outstanding`);
+    "watermark", its next chunk's (`_step_need`)."""
+    return self._outstanding(seq) if self.admission == "reserve" else self._step_need(seq)
 
   def _admit(self) -> None:
+    """Waiting groups enter, first come first served, while rows are free and the pages every live row
+    and the group need (`_need`), plus `watermark_pages` with the watermark's rule, are free."""
+    if not self.waiting:
+      return
+    committed = sum(self._need(s) for s in self.live)
+    margin = self.watermark_pages if self.admission == "watermark" else 0
     while self.waiting:
       group = self.waiting[0]
       if len(self.live) + len(group) > self.max_rows:
         return
-      fits, need = self._fits(group)
-      if not fits:
+      need = sum(self._need(s) for s in group)
+      if committed + need + margin > self.pages.num_free:
         if self.live:
           return
         if self.admission == "reserve":
@@ -433,6 +433,7 @@ class Engine(CompiledPrograms):
                              "num_pages")
         # an empty engine takes the group: its first row fits the pool (submit checks), the others
         # are preempted until they fit
+      committed += need
       self.waiting.pop(0)
       for s in group:
         if s.status == "cancelled":
