@@ -51,100 +51,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Callable, Sequence as Seq
+from typing import Sequence as Seq
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fineflax.engine import device, tensor_parallel as tp
-from fineflax.engine.adapters import row_weights, stack_adapters
-from fineflax.engine.pages import PageAllocator, pages_for
-from fineflax.models.paged import PAGED_KERNELS, pallas_available
-from fineflax.engine.decode import bucket, decode_impl, prepare_decode_params, resolve_eos_ids
-from fineflax.engine.processors import RowFilters
+from fineflax.engine.adapters import stack_adapters
+from fineflax.engine.calls import DeviceCalls
+from fineflax.engine.decode import decode_impl, prepare_decode_params, resolve_eos_ids
+from fineflax.engine.pages import PageAllocator
 from fineflax.engine.programs import CompiledPrograms, signature_shapes
 from fineflax.engine.prompts import check_ids
-from fineflax.engine.stops import stop_cut
-
-FINISHED = ("eos", "stop", "length", "cancelled")
-ADMISSIONS = ("watermark", "reserve")
-MIN_READ_TOKENS = 128  # block tables are at least this many tokens wide (fewer compiled programs)
+from fineflax.engine.schedule import ADMISSIONS, Scheduler
+from fineflax.engine.sequence import FINISHED, Request, Sequence, key_data  # noqa: F401 (FINISHED: serve's)
+from fineflax.models.paged import PAGED_KERNELS, pallas_available
 
 
-@dataclasses.dataclass
-class Request:
-  """One prompt to continue. max_new_tokens: tokens the first decode may generate (0 with hold=True:
-  prefill only, `Engine.resume` gives budgets later). reserve: completion tokens (generated and appended)
-  the sequence may ever hold, default max_new_tokens (pages are reserved for prompt + reserve).
-  key: a PRNG key (typed or raw uint32[2], threefry), needed when temperature > 0. eos_ids None: the
-  engine's. hold: keep the sequence and its pages after it finishes (for `append` / `resume`; `release`
-  frees it). on_update(seq): called after each step in which the sequence got tokens or finished.
-  adapter: index into the engine's `adapters` (None: the base, or the engine's one `lora`)."""
-  prompt: Seq[int]
-  max_new_tokens: int
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  key: object = None
-  eos_ids: Seq[int] | None = None
-  stop_strings: Seq[str] = ()
-  reserve: int | None = None
-  hold: bool = False
-  on_update: Callable | None = None
-  adapter: int | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class Sequence:
-  """A request's state. tokens / logprobs / raw_logprobs / model: the completion so far (model False for
-  appended tokens, whose log-probs are 0); status: waiting | prefill | fork (waits for its group's prompt)
-  | ready (decodes while budget > 0) | eos | stop | length | cancelled."""
-  id: int
-  request: Request
-  prompt: list
-  key: np.ndarray
-  eos: tuple
-  tokens: list = dataclasses.field(default_factory=list)
-  logprobs: list = dataclasses.field(default_factory=list)
-  raw_logprobs: list = dataclasses.field(default_factory=list)
-  model: list = dataclasses.field(default_factory=list)
-  status: str = "waiting"
-  budget: int = 0
-  cache_len: int = 0  # positions in the cache
-  count: int = 0  # tokens sampled so far (the key's counter)
-  seg_start: int = 0  # start of the current model segment (stop strings look at it only)
-  excess_chars: int = 0  # text past the stop string's end inside the last token
-  stop_strings: tuple = ()
-  leader: "Sequence | None" = None  # group member: shares this sequence's prompt pages
-  followers: list = dataclasses.field(default_factory=list)
-  preemptions: int = 0  # times its pages were freed to be recomputed (admission="watermark")
-
-  @property
-  def prompt_len(self) -> int:
-    return len(self.prompt)
-
-  @property
-  def full(self) -> list:
-    return self.prompt + self.tokens
-
-  @property
-  def max_len(self) -> int:
-    """Positions the sequence may ever reach: prompt + reserve."""
-    r = self.request
-    return len(self.prompt) + (r.max_new_tokens if r.reserve is None else r.reserve)
-
-  @property
-  def room(self) -> int:
-    return self.max_len - len(self.full)
-
-  @property
-  def finished(self) -> bool:
-    return self.status in FINISHED
-
-
-class Engine(CompiledPrograms):
-  """Host driver of the paged-cache device functions (see the module docstring)."""
+class Engine(Scheduler, DeviceCalls, CompiledPrograms):
+  """Host driver of the paged-cache device functions (see the module docstring): the public API and the
+  step's order here, admission and preemption in `Scheduler`, the device calls in `DeviceCalls`, their
+  compiled programs in `CompiledPrograms`."""
 
   def __init__(self, params, config, *, max_rows: int, num_pages: int, page_size: int = 16,
                chunk_size: int = 32, prefill_chunk: int = 512, prefill_tokens: int = 16384,
@@ -281,7 +208,7 @@ class Engine(CompiledPrograms):
       if request.stop_strings and self.tokenizer is None:
         raise ValueError(f"stop_strings={tuple(request.stop_strings)} need a tokenizer (Engine(tokenizer=...))")
       eos = self.eos_ids if request.eos_ids is None else tuple(int(t) for t in request.eos_ids)
-      seq = Sequence(self._next_id, request, list(prompt), _key_data(request.key), eos,
+      seq = Sequence(self._next_id, request, list(prompt), key_data(request.key), eos,
                      budget=int(request.max_new_tokens), stop_strings=tuple(s for s in request.stop_strings if s))
       self._next_id += 1
       if seq.max_len > self._row_limit():
@@ -339,21 +266,6 @@ class Engine(CompiledPrograms):
     else:
       seq.status = "cancelled"
 
-  def _hand_over(self, seq: Sequence) -> None:
-    """Before a live leader leaves: its first follower still waiting for the prompt becomes the group's
-    leader, holding the pages prefilled so far (they hold the same prompt's KV) and prefilling the rest;
-    the other waiting followers wait for it. The group's pages stay what admission counted (before, each
-    waiting follower prefilled the whole prompt itself into pages no one had counted: OutOfPages)."""
-    waiting = [f for f in seq.followers if f.status == "fork"]
-    if not waiting:
-      return
-    heir = waiting[0]
-    self.pages.fork(seq.id, heir.id, seq.cache_len)
-    heir.leader, heir.followers, heir.status, heir.cache_len = None, waiting[1:], "prefill", seq.cache_len
-    for f in waiting[1:]:
-      f.leader = heir
-    seq.followers = [f for f in seq.followers if f not in waiting]
-
   def release(self, seq: Sequence) -> None:
     """Frees a held sequence's pages and row."""
     if seq in self.live:
@@ -379,344 +291,8 @@ class Engine(CompiledPrograms):
   def _row_limit(self) -> int:
     return (self.max_pages_per_row or self.pages.num_pages - 1) * self.page_size
 
-  def _outstanding(self, seq: Sequence) -> int:
-    """Pages `seq` may still take from the free list to reach its max_len (copies on write included).
-    A group shares its prompt's full pages: the followers never take those; whoever writes into the
-    shared partial page first takes a copy of it (the last holder writes the original)."""
-    size, table = pages_for(seq.max_len, self.page_size), self.pages.tables.get(seq.id)
-    shared_full = (len(seq.prompt) - 1) // self.page_size
-    partial = (len(seq.prompt) - 1) % self.page_size != 0
-    if seq.leader is not None and seq.status in ("waiting", "fork"):
-      return size - shared_full
-    if table is None:  # waiting
-      return size + int(partial and bool(seq.followers))
-    forking = partial and any(f.status in ("waiting", "fork") for f in seq.followers)
-    shared_tail = bool(table) and seq.cache_len % self.page_size != 0 and self.pages.refcount[table[-1]] > 1
-    return max(size - len(table), 0) + int(shared_tail or forking)
-
-  def _step_need(self, seq: Sequence) -> int:
-    """Pages `seq` takes from the free list until the end of its next decode chunk (its prefill first:
-    positions up to len(full) - 1 + min(budget, chunk_size)); a group's follower does not count the
-    prompt's full pages it will share (a copy of the shared partial page counts). 0 for a row with no
-    work (finished, or held with no budget)."""
-    k = max(min(seq.budget, self.chunk_size), 0)
-    if seq.status == "ready":
-      return self.pages.pages_to_grow(seq.id, seq.cache_len + k) if k > 0 else 0
-    if seq.status not in ("waiting", "prefill", "fork"):
-      return 0
-    table = self.pages.tables.get(seq.id)
-    have = (len(seq.prompt) - 1) // self.page_size if seq.leader is not None else len(table or ())
-    return max(pages_for(len(seq.full) - 1 + k, self.page_size) - have, 0)
-
-  def _need(self, seq: Sequence) -> int:
-    """The pages admission counts for `seq`: "reserve", its prompt + whole reserve (`_outstanding`);
-    "watermark", its next chunk's (`_step_need`)."""
-    return self._outstanding(seq) if self.admission == "reserve" else self._step_need(seq)
-
-  def _admit(self) -> None:
-    """Waiting groups enter, first come first served, while rows are free and the pages every live row
-    and the group need (`_need`), plus `watermark_pages` with the watermark's rule, are free."""
-    if not self.waiting:
-      return
-    committed = sum(self._need(s) for s in self.live)
-    margin = self.watermark_pages if self.admission == "watermark" else 0
-    while self.waiting:
-      group = self.waiting[0]
-      if len(self.live) + len(group) > self.max_rows:
-        return
-      need = sum(self._need(s) for s in group)
-      if committed + need + margin > self.pages.num_free:
-        if self.live:
-          return
-        if self.admission == "reserve":
-          raise RuntimeError(f"a request needs {need} pages; the pool has {self.pages.num_free} free: raise "
-                             "num_pages")
-        # an empty engine takes the group: its first row fits the pool (submit checks), the others
-        # are preempted until they fit
-      committed += need
-      self.waiting.pop(0)
-      for s in group:
-        if s.status == "cancelled":
-          continue
-        if s.leader is None:
-          self.pages.new(s.id)
-        s.status = "fork" if s.leader is not None else "prefill"
-        self.live.append(s)
-
-  def _make_room(self, plan: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
-    """Preempts the newest live rows with work (`_preempt`) until the pages the rows of `plan` take to grow
-    to their lengths (sequence, length) are free; returns the plan's rows still live. A row with no work
-    (held, no budget) is never preempted: its pages are its owner's. With no row left to preempt, the
-    plan is empty: the step does nothing and `run` names the held rows."""
-    while True:
-      plan = [(s, end) for s, end in plan if s.status != "waiting"]
-      need = sum(self.pages.pages_to_grow(s.id, end) for s, end in plan)
-      if need <= self.pages.num_free:
-        return plan
-      planned = {s.id for s, _ in plan}
-      victim = next((s for s in reversed(self.live) if self._preemptible(s)
-                     and (s.id in planned or self.pages.tables.get(s.id))), None)
-      if victim is None:
-        return []
-      self._preempt(victim)
-
-  def _preemptible(self, seq: Sequence) -> bool:
-    """A live row with work: prefilling, or ready with a budget (a group's follower waiting for its
-    leader's prompt holds no pages: it goes with its leader)."""
-    return seq.status == "prefill" or (seq.status == "ready" and seq.budget > 0)
-
-  def _preempt(self, seq: Sequence) -> None:
-    """Frees `seq`'s pages and queues it ahead of new work to recompute its prompt and tokens (a prefill of
-    full[:-1]); its followers that wait for its prompt go with it, those that share its pages already
-    keep them. Tokens, budget and the key's counter are kept: the row continues where it stopped (token t
-    is drawn with fold_in(key, t) whatever the row's history)."""
-    group = [seq] + [f for f in seq.followers if f.status == "fork"]
-    for f in seq.followers:
-      if f.status != "fork":
-        f.leader = None
-    if seq.leader is not None:
-      seq.leader.followers.remove(seq)
-    seq.leader, seq.followers = None, group[1:]
-    self.stats["preemptions"] += len(group)
-    self.stats["recomputed_tokens"] += seq.cache_len
-    if seq.id in self.pages.tables:
-      self.pages.release(seq.id)
-    for s in group:
-      self.live.remove(s)
-      s.status, s.cache_len = "waiting", 0
-      s.preemptions += 1
-    self.waiting.insert(0, group)
-
-  def _prefill(self) -> bool:
-    """Feeds tokens not yet in the cache (prompts, appended tool output): one block of at most
-    `prefill_chunk` tokens per sequence. While other rows decode (or with `interleave_prefill`), one call of
-    at most `prefill_tokens` tokens per step (decoding rows do not wait for a flood of new prompts);
-    otherwise all of them."""
-    todo = [s for s in self.live if s.status == "prefill"]
-    for s in todo:
-      if self.prefix_cache and s.cache_len == 0 and not self.pages.tables[s.id]:
-        self._reuse_prefix(s)
-      if s.cache_len >= len(s.full) - 1:
-        self._prefilled(s)
-    todo = [s for s in todo if s.status == "prefill"]
-    if not todo:
-      return False
-    one_call = self.interleave_prefill or any(s.status == "ready" and s.budget > 0 for s in self.live)
-    queue, calls = list(todo), 0
-    while not (one_call and calls):
-      queue = [s for s in queue if s.status == "prefill"]  # a call before may have preempted some
-      if not queue:
-        break
-      longest = min(max(len(s.full) - 1 - s.cache_len for s in queue), self.prefill_chunk)
-      width = min(bucket(longest, minimum=16), self.prefill_chunk)
-      rows = max(1, min(len(queue), self.prefill_tokens // width))
-      batch, queue = queue[:rows], queue[rows:]
-      calls += self._prefill_call(batch, width)
-    for s in todo:
-      if s.status == "prefill" and s.cache_len >= len(s.full) - 1:
-        self._prefilled(s)
-    return True
-
-  def _prefill_call(self, batch: list[Sequence], width: int) -> bool:
-    """One prefill call feeding each row of `batch` its next block (at most `width` tokens); False when
-    every row of it was preempted first (`_make_room`)."""
-    plan = self._make_room([(s, min(s.cache_len + width, len(s.full) - 1)) for s in batch])
-    if not plan:
-      return False
-    batch = [s for s, _ in plan]
-    b = self._rows(len(batch))
-    tokens = np.zeros((b, width), np.int32)
-    positions = np.zeros((b, width), np.int32)
-    valid = np.zeros((b, width), bool)
-    copies, ends = [], []
-    for r, (s, end) in enumerate(plan):
-      seg = s.full[s.cache_len:end]
-      tokens[r, :len(seg)] = seg
-      positions[r] = s.cache_len + np.arange(width)
-      valid[r, :len(seg)] = True
-      copies += self.pages.grow(s.id, end)
-      ends.append(end)
-    self._copy(copies)
-    table = self._table(batch, b, self._row_limit() if self.prefill_full_table else max(ends))
-    program = self._prefill_program(b, width, table.shape[1])
-    self.pool = program(self.params, self.pool, *self._put((table, tokens, positions, valid)), self.lora,
-                        self._scale(batch, b))
-    for s, end in zip(batch, ends):
-      self.stats["prefill_tokens"] += end - s.cache_len
-      s.cache_len = end
-    self.stats["prefill_calls"] += 1
-    self._note_pages()
-    return True
-
-  def _reuse_prefix(self, s: Sequence) -> None:
-    """s (nothing in its cache yet) starts with the cached pages of its prompt's longest cached prefix
-    (all but the last prompt token: the first decode step feeds that one). Looked up when s is about to
-    prefill, not at admission: a burst of prompts with one system prompt finds the pages the first of
-    them cached a step before."""
-    pages = self.pages.match_prefix(s.prompt[:-1], s.request.adapter)
-    if pages:
-      self.pages.release(s.id)
-      self.pages.new(s.id, pages)
-      s.cache_len = len(pages) * self.page_size
-      self.stats["prefix_hit_tokens"] += s.cache_len
-
-  def _prefilled(self, s: Sequence) -> None:
-    """s's cache holds all but its last token: it decodes (budget permitting); its group shares it; with
-    the prefix cache its prompt's full pages are cached."""
-    s.status = "ready"
-    if self.prefix_cache:
-      self.pages.cache_prefix(s.id, s.prompt[:-1], s.request.adapter)
-    for f in s.followers:
-      if f.status == "fork":
-        self.pages.fork(s.id, f.id, s.cache_len)
-        f.cache_len, f.status = s.cache_len, "ready"
-    if s.budget <= 0 and not s.request.hold:
-      self._finish(s, "length")
-
-  def _decode(self) -> bool:
-    plan = self._make_room([(s, s.cache_len + min(s.budget, self.chunk_size))
-                            for s in self.live if s.status == "ready" and s.budget > 0])
-    if not plan:
-      return False
-    rows, ends, copies = [s for s, _ in plan], [end for _, end in plan], []
-    for s, end in plan:
-      copies += self.pages.grow(s.id, end)
-    self._copy(copies)
-    b = self._rows(len(rows))
-    table = self._table(rows, b, max(ends))
-    e = self._eos_width(max(len(s.eos) for s in rows))
-    pad = b - len(rows)
-    col = lambda f, dt: np.array([f(s) for s in rows] + [0] * pad, dt)
-    state = {"pending": col(lambda s: s.full[-1], np.int32), "pos": col(lambda s: s.cache_len, np.int32),
-             "budget": col(lambda s: s.budget, np.int32), "count": col(lambda s: s.count, np.int32),
-             "active": col(lambda s: True, bool), "temperature": col(lambda s: s.request.temperature, np.float32),
-             "top_k": col(lambda s: s.request.top_k, np.int32), "top_p": np.array(
-                 [s.request.top_p for s in rows] + [1.0] * pad, np.float32),
-             "key": np.stack([s.key for s in rows] + [np.zeros(2, np.uint32)] * pad),
-             "eos": np.array([list(s.eos) + [-1] * (e - len(s.eos)) for s in rows] + [[-1] * e] * pad, np.int32)}
-    filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
-                            state["top_p"][:len(rows)])
-    program = self._decode_program(b, table.shape[1], e, filters)
-    self.pool, st, eos, out = program(self.params, self.pool, *self._put((table, state)), self.lora,
-                                      self._scale(rows, b))
-    st, eos, out = jax.device_get((st, eos, out))
-    self.stats["decode_calls"] += 1
-    self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
-    self.stats["decode_rows"] += len(rows)
-    self.stats["mixed_adapter_calls"] += len({s.request.adapter for s in rows}) > 1
-    self.stats["decode_steps"] += int(out["steps"])
-    self._note_pages()
-    updated = []
-    for r, s in enumerate(rows):
-      n = int(out["emitted"][r].sum())
-      s.tokens += out["tokens"][r, :n].tolist()
-      s.logprobs += out["logprobs"][r, :n].tolist()
-      s.raw_logprobs += out["raw_logprobs"][r, :n].tolist()
-      s.model += [True] * n
-      s.cache_len += n
-      s.count += n
-      s.budget = int(st["budget"][r])
-      self.pages.truncate(s.id, s.cache_len)
-      status = None
-      if not st["active"][r]:
-        status = "eos" if eos[r] else "length"
-      if s.stop_strings and self._cut_at_stop(s):
-        status = "stop"
-      if status is not None:
-        self._finish(s, status, notify=False)
-      if (n or status) and s.request.on_update is not None:
-        updated.append(s)
-    for s in updated:  # after the bookkeeping: a callback may cancel or submit
-      s.request.on_update(s)
-    return True
-
-  def _finish(self, s: Sequence, status: str, force_release: bool = False, notify: bool = True) -> None:
-    s.status, s.budget = status, 0
-    if force_release or not s.request.hold:
-      self.release(s)
-    if notify and s.request.on_update is not None:
-      s.request.on_update(s)
-
-  def _cut_at_stop(self, s: Sequence) -> bool:
-    """Cuts s after the shortest prefix of its current segment whose text holds a stop string
-    (`engine.stops.stop_cut`); True if cut. The cache is cut back to the kept tokens."""
-    cut = stop_cut(s.tokens[s.seg_start:], s.stop_strings,
-                   lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
-    if cut is None:
-      return False
-    end = s.seg_start + cut[0]
-    del s.tokens[end:], s.logprobs[end:], s.raw_logprobs[end:], s.model[end:]
-    s.excess_chars = cut[1]
-    s.cache_len = len(s.full) - 1
-    self.pages.truncate(s.id, s.cache_len)
-    return True
-
-  def _scale(self, seqs: list[Sequence], rows: int):
-    """The LoRA scale of a device call over `seqs` (then rows - len(seqs) padding rows): the engine's
-    scalar, or with per-row adapters each row's weights [rows, A] (`adapters.row_weights`)."""
-    if self.adapter_scales is None:
-      return self.lora_scale
-    ids = [s.request.adapter for s in seqs] + [None] * (rows - len(seqs))
-    return self._put(row_weights(ids, self.adapter_scales))
-
-  def _put(self, x):
-    """Host inputs (a pytree) of a device call: on the device, or replicated over the mesh (tensor
-    parallelism). device_put, not jnp.asarray: in jax >= 0.10 asarray of a NumPy array compiles a `stage`
-    program per shape (a compile inside served traffic that warm-up cannot know of)."""
-    return jax.device_put(x) if self.mesh is None else jax.device_put(x, tp.replicated(self.mesh))
-
-  def _copy(self, copies: list[tuple[int, int]]) -> None:
-    if not copies:
-      return
-    width = device.row_bucket(len(copies))
-    src = np.zeros(width, np.int32)
-    dst = np.zeros(width, np.int32)
-    src[:len(copies)], dst[:len(copies)] = zip(*copies)
-    self.pool = self._copy_program(width)(self.pool, *self._put((src, dst)))
-    self.stats["copied_pages"] += len(copies)
-
-  def _eos_width(self, most: int) -> int:
-    """EOS columns of a decode call whose rows have at most `most` EOS ids: that or the engine's own count,
-    rounded up to a multiple of 4 (rows of no EOS, e.g. a server's ignore_eos, share the default's program)."""
-    return -(-max(most, len(self.eos_ids), 1) // 4) * 4
-
-  def _rows(self, n: int) -> int:
-    """Rows of a device call for n sequences: the row bucket (`device.row_bucket`, base 4 with
-    coarse_buckets, capped at the bucket of max_rows)."""
-    if not self.coarse_buckets:
-      return device.row_bucket(n, self.min_row_bucket)
-    return min(device.row_bucket(n, self.min_row_bucket, 4), device.row_bucket(self.max_rows, self.min_row_bucket))
-
-  def _table_width(self, longest: int) -> int:
-    """Pages read per row for sequences of at most `longest` positions: the page bucket, at least
-    MIN_READ_TOKENS worth (short sequences share one program; their reads are small anyway)."""
-    limit = self.max_pages_per_row or (self.pages.num_pages - 1)
-    need = max(pages_for(longest, self.page_size), pages_for(MIN_READ_TOKENS, self.page_size))
-    return device.page_bucket(need, limit, steps=1 if self.coarse_buckets else 2)
-
-  def _table(self, seqs: list[Sequence], rows: int, longest: int) -> np.ndarray:
-    """Block table [rows, n] of `seqs` (then trash rows), n = `_table_width` of the longest sequence."""
-    n = self._table_width(longest)
-    table = self.pages.block_table([s.id for s in seqs], n)
-    return np.concatenate([table, np.zeros((rows - len(seqs), n), np.int32)])
-
-  def _note_pages(self) -> None:
-    self.stats["peak_pages"] = max(self.stats["peak_pages"], self.pages.num_used)
-
 
 def default_min_row_bucket(backend: str | None = None) -> int:
   """8 on accelerators (a decode step of up to 8 rows reads the same weights in about the same time: rows
   1, 2, 4 and 8 share one program), 1 on CPU (compute-bound: padding rows cost their share)."""
   return 1 if (backend or jax.default_backend()) == "cpu" else 8
-
-
-def _key_data(key) -> np.ndarray:
-  """uint32 [2] key data of a typed or raw threefry key (zeros for None: greedy rows draw nothing)."""
-  if key is None:
-    return np.zeros(2, np.uint32)
-  if jnp.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
-    key = jax.random.key_data(key)
-  data = np.asarray(key, np.uint32)
-  if data.shape != (2,):
-    raise ValueError(f"key: expected a threefry key (uint32[2] data), got data of shape {data.shape}")
-  return data
