@@ -144,6 +144,26 @@ def test_a_pool_too_small_for_two_rows_runs_them_one_after_the_other():
   assert group[1].preemptions == 1 and engine.pages.num_used == 0
 
 
+def test_a_held_rows_pages_are_never_preempted():
+  """A finished held row keeps its pages (its owner may append and resume it): a row that needs them is
+  preempted itself, `run` names the held rows, and once the owner releases the held row the waiting one
+  recomputes and ends with the tokens it has alone."""
+  engine = _engine(2, 8)  # 7 pages of 4 positions
+  held = engine.submit(Request([5, 6, 7, 8, 9], max_new_tokens=3, hold=True))
+  engine.run()
+  assert held.status == "length" and len(engine.pages.tables[held.id]) == 2
+  seq = engine.submit(Request([10, 11], max_new_tokens=20))  # 22 positions: 6 pages, 5 free
+  with pytest.raises(RuntimeError, match="live sequences are held"):
+    engine.run()
+  assert seq.status == "waiting" and seq.preemptions == 1 and len(engine.pages.tables[held.id]) == 2
+  engine.release(held)
+  engine.run()
+  alone = _engine(1, 8)
+  ref = alone.submit(Request([10, 11], max_new_tokens=20))
+  alone.run()
+  assert seq.tokens == ref.tokens and seq.status == "length" and engine.pages.num_used == 0
+
+
 @pytest.mark.fast
 def test_admission_errors():
   with pytest.raises(ValueError, match="admission='greedy'"):
