@@ -2,6 +2,7 @@
 
   python -m benchmarks.engine --out benchmarks/out/engine                       # GPU: cases a, b, c
   python -m benchmarks.engine --only b --baseline-path .baseline                # b against the old sampler
+  python -m benchmarks.engine --only b --attention gather --admission reserve,watermark --pool-pages 0,6144
   python -m benchmarks.engine --only a --attention pallas                       # one case, one kernel
   python -m benchmarks.engine --tiny                                            # CPU check: tiny shapes
   python -m benchmarks.engine --only tp                                         # 4 GPUs: 70B shape, TP=4
