@@ -494,8 +494,8 @@ def main(argv=None) -> int:
     admissions = (args.admission or "reserve,watermark").split(",")
     pools = [int(p) for p in (args.pool_pages or "0,6144").split(",")]
     if len(admissions) != len(pools) or not set(admissions) <= {"reserve", "watermark"} or min(pools) < 0:
-      ap.error(f"--admission {args.admission} --pool-pages {args.pool_pages}: as many admissions (reserve | "
-               "watermark) as pool sizes (>= 0)")
+      ap.error(f"--admission {','.join(admissions)} --pool-pages {','.join(map(str, pools))}: as many admissions "
+               "(reserve | watermark) as pool sizes (>= 0)")
     b_runs = dict(admissions=admissions, pool_pages=pools)
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
