@@ -2,6 +2,7 @@
 
   python -m benchmarks.engine --out benchmarks/out/engine                       # GPU: cases a, b, c
   python -m benchmarks.engine --only b --baseline-path .baseline                # b against the old sampler
+  python -m benchmarks.engine --only b --attention gather --admission reserve,watermark --pool-pages 0,6144
   python -m benchmarks.engine --only a --attention pallas                       # one case, one kernel
   python -m benchmarks.engine --tiny                                            # CPU check: tiny shapes
   python -m benchmarks.engine --only tp                                         # 4 GPUs: 70B shape, TP=4
@@ -32,6 +33,10 @@ output projection, read whole each step).
     finished rows keep their slots), so it runs max(lengths) steps with EOS off. Its time is the second
     of two calls (--baseline-runs 2; with 1: one call's wall time minus the compile times JAX logs).
     Targets: wall <= 1.3x the read bound; >= 2.5x faster than the old sampler.
+    One engine row per --attention kernel x (--admission, --pool-pages) pair (default: reserving admission
+    with the pool that holds every row's whole reserve (0), and the watermark's with 6,144 pages, just above
+    the ~5,400 live at the peak): generated tokens/s, that / the first pair's, rows in flight (decode rows
+    a call: peak / mean), preemptions and recomputed tokens of the timed run. Target: >= 0.95x.
 (c) shared prompts: Llama-3.2-1B shape, 128 prompts x 8 samples, 1024-token prompts, 16 new tokens:
     `submit(request, n=8)` (prefill once, pages shared) vs 1024 separate requests: tokens prefilled,
     pages holding prompt positions (after the samples' first token: full pages shared, the partial last
@@ -73,13 +78,15 @@ SHAPES = {
 }
 FULL = {
     "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
-    "b": dict(shape="Llama-3.2-1B", rows=256, prompt_len=128, median=512, cap=4096),
+    "b": dict(shape="Llama-3.2-1B", rows=256, prompt_len=128, median=512, cap=4096, admissions=["reserve", "watermark"],
+              pool_pages=[0, 6144]),
     "c": dict(shape="Llama-3.2-1B", prompts=128, samples=8, prompt_len=1024, new_tokens=16),
     "tp": dict(shape="Llama-3.1-70B", rows=32, prompt_len=128, new_tokens=256),
 }
 TINY = {
     "a": dict(shape="tiny", rows=4, prompt_len=8, new_tokens=48, rooms=[256, 64]),
-    "b": dict(shape="tiny", rows=16, prompt_len=8, median=16, cap=64),
+    "b": dict(shape="tiny", rows=16, prompt_len=8, median=16, cap=64, admissions=["reserve", "watermark"],
+              pool_pages=[0, 16]),
     "c": dict(shape="tiny", prompts=4, samples=4, prompt_len=40, new_tokens=4),
     "tp": dict(shape="tiny_tp", rows=4, prompt_len=8, new_tokens=16),
 }
@@ -126,13 +133,14 @@ def response_lengths(rows: int, median: int, cap: int, sigma: float, seed: int =
   return np.clip(np.round(draws), 1, cap).astype(int).tolist()
 
 
-def _engine(params, config, spec, *, max_rows, lengths, attention, prepared):
+def _engine(params, config, spec, *, max_rows, lengths, attention, prepared, num_pages=0, **kw):
+  """An engine of these rows; num_pages 0: a pool holding every row's whole length (`engine_pool_pages`)."""
   import jax.numpy as jnp
   from fineflax.engine import Engine
   from fineflax.sampling.session import engine_pool_pages
-  return Engine(params, config, max_rows=max_rows, num_pages=engine_pool_pages(lengths, spec["page_size"]),
+  return Engine(params, config, max_rows=max_rows, num_pages=num_pages or engine_pool_pages(lengths, spec["page_size"]),
                 page_size=spec["page_size"], chunk_size=spec["chunk_size"], eos_ids=(), dtype=jnp.bfloat16,
-                attention=attention, prepared=prepared, impl=spec.get("impl", "auto"))
+                attention=attention, prepared=prepared, impl=spec.get("impl", "auto"), **kw)
 
 
 # ----------------------------------------------------------------------------- case workers
@@ -192,25 +200,30 @@ def worker_b(spec: dict) -> dict:
   out = {"device": gpu.jax_device_name(), "bw": bw, "weight_bytes": wbytes, "lengths": lengths,
          "bound_s": bound_s, "rows": []}
   for attention in spec["attentions"]:
-    try:
-      engine = _engine(params, config, spec, max_rows=spec["rows"], lengths=[plen + n for n in lengths],
-                       attention=attention, prepared=True)
-      times = []
-      for _ in range(2):  # the first run compiles the programs its buckets need
-        t = time.perf_counter()
-        seqs = [engine.submit(Request(p, max_new_tokens=n)) for p, n in zip(prompts, lengths)]
-        calls = engine.stats["decode_calls"]
-        engine.run()
-        times.append(time.perf_counter() - t)
-        assert [len(s.tokens) for s in seqs] == lengths
-      out["rows"].append({"attention": attention, "wall_s": times[-1], "first_s": times[0],
-                          "decode_calls": engine.stats["decode_calls"] - calls, "programs": len(engine.programs),
-                          "peak_pages": engine.stats["peak_pages"], "pool_pages": engine.pages.num_pages,
-                          "peak_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB})
-      del engine
-    except Exception as e:  # noqa: BLE001
-      out["rows"].append({"attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    gpu.print_result(out)
+    for admission, pool in zip(spec["admissions"], spec["pool_pages"]):
+      row = {"attention": attention, "admission": admission}
+      try:
+        engine = _engine(params, config, spec, max_rows=spec["rows"], lengths=[plen + n for n in lengths],
+                         attention=attention, prepared=True, num_pages=pool, admission=admission)
+        times = []
+        for _ in range(2):  # the first run compiles the programs its buckets need
+          t = time.perf_counter()
+          seqs = [engine.submit(Request(p, max_new_tokens=n)) for p, n in zip(prompts, lengths)]
+          before = dict(engine.stats)
+          engine.run()
+          times.append(time.perf_counter() - t)
+          assert [len(s.tokens) for s in seqs] == lengths
+        run = {k: engine.stats[k] - before[k] for k in ("decode_calls", "decode_rows", "preemptions",
+                                                         "recomputed_tokens")}
+        row.update(wall_s=times[-1], first_s=times[0], tokens_s=sum(lengths) / times[-1], **run,
+                   mean_rows=run["decode_rows"] / max(run["decode_calls"], 1), peak_rows=engine.stats["peak_rows"],
+                   programs=len(engine.programs), peak_pages=engine.stats["peak_pages"],
+                   pool_pages=engine.pages.num_pages, peak_gib=(gpu.jax_peak_bytes() or 0) / gpu.GIB)
+        del engine
+      except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      out["rows"].append(row)
+      gpu.print_result(out)
   return out
 
 
@@ -384,15 +397,21 @@ def table_b(res: dict, base: dict | None) -> str:
                  f"{how}; {base['steps']} steps; peak {base['peak_gib']:.1f} GiB; {base['fineflax']}"])
   elif base:
     rows.append(["old static sampler", "error", "-", "-", str(base.get("error"))[:200]])
+  first = {}  # attention -> tokens/s of its first (admission, pool) row
   for r in res.get("rows", []):
+    name = f"engine ({r['attention']}, {r.get('admission', 'reserve')})"
     if "error" in r:
-      rows.append([f"engine ({r['attention']})", "error", "-", "-", r["error"][:200]])
+      rows.append([name] + ["error"] + ["-"] * 6 + [r["error"][:200]])
       continue
-    rows.append([f"engine ({r['attention']})", r["wall_s"], r["wall_s"] / res["bound_s"],
-                 f"{old / r['wall_s']:.2f}x" if old else "-",
-                 f"first run {r['first_s']:.1f} s; {r['programs']} programs; peak pages {r['peak_pages']} "
-                 f"of {r['pool_pages']}; peak {r['peak_gib']:.1f} GiB"])
-  return head + markdown_table(["sampler", "wall s", "/ read bound", "speed-up vs old", "note"], rows)
+    base = first.setdefault(r["attention"], r["tokens_s"])
+    rows.append([name, r["wall_s"], r["wall_s"] / res["bound_s"], f"{old / r['wall_s']:.2f}x" if old else "-",
+                 f"{r['tokens_s']:.0f}", f"{r['tokens_s'] / base:.3f}", f"{r['peak_rows']} / {r['mean_rows']:.1f}",
+                 f"{r['preemptions']} / {r['recomputed_tokens']}",
+                 f"pool {r['pool_pages']} pages, peak {r['peak_pages']}; first run {r['first_s']:.1f} s; "
+                 f"{r['programs']} programs; peak {r['peak_gib']:.1f} GiB"])
+  return head + markdown_table(["sampler", "wall s", "/ read bound", "speed-up vs old", "tokens/s",
+                                "tokens/s / first row (target >= 0.95)", "rows in flight peak / mean",
+                                "preemptions / recomputed tokens", "note"], rows)
 
 
 def table_c(res: dict) -> str:
@@ -443,6 +462,10 @@ def main(argv=None) -> int:
   ap.add_argument("--page-size", type=int, default=16)
   ap.add_argument("--chunk-size", type=int, default=32, help="decode steps per device call")
   ap.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of case b's lengths")
+  ap.add_argument("--admission", default=None, help="case b: admissions (reserve | watermark), comma-separated, "
+                  "paired with --pool-pages (default reserve,watermark)")
+  ap.add_argument("--pool-pages", default=None, help="case b: pool pages of each --admission, comma-separated; 0 = "
+                  "every row's whole reserve (default 0,6144; --tiny 0,16)")
   ap.add_argument("--baseline-runs", type=int, default=2,
                   help="old sampler calls: 2 = time the second; 1 = one call minus JAX's logged compile times")
   ap.add_argument("--copy-gib", type=float, default=2.0)
@@ -459,13 +482,22 @@ def main(argv=None) -> int:
   if bad:
     ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c, tp")
   attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+  b_runs = {}  # case b's (admission, pool pages) pairs, when given
+  if args.admission or args.pool_pages:
+    admissions = (args.admission or "reserve,watermark").split(",")
+    pools = [int(p) for p in (args.pool_pages or "0,6144").split(",")]
+    if len(admissions) != len(pools) or not set(admissions) <= {"reserve", "watermark"} or min(pools) < 0:
+      ap.error(f"--admission {','.join(admissions)} --pool-pages {','.join(map(str, pools))}: as many admissions "
+               "(reserve | watermark) as pool sizes (>= 0)")
+    b_runs = dict(admissions=admissions, pool_pages=pools)
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   env = gpu.jax_env(**({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={TINY_DEVICES}"}
                        if args.tiny else {}))
   print(f"device: {gpu.device_name()}", flush=True)
   for case in cases:
-    spec = dict((TINY if args.tiny else FULL)[case], page_size=args.page_size, chunk_size=args.chunk_size,
+    spec = dict((TINY if args.tiny else FULL)[case], **(b_runs if case == "b" else {}), page_size=args.page_size,
+                chunk_size=args.chunk_size,
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
                 tp=args.tp or (2 if args.tiny else 4), quant=args.tp_quant,
                 copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * gpu.GIB))

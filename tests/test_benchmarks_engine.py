@@ -51,3 +51,18 @@ def test_tiny_tp_case_splits_the_weights_and_times_a_decode(tmp_path):
   assert "error" not in row, row
   assert row["steps"] == 16 and row["ms_step"] > 0 and len(row["peak_gib"]) == 2
   assert "weight read a device" in (out / "engine_tp_gather_nf4.md").read_text()
+
+
+def test_tiny_long_tail_compares_reserving_and_watermark_admission(tmp_path):
+  """Case b's default pairs on the CPU, 8-step chunks: the reserving admission with the whole-reserve pool,
+  the watermark's with 16 pages (below the 20 live at the peak): it preempts, and every row still ends at
+  its drawn length (the worker asserts it); the table names both."""
+  out = tmp_path / "out"
+  r = subprocess.run([sys.executable, "-m", "benchmarks.engine", "--tiny", "--only", "b", "--attention", "gather",
+                      "--chunk-size", "8", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  rows = json.loads((out / "engine_b_gather.json").read_text())["result"]["rows"]
+  assert [(row["admission"], row["pool_pages"]) for row in rows] == [("reserve", 52), ("watermark", 16)], rows
+  assert rows[0]["preemptions"] == 0 and rows[1]["preemptions"] > 0 and rows[1]["recomputed_tokens"] > 0
+  assert rows[1]["peak_pages"] <= 15 and rows[0]["peak_rows"] == 16
+  assert "rows in flight peak / mean" in (out / "engine_b_gather.md").read_text()

@@ -196,8 +196,9 @@ def test_engine_errors():
   engine.run()
   with pytest.raises(ValueError, match="not a live held sequence"):
     engine.append(seq, [5])
-  small = Engine(*tiny_llama()[1:], max_rows=2, num_pages=4, page_size=PAGE, dtype=jnp.float32)
-  small.submit(Request([3, 4], max_new_tokens=9), n=2)  # 3 pages each; the pool has 3
+  small = Engine(*tiny_llama()[1:], max_rows=2, num_pages=4, page_size=PAGE, dtype=jnp.float32, admission="reserve")
+  small.submit(Request([3, 4], max_new_tokens=9), n=2)  # 3 pages each; the pool has 3 (the watermark's
+  # admission runs them one after the other: tests/test_engine_schedule.py)
   with pytest.raises(RuntimeError, match="raise num_pages"):
     small.run()
   with pytest.raises(ValueError, match="attention='flash'"):
