@@ -79,6 +79,8 @@ def mesh(config, data=-1, fsdp=1, model=1):
   config.mesh.fsdp = fsdp  # devices the frozen base weights are split over
   config.mesh.model = model  # RL rollouts: devices one tensor-parallel engine splits the weights and KV
   #   pages over (1 = off; divides the devices, heads, kv heads and intermediate size; fineflax.rl.learner)
+  config.mesh.rollout = 0  # async RL (rl.async_steps >= 1): the last N devices decode the rollouts while the
+  #   others train, weights copied device to device after each update (fineflax/rl/async_rollouts.py); 0 = none
   config.distributed = ml_collections.ConfigDict()
   config.distributed.coordinator_address = ""  # host:port of process 0; "" = from the environment or one process
   config.distributed.num_processes = 0  # processes of the run (0 = from the environment)
