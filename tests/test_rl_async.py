@@ -130,3 +130,51 @@ def test_rollout_groups_are_checked():
                       (["mesh.rollout=1", "rl.async_steps=1", "mesh.model=2"], "tensor-parallel")):
     with pytest.raises(ConfigError, match=match):
       split_devices(load_config("configs/grpo_arith.py:smoke", over), devices)
+
+
+GROUP = """
+import sys, jax, numpy as np
+from fineflax.jobs import rl as rl_job
+from fineflax.jobs.resolve import load_config
+from fineflax.rl import async_rollouts as A
+assert jax.device_count() == 2, jax.devices()
+over = {"model.source": sys.argv[1], "rl.max_new_tokens": 8, "task.num_eval": 4, "task.num_train": 64,
+        "eval_batch_size": 4, "eval_at_start": False, "optimizer.learning_rate": 0.05, "optimizer.warmup_steps": 0,
+        "rl.entropy_coef": 0.5, "rl.mask_truncated": False, "num_steps": 3, "eval_every": 3,
+        "rl.async_steps": 1, "mesh.rollout": 1}
+c = load_config("configs/grpo_arith.py:smoke", [f"{k}={v}" for k, v in over.items()])
+job = rl_job.RLJob(c)
+learner, group = job.learner, job.pipeline.group
+assert list(learner.mesh.devices.flat) == [jax.devices()[0]] and group.devices == [jax.devices()[1]]
+where, calls, policy, update = [], [], group.policy, learner.update
+def placed(params):  # the rollout policy's weights: all on the rollout device
+  p = policy(params)
+  where.append({d for x in jax.tree.leaves((p.base, p.lora)) for d in x.devices()})
+  return p
+def recorded(state, batch):
+  calls.append((jax.tree.map(np.asarray, state["params"]), dict(batch)))
+  return update(state, batch)
+group.policy, learner.update = placed, recorded
+out = rl_job.train_and_export(job, c, sys.argv[2], desc="group")
+hist = [h for h in out["history"] if h["step"] > 0]
+assert [h["policy_version"] for h in hist] == [0, 0, 1], hist
+assert len(where) == 3 and all(w == {jax.devices()[1]} for w in where), where  # batches 1-3 on the group
+before = [p for p, _ in calls] + [jax.tree.map(np.asarray, learner.state["params"])]
+logp = lambda params, batch: np.asarray(learner.logp_fn(params, learner.base, batch)[0])
+for t, h in zip((1, 2, 3), hist):
+  batch = calls[t - 1][1]
+  m = batch["mask"] > 0
+  made = np.abs(logp(before[int(h["policy_version"])], batch)[m] - batch["behaviour_logp"][m]).max()
+  newer = np.abs(logp(before[t - 1], batch)[m] - batch["behaviour_logp"][m]).max()
+  assert made < 1e-3 and (t == 1 or newer > 10 * max(made, 1e-5)), (t, made, newer)
+print("GROUP OK", [h["time_wait_s"] for h in hist])
+"""
+
+
+def test_a_rollout_group_decodes_on_its_device_with_the_previous_weights(tiny_smol, tmp_path):
+  """2 forced CPU devices, config.mesh.rollout=1, k=1: the learner trains on device 0, every batch
+  decodes on device 1 from weights copied there, and step t's batch holds step t - 1's starting weights'
+  log-probs (not step t's)."""
+  from fineflax.testing.devices import run_script
+  r = run_script(GROUP, tiny_smol, str(tmp_path / "run"), devices=2, timeout=1200)
+  assert "GROUP OK" in r.stdout, r.stdout[-3000:] + r.stderr[-5000:]
