@@ -3,8 +3,6 @@ k = 0 is the synchronous loop bit for bit; with k = 1 the update at step t reads
 starting weights (each batch's behaviour log-probs are those weights' log-probs of its tokens, not the newer
 ones'); an interrupted async run resumes to the uninterrupted run's weights; LUFFY runs async; bad rollout
 groups are named."""
-import os
-import signal
 
 import jax
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 
 from fineflax.config_checks import ConfigError
 from fineflax.jobs import rl as rl_job
+from fineflax.testing.signals import sigterm_after
 from fineflax.jobs.resolve import load_config
 from fineflax.rl.async_rollouts import split_devices
 
@@ -91,14 +90,7 @@ def test_an_interrupted_async_run_resumes_to_the_same_weights(tiny_smol, tmp_pat
   c = _config(tiny_smol, num_steps=3, eval_every=3, **{"rl.async_steps": 1})
   whole = rl_job.run(c, str(tmp_path / "whole"))
   step = rl_job.RLJob.step
-
-  def step_then_sigterm(self, state, i):
-    out = step(self, state, i)
-    if i == 2:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return out
-
-  monkeypatch.setattr(rl_job.RLJob, "step", step_then_sigterm)
+  monkeypatch.setattr(rl_job.RLJob, "step", sigterm_after(step, 2))
   stopped = rl_job.run(c, str(tmp_path / "cut"))
   assert stopped["exit_code"] == 143
   monkeypatch.setattr(rl_job.RLJob, "step", step)
