@@ -170,3 +170,35 @@ def test_a_rollout_group_decodes_on_its_device_with_the_previous_weights(tiny_sm
   from fineflax.testing.devices import run_script
   r = run_script(GROUP, tiny_smol, str(tmp_path / "run"), devices=2, timeout=1200)
   assert "GROUP OK" in r.stdout, r.stdout[-3000:] + r.stderr[-5000:]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_pipeline_versions_bound_staleness_and_survive_a_checkpoint(k):
+  """Model-free: params are the version number itself; batch s of the pipeline holds the version it was made
+  from, the update at step t reads version max(t - 1 - k, 0) and after a state_dict round trip (a resume) the
+  same batches come back."""
+  from fineflax.rl.async_rollouts import AsyncRollouts
+  made, read = {}, []
+
+  def collect(params, step, policy, entropy_fn):
+    made[step] = params
+    return {"step": step, "from": params}
+
+  def update(state, groups):
+    read.append(groups["from"])
+    return {"params": state["params"] + 1}, {"loss": 0.0}
+
+  n, state, hist = 7, {"params": 0}, []
+  pipe = AsyncRollouts(k, n, collect)
+  for t in range(1, n + 1):
+    if t == 4:  # resume: a fresh pipeline from the saved one's state
+      saved = pipe.state_dict()
+      pipe = AsyncRollouts(k, n, collect)
+      pipe.load_state_dict(saved)
+    state, m = pipe.step(state, t, lambda g: None, update)
+    hist.append(m)
+  assert read == [max(t - 1 - k, 0) for t in range(1, n + 1)]
+  assert [m["staleness"] for m in hist] == [min(t - 1, k) for t in range(1, n + 1)]
+  assert sorted(made) == list(range(1, n + 1))  # every batch generated once, none past num_steps
+  assert sum(hist[-1][f"staleness_hist_{j}"] for j in range(k + 1)) == n and hist[-1][f"staleness_hist_{k}"] == n - k
