@@ -84,6 +84,8 @@ def mesh(config, data=-1, fsdp=1, model=1):
   config.mesh.fsdp = fsdp  # devices the frozen base weights are split over
   config.mesh.model = model  # RL rollouts: devices one tensor-parallel engine splits the weights and KV
   #   pages over (1 = off; divides the devices, heads, kv heads and intermediate size; fineflax.rl.learner)
+  config.mesh.rollout = 0  # async RL (rl.async_steps >= 1): the last N devices decode the rollouts while the
+  #   others train, weights copied device to device after each update (fineflax/rl/async_rollouts.py); 0 = none
   config.distributed = ml_collections.ConfigDict()
   config.distributed.coordinator_address = ""  # host:port of process 0; "" = from the environment or one process
   config.distributed.num_processes = 0  # processes of the run (0 = from the environment)
@@ -153,6 +155,13 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   #   gradient; TRL / tunix skip that pass too), else recomputed; recompute = always one more forward
   r.skip_grad_bound = 0.0  # ExGRPO: a step whose global grad norm exceeds this (or is not finite) applies no
   #   update and logs skipped=1 (0 = off)
+  r.importance = "none"  # rollout importance correction of the policy gradient by r = pi_old / pi_rollout on
+  #   on-policy tokens (fineflax/rl/importance.py): none, tis (weight min(r, C), Yao et al. 2025) or mis (weight
+  #   r, 0 where r leaves [1/C, C]: slime's masked IS); the mismatch metrics are logged in every case
+  r.importance_level = "token"  # token (r per token) or sequence (one r per row: exp of the row's summed log-ratio)
+  r.importance_cap = 2.0  # C > 1 of tis / mis (Yao et al. 2025: C = 2)
+  r.async_steps = 0  # k: rollouts may use weights up to k updates old, the next batch generated while the
+  #   learner trains (fineflax/rl/async_rollouts.py; config.mesh.rollout devices decode apart); 0 = synchronous
   return config
 
 

@@ -22,6 +22,8 @@ def _config(source="smollm2-135m-instruct", preset="smoke", **over):
     ({"rl.objective": "luffy"}, "config.rl.objective='luffy' adds off-policy rows"),
     ({"agent.credit": "bogus"}, "config.agent.credit='bogus': choose one of 'final', 'discounted'"),
     ({"rl.dynamic_sampling": True}, "config.rl.dynamic_sampling=True: must be off"),
+    ({"rl.async_steps": 1}, "config.rl.async_steps=1: must be off (agent rollouts run synchronously)"),
+    ({"rl.importance": "tis"}, "config.rl.importance='tis': must be none"),
     ({"agent.gamma": 1.5}, "config.agent.gamma=1.5"),
 ])
 def test_config_errors_name_the_field(over, message):

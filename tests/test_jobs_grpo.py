@@ -2,7 +2,6 @@
 handling of the shared loop; LUFFY rows carry traces; ExGRPO buffers and replays; DAPO shaping/refill."""
 import json
 import os
-import signal
 
 import jax
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 from fineflax.envs.arithmetic import prompt_ids
 from fineflax.envs.word_problems import generate_problems
 from fineflax.jobs import rl as rl_job
+from fineflax.testing.signals import sigterm_after
 from fineflax.jobs.resolve import load_config
 from fineflax.rl.collect import collect, rollout_groups
 from fineflax.rl.order import EpochOrder
@@ -35,14 +35,7 @@ def test_stop_request_right_after_a_checkpointed_evaluation(tiny_smol, tmp_path,
   test and in the resume below: the learning-rate schedule depends on num_steps, so equal num_steps
   compile the RL step once for the three, through the run's persistent compilation cache.)"""
   step = rl_job.RLJob.step
-
-  def step_then_sigterm(self, state, i):
-    out = step(self, state, i)
-    if i == 2:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return out
-
-  monkeypatch.setattr(rl_job.RLJob, "step", step_then_sigterm)
+  monkeypatch.setattr(rl_job.RLJob, "step", sigterm_after(step, 2))
   c = _config(tiny_smol, num_steps=3, eval_every=2)
   out = rl_job.run(c, str(tmp_path))
   assert _steps(out["history"]) == [0, 1, 2] and "eval_accuracy" in out["history"][-1]

@@ -185,8 +185,11 @@ def validate(config) -> RLConfig:
           "must be 0 (one step a batch: agent groups hold varying numbers of transitions)")
   for key, why in (("dynamic_sampling", "agent groups are not refilled"),
                    ("mask_truncated", "not supported for agent calls"),
-                   ("overlong_buffer", "not supported for agent calls")):
+                   ("overlong_buffer", "not supported for agent calls"),
+                   ("async_steps", "agent rollouts run synchronously")):
     require(config, f"rl.{key}", lambda v: not v, f"must be off ({why})")
+  require(config, "rl.importance", lambda v: v == "none",
+          "must be none (agent batches carry no behaviour log-probs for the correction)")
   one_of(config, "agent.name", AGENTS)
   one_of(config, "agent.credit", CREDITS)
   require(config, "agent.merge", lambda v: isinstance(v, bool), "true or false")

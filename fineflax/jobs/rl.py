@@ -5,6 +5,8 @@ on-policy rollouts, plus the objective's off-policy rows (LUFFY guidance: `rl.lu
 demonstrations; ExGRPO replay: a stored trajectory once the solve rate passes `rl.exgrpo.threshold`);
 rewards from the registry (`config.rewards`); group advantages over the kept groups (DAPO dynamic
 sampling drops zero-variance groups and refills); old/ref log-probs; `rl.num_iterations` updates.
+With `rl.async_steps` = k >= 1 the batch of step t was generated up to k updates earlier, the next one
+generating meanwhile (on `config.mesh.rollout`'s devices when set): `fineflax.rl.async_rollouts`.
 With `rl.sft_steps` > 0 the first steps are SFT steps on the demonstrations (`fineflax.rl.sft_phase`).
 The loop (resume, evaluation, checkpoints, stop handling) is `fineflax.train.loop`.
 """
@@ -19,6 +21,7 @@ from fineflax.config_checks import ConfigError, positive_int
 from fineflax.envs import get_env_class, make_env
 from fineflax.jobs import resolve
 from fineflax.rewards.registry import check_reward_names
+from fineflax.rl.async_rollouts import AsyncRollouts, RolloutGroup, split_devices
 from fineflax.rl.config import RLConfig
 from fineflax.rl.guidance import Guidance
 from fineflax.rl.learner import Learner, train_and_export
@@ -71,8 +74,9 @@ class RLJob:
     self.sft_steps = rl.sft_steps
     if self.sft_steps:  # SFT phase: the objective's demonstrations (a traces file too), or the env's own
       self.sft_guidance = self.guidance or Guidance(1, rl.luffy.traces_path if rl.luffy else "")
-    mesh, rollouts = run_meshes(config)
-    self.learner = Learner(config, rl, mesh=mesh, rollout_mesh=rollouts,  # rows over every device
+    learner_devices, rollout_devices = split_devices(config)  # config.mesh.rollout: an async run's group
+    mesh, rollouts = run_meshes(config, learner_devices)
+    self.learner = Learner(config, rl, mesh=mesh, rollout_mesh=rollouts,  # rows over every learner device
                            guidance=self.guidance, replay=self.replay)
     self.env = make_env(config, self.learner.tok)
     # question at every position (fineflax.rl.order): the env's own (e.g. reshuffled each epoch), else one
@@ -80,6 +84,9 @@ class RLJob:
     self.order = (self.env.train_order(config.seed) if hasattr(self.env, "train_order")
                   else EpochOrder(len(self.env.train_items), config.seed))
     self.rng = jax.random.PRNGKey(config.seed + 7)
+    self.pipeline = (AsyncRollouts(rl.async_steps, config.num_steps, self.collect,
+                                   RolloutGroup(self.learner, rollout_devices) if rollout_devices else None)
+                     if rl.async_steps else None)
 
   def sft_step(self, state, step: int):
     """One SFT step on the demonstrations of the questions this step would roll out."""
@@ -98,27 +105,44 @@ class RLJob:
                    "sft_phase": 1.0}
 
   def step(self, state, step: int):
-    """One RL step (or, for step <= rl.sft_steps, one SFT step) -> (new state, scalars)."""
+    """One RL step (or, for step <= rl.sft_steps, one SFT step) -> (new state, scalars); with rl.async_steps
+    the batch is one the pipeline generated up to k updates earlier (`fineflax.rl.async_rollouts`)."""
     if step <= self.sft_steps:
       return self.sft_step(state, step)
     if self.sft_steps and step == self.sft_steps + 1:  # RL starts from the SFT adapter, fresh moments
       state = self.learner.fresh_moments(state)
-    rl, t0 = self.rl, time.time()
-    g = self.learner.collect(state["params"], self.env, self.env.train_items, self.order,
-                             (step - 1) * rl.prompts_per_step, jax.random.fold_in(self.rng, step), self.config.rewards)
+    if self.pipeline is not None:
+      return self.pipeline.step(state, step, self.record, self.update)
+    t0 = time.time()
+    g = self.collect(state["params"], step)
     t_roll = time.time() - t0
-    on = ~np.asarray(g.rows["off_policy"])
-    solve_rate = float(g.correct[on].mean())
+    self.record(g)
+    state, metrics = self.update(state, g)
+    return state, {**metrics, "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll}
+
+  def collect(self, params, step: int, policy=None, entropy_fn=None):
+    """Batch `step`'s scored groups (its questions and rng) under the trainable `params` (or `policy`)."""
+    rl = self.rl
+    return self.learner.collect(params, self.env, self.env.train_items, self.order, (step - 1) * rl.prompts_per_step,
+                                jax.random.fold_in(self.rng, step), self.config.rewards, policy=policy,
+                                entropy_fn=entropy_fn)
+
+  def record(self, g) -> None:
+    """ExGRPO: the replay buffer records the groups and the batch's solve rate."""
     if self.replay:
-      self.replay.record(g.idx, g.rows, g.rewards, g.correct, rl.group_size)
-      self.replay.solve_rate = solve_rate
+      on = ~np.asarray(g.rows["off_policy"])
+      self.replay.record(g.idx, g.rows, g.rewards, g.correct, self.rl.group_size)
+      self.replay.solve_rate = float(g.correct[on].mean())
+
+  def update(self, state, g):
+    """(new state, metrics): the learner's update on the groups, with the batch's reward / length metrics."""
     state, metrics = self.learner.update(state, self.learner.groups_batch(g))
+    on = ~np.asarray(g.rows["off_policy"])
     on_examples = [e for e, o in zip(g.examples, on) if o]
     return state, {
         **metrics, "reward_mean": float(g.rewards[on].mean()), "reward_std": float(g.rewards[on].std()),
-        "solve_rate": solve_rate, "zero_variance_groups": float(g.zero_var.mean()),
+        "solve_rate": float(g.correct[on].mean()), "zero_variance_groups": float(g.zero_var.mean()),
         "completion_length": float(np.mean([len(c) for c, o in zip(g.rows["completion"], on) if o])),
-        "time_rollout_s": t_roll, "time_update_s": time.time() - t0 - t_roll,
         **({"replay_share": g.replayed / len(g.idx), **self.replay.stats()} if self.replay else {}),
         **{f"reward_{k}": float(v[on].mean()) for k, v in g.per_fn.items()},
         **{f"reward_errors_{k}": float(v) for k, v in g.errors.items()},
@@ -131,11 +155,18 @@ class RLJob:
         return self.env.evaluate_all(policy)
       return self.env.evaluate(policy, self.env.eval_items)
 
-    return Hooks(step=self.step, evaluate=evaluate,
-                 eval_metric=self.env.eval_metric, eval_mode="max",
-                 meta=lambda: {"replay": self.replay.state_dict()} if self.replay else {},
-                 restore_meta=lambda m: self.replay.load_state_dict(m["replay"]) if self.replay else None,
-                 postfix=("reward_mean", "loss"))
+    def meta():
+      return {**({"replay": self.replay.state_dict()} if self.replay else {}),
+              **({"async": self.pipeline.state_dict()} if self.pipeline else {})}
+
+    def restore_meta(m):
+      if self.replay:
+        self.replay.load_state_dict(m["replay"])
+      if self.pipeline and "async" in m:
+        self.pipeline.load_state_dict(m["async"])
+
+    return Hooks(step=self.step, evaluate=evaluate, eval_metric=self.env.eval_metric, eval_mode="max",
+                 meta=meta, restore_meta=restore_meta, postfix=("reward_mean", "loss"))
 
 
 def validate(config) -> RLConfig:

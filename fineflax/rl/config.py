@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from fineflax.config_checks import (ConfigError, check, choice, interval, non_negative_int, positive_integer)
 from fineflax.rl.advantages import SCALES
+from fineflax.rl.importance import LEVELS as IS_LEVELS, MODES as IS_MODES
 from fineflax.rl.losses import AGG_MODES
 from fineflax.rl.objectives import Objective, get_objective
 
@@ -99,8 +100,10 @@ class RLConfig:
   dynamic_sampling with max_refill_rounds), sft_steps leading SFT steps; the update's batching
   (mini_batch_size prompts per optimizer step, micro-batches of micro_batch_size rows or micro_batch_tokens
   tokens per device: `fineflax.rl.minibatch`), old_logp ("auto": reuse the current log-probs when the batch
-  gets one optimizer step, `reuses_current_logp`; "recompute"), skip_grad_bound (ExGRPO); the objective's
-  section."""
+  gets one optimizer step, `reuses_current_logp`; "recompute"), skip_grad_bound (ExGRPO); the rollout
+  importance correction (importance none / tis / mis, importance_level token / sequence, importance_cap C:
+  `fineflax.rl.importance`); async_steps k (rollouts may use weights up to k updates old:
+  `fineflax.rl.async_rollouts`); the objective's section."""
   objective: str = "grpo"
   prompts_per_step: int = 1
   group_size: int = 2
@@ -128,6 +131,10 @@ class RLConfig:
   micro_batch_tokens: int = 0
   old_logp: str = "auto"
   skip_grad_bound: float = 0.0
+  importance: str = "none"
+  importance_level: str = "token"
+  importance_cap: float = 2.0
+  async_steps: int = 0
   luffy: LuffyConfig | None = None
   exgrpo: ExGRPOConfig | None = None
   ppo: PPOConfig | None = None
@@ -170,6 +177,14 @@ class RLConfig:
                         "other 0")
     check("rl.old_logp", self.old_logp, *choice(("auto", "recompute")))
     check("rl.skip_grad_bound", self.skip_grad_bound, *interval(0.0, INF))
+    check("rl.importance", self.importance, *choice(IS_MODES))
+    check("rl.importance_level", self.importance_level, *choice(IS_LEVELS))
+    check("rl.importance_cap", self.importance_cap, *interval(1.0, INF, lo_open=True))
+    check("rl.async_steps", self.async_steps, *non_negative_int(" (0 = synchronous)"))
+    if self.importance_level == "sequence" and self.micro_batch_tokens:
+      raise ConfigError(f"config.rl.importance_level='sequence' with config.rl.micro_batch_tokens="
+                        f"{self.micro_batch_tokens}: packed rows split sequences; use importance_level=token or "
+                        "micro_batch_tokens=0")
     check("rl.temperature", self.temperature, *interval(0.0, INF, lo_open=True))
     check("rl.top_p", self.top_p, *interval(0.0, 1.0, lo_open=True))
     check("rl.epsilon_low", self.epsilon_low, *interval(0.0, 1.0, hi_open=True))

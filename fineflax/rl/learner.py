@@ -16,6 +16,7 @@ out, and the update.
   policy(params)               the model of those trainable params (base + that LoRA, or the full params
                                themselves: no weight sync) with the run's sampling settings (`fineflax.rl.policy`)
   collect(params, env, ...)    one step's scored groups (`fineflax.rl.collect.collect`) with the sources
+                               (an async run passes its rollout group's policy: `fineflax.rl.async_rollouts`)
   groups_batch(groups)         the update batch of the kept groups (group advantages, `fineflax.rl.update`)
   update(state, batch)         old/ref log-probs (the reference: the base with LoRA off, or a frozen copy
                                of the initial full params; no old-logp pass when the batch gets one step:
@@ -144,20 +145,23 @@ class Learner:
   def pad_id(self) -> int:
     return self.policy(self.state["params"]).pad_id
 
-  def mean_entropy(self, lora, prompt, trajectories) -> np.ndarray:
-    """Mean token entropy of stored trajectories under the trainable `lora` (ExGRPO's trajectory selection)."""
+  def mean_entropy(self, lora, prompt, trajectories, base=None) -> np.ndarray:
+    """Mean token entropy of stored trajectories under the trainable `lora` (ExGRPO's trajectory selection)
+    on `base` (default the learner's; a rollout group's copy when `lora` was copied there)."""
     comps = [t.tokens.tolist() for t in trajectories]
     batch = build_rl_batch([prompt.tolist()] * len(comps), comps, [[1.0] * len(c) for c in comps],
                            pad_id=self.pad_id, completion_width=round_up(self.rl.max_new_tokens, 32))
-    _, ent = self.logp_fn(lora, self.base, batch)
+    _, ent = self.logp_fn(lora, self.base if base is None else base, batch)
     ent, mask = np.asarray(ent), batch["mask"]
     return (ent * mask).sum(1) / np.maximum(mask.sum(1), 1)
 
-  def collect(self, lora, env, items, order, cursor: int, rng, reward_weights) -> Groups:
-    """One step's scored groups of `env` under base + `lora`, with the guidance / replay rows."""
-    return collect(env, self.policy(lora), items, order, cursor, rng, self.rl, reward_weights,
-                   guidance=self.guidance, replay=self.replay,
-                   entropy_fn=functools.partial(self.mean_entropy, lora))
+  def collect(self, lora, env, items, order, cursor: int, rng, reward_weights, *, policy=None,
+              entropy_fn=None) -> Groups:
+    """One step's scored groups of `env` under base + `lora`, with the guidance / replay rows; `policy` /
+    `entropy_fn` replace the learner's own (an async run's rollout group: `fineflax.rl.async_rollouts`)."""
+    return collect(env, self.policy(lora) if policy is None else policy, items, order, cursor, rng, self.rl,
+                   reward_weights, guidance=self.guidance, replay=self.replay,
+                   entropy_fn=functools.partial(self.mean_entropy, lora) if entropy_fn is None else entropy_fn)
 
   def groups_batch(self, groups: Groups) -> dict:
     """The update batch of the kept groups (`kept_groups`) with the fields the objective reads."""

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fineflax.rl.importance import correction
+
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "sum")
 _LOG_RATIO_CLAMP = 20.0  # verl clamps logp - old_logp to [-20, 20] before exp
@@ -215,18 +217,26 @@ def _finish(pg_per_token, pg_stats, logp, ref_logp, mask, beta, entropy_coef, en
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, *, epsilon_low: float = 0.2,
               epsilon_high: float = 0.2, dual_clip: Optional[float] = None, beta: float = 0.0,
               entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-              max_len: Optional[int] = None, clip: bool = True, num_rows=None, weights=None, num_tokens=None):
+              max_len: Optional[int] = None, clip: bool = True, num_rows=None, weights=None, num_tokens=None,
+              behaviour_logp=None, importance: str = "none", importance_level: str = "token",
+              importance_cap: float = 2.0):
   """GRPO / DAPO / Dr. GRPO objective -> (scalar loss, metrics).
 
   per token: l = -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) [dual clip]   (or -r·A when clip=False)
+             · w  (the rollout importance weight: TIS / MIS / 1, `fineflax.rl.importance`)
              + beta · kl_k3(logp, ref_logp)
   loss = aggregate(l, mask, agg_mode, max_len) - entropy_coef · masked_mean(H, mask). The KL enters per token before aggregation (GRPO
   paper, TRL); `entropy` [B, T] is the current policy's entropy (e.g. `entropy_from_logits`).
+  `behaviour_logp` [B, T]: the rollout engine's log-probs of the tokens (metrics of the mismatch and the
+  weights w of `importance` "tis" / "mis"; None: w = 1, no such metrics).
   """
   if clip:
     pg, stats = clipped_surrogate(logp, old_logp, advantages, mask, epsilon_low, epsilon_high, dual_clip)
   else:
     pg, stats = unclipped_surrogate(logp, old_logp, advantages, mask)
+  pg, is_stats = correction(pg, old_logp, behaviour_logp, mask, importance=importance,
+                            importance_level=importance_level, importance_cap=importance_cap)
+  stats = {**stats, **is_stats}
   return _finish(pg, stats, logp, ref_logp, mask, beta, entropy_coef, entropy, agg_mode, max_len, num_rows,
                  weights, num_tokens)
 
@@ -236,7 +246,9 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
                on_policy_clip: bool = True, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                dual_clip: Optional[float] = None, ref_logp=None, beta: float = 0.0,
                entropy_coef: float = 0.0, entropy=None, agg_mode: str = "seq-mean-token-mean",
-               max_len: Optional[int] = None, num_rows=None, weights=None, num_tokens=None):
+               max_len: Optional[int] = None, num_rows=None, weights=None, num_tokens=None,
+               behaviour_logp=None, importance: str = "none", importance_level: str = "token",
+               importance_cap: float = 2.0):
   """LUFFY mixed-policy objective (Yan et al. 2025) -> (scalar loss, metrics).
 
   rows with is_off_policy [B] False: on-policy surrogate (clipped, or -r·A when on_policy_clip=False
@@ -247,6 +259,8 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
   Both kinds are aggregated together by `agg_mode`, with the same KL / entropy terms as `grpo_loss`;
   with no off-policy rows the result equals `grpo_loss(..., clip=on_policy_clip)` exactly.
   Advantages are computed over the mixed group by the caller (`group_advantages`).
+  `behaviour_logp` / `importance*`: the rollout importance weights of `grpo_loss`, on the on-policy rows only
+  (their metrics too); the off-policy rows keep their own terms.
   """
   if on_policy_clip:
     on, stats = clipped_surrogate(logp, old_logp, advantages, mask, epsilon_low, epsilon_high, dual_clip)
@@ -256,10 +270,12 @@ def luffy_loss(logp, old_logp, advantages, mask, is_off_policy, *, gamma: float 
   off = policy_shaping_loss(logp, advantages, gamma, off_policy_behaviour_logp, shape)
   is_off = jnp.asarray(is_off_policy, bool)
   is_off = is_off[:, None] if is_off.ndim == 1 else is_off  # [B] per row, or [B, T] per token (packed rows)
-  pg = jnp.where(is_off, off, on)
   m = jnp.asarray(mask, jnp.float32)
+  on, is_stats = correction(on, old_logp, behaviour_logp, m * (1.0 - is_off), importance=importance,
+                            importance_level=importance_level, importance_cap=importance_cap)
+  pg = jnp.where(is_off, off, on)
   off_mask = m * is_off
-  stats = dict(stats)
+  stats = dict(stats, **is_stats)
   stats["off_policy_prob"] = masked_mean(jnp.exp(jax.lax.stop_gradient(logp)), off_mask)
   stats["off_pg_loss"] = masked_mean(off, off_mask)
   stats["on_pg_loss"] = masked_mean(on, m * (1.0 - is_off))
@@ -274,9 +290,11 @@ def exgrpo_loss(logp, old_logp, recorded_logp, advantages, mask, is_replayed, *,
   fresh rows:    clipped surrogate with r = exp(logp - old_logp) (GRPO);
   replayed rows: l = -A · f(w), w = exp(logp - recorded_logp), f(w) = w / (w + replay_beta) -- the
                  shaped importance weight (`exgrpo_replay_weight`) replaces the clipped term, no clip.
-  `recorded_logp` [B, T] holds the log-probs stored at rollout time (ignored on fresh rows). Both kinds
+  `recorded_logp` [B, T] holds the log-probs stored at rollout time (on fresh rows the rollout engine's:
+  read only as `behaviour_logp` by the importance correction of `luffy_loss`). Both kinds
   are aggregated together; the replayed trajectory is one member of its group of K, its advantage
   computed with the K-1 fresh ones. Other keywords as `luffy_loss` (epsilons, beta, entropy, agg_mode).
   """
   return luffy_loss(logp, old_logp, advantages, mask, is_replayed, gamma=replay_beta,
-                    off_policy_behaviour_logp=recorded_logp, shape_off_policy=True, **kwargs)
+                    off_policy_behaviour_logp=recorded_logp, shape_off_policy=True,
+                    **{"behaviour_logp": recorded_logp, **kwargs})

@@ -20,7 +20,8 @@ rows x micro_batch_tokens tokens (`fineflax.rl.micro`, D = the mesh's devices). 
 step 2 run on the same micro-batches. Its gradient is the sum of its micro-batches'
 (`fineflax.train.grad_accum`), each normalised by the whole mini-batch: `loss_weights`
 (`fineflax.rl.losses.token_weights` of agg_mode), `num_tokens`, and the critic's `value_weights`.
-Metrics: the mean over this batch's optimizer steps; `skipped` (rl.skip_grad_bound) counts skipped steps.
+Metrics: the mean over this batch's optimizer steps; `skipped` (rl.skip_grad_bound) counts skipped steps, the
+maxima of `fineflax.rl.importance.MAXIMUM_METRICS` take the largest.
 donate=True (full training): every optimizer step donates the state it is given (the caller's is deleted by
 the first one; step 2 reads nothing of it afterwards), and a non-finite one leaves the params unchanged.
 """
@@ -33,6 +34,7 @@ import numpy as np
 
 from fineflax.rl import micro as M
 from fineflax.rl.batch import pad_rows
+from fineflax.rl.importance import MAXIMUM_METRICS
 from fineflax.rl.losses import token_weights
 from fineflax.rl.ppo import ppo_targets, response_mask
 from fineflax.rl.step import rl_loss
@@ -57,7 +59,8 @@ class UpdatePlan:
     self.rows = rl.mini_batch_size * rl.group_size
     # by on_policy (`rl_loss`): True reads old_logp from the step's own logp (one step per rollout batch)
     self.micro = {on: make_micro_grad(functools.partial(rl_loss, objective=objective, loss_kwargs=loss_kwargs,
-                                                        fwd_kwargs=fwd_kwargs, on_policy=on))
+                                                        fwd_kwargs=fwd_kwargs, on_policy=on),
+                                      maximum=MAXIMUM_METRICS)
                   for on in (False, True)}
     # donate (full training): each optimizer step writes the state into the buffers of the one before
     self.apply = jax.jit(functools.partial(step_state, optimizer=optimizer, skip_grad_bound=rl.skip_grad_bound,
@@ -136,4 +139,5 @@ class UpdatePlan:
         for k, v in {**m, **m2}.items():
           metrics.setdefault(k, []).append(v)
     metrics = jax.device_get(metrics)
-    return state, {k: float(np.sum(v) if k == "skipped" else np.mean(v)) for k, v in metrics.items()}
+    reduce = lambda k: np.sum if k == "skipped" else np.max if k in MAXIMUM_METRICS else np.mean
+    return state, {k: float(reduce(k)(v)) for k, v in metrics.items()}

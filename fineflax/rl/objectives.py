@@ -4,8 +4,8 @@ Adding an objective = one `Objective` entry here + its loss function in `finefla
 
 Every loss is called as loss(logp, entropy, batch, **kwargs(config.rl)) -> (scalar, metrics), where
 logp / entropy [B, N] are the current policy's, and batch holds the common fields of
-`fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0; num_rows when the
-batch was padded to split over devices; loss_weights / num_tokens in a micro-batch: `norms`) plus
+`fineflax.rl.step` (completion, mask, old_logp, advantages, ref_logp when beta > 0; behaviour_logp, the
+rollout engine's log-probs, when the job records them; num_rows when the batch was padded to split over devices; loss_weights / num_tokens in a micro-batch: `norms`) plus
 `batch_fields`. In a packed micro-batch (`fineflax.rl.micro`) every field is per token [R, T].
 `off_policy` names the rows the RL job adds to each group: "guidance" (LUFFY: `rl.luffy.n_off`
 demonstrations) or "replay" (ExGRPO: one stored trajectory per replayed question). The settings are
@@ -32,9 +32,11 @@ class Objective:
 
 
 def common_kwargs(rl) -> dict:
-  """Loss settings every objective shares (clip range, KL, entropy bonus, aggregation)."""
+  """Loss settings every objective shares (clip range, KL, entropy bonus, aggregation, the rollout importance
+  correction of `fineflax.rl.importance`)."""
   return dict(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, dual_clip=rl.dual_clip or None,
-              beta=rl.beta, entropy_coef=rl.entropy_coef, agg_mode=rl.agg_mode, max_len=rl.max_new_tokens)
+              beta=rl.beta, entropy_coef=rl.entropy_coef, agg_mode=rl.agg_mode, max_len=rl.max_new_tokens,
+              importance=rl.importance, importance_level=rl.importance_level, importance_cap=rl.importance_cap)
 
 
 def norms(batch) -> dict:
@@ -46,12 +48,13 @@ def norms(batch) -> dict:
 
 def _grpo(logp, entropy, batch, **kw):
   return grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"], batch["mask"],
-                   entropy=entropy, **norms(batch), **kw)
+                   entropy=entropy, behaviour_logp=batch.get("behaviour_logp"), **norms(batch), **kw)
 
 
 def _luffy(logp, entropy, batch, **kw):
   return luffy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"], batch["is_off_policy"],
-                    ref_logp=batch.get("ref_logp"), entropy=entropy, **norms(batch), **kw)
+                    ref_logp=batch.get("ref_logp"), entropy=entropy, behaviour_logp=batch.get("behaviour_logp"),
+                    **norms(batch), **kw)
 
 
 def _exgrpo(logp, entropy, batch, **kw):

@@ -28,7 +28,8 @@ from fineflax.rl.batch import build_rl_batch, pad_ragged, pad_rows, round_up
 
 def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, max_new_tokens: int,
                  advantage_scale: str, fields: tuple[str, ...]) -> dict:
-  """The batch of `fineflax.rl.step` for the kept groups (without old/ref log-probs). An objective whose
+  """The batch of `fineflax.rl.step` for the kept groups (without old/ref log-probs), with every row's
+  `behaviour_logp` (`behaviour_logp`: the mismatch metrics and importance weights). An objective whose
   fields hold "rewards" (PPO) gets the raw rewards [B] and its advantages later from its critic (zeros
   here: `fineflax.rl.ppo`)."""
   sel = np.flatnonzero(np.repeat(keep_groups, group_size))
@@ -42,9 +43,15 @@ def update_batch(rows, rewards, keep_groups, *, group_size: int, pad_id: int, ma
     batch["advantages"] = np.asarray(group_advantages(np.asarray(rewards)[sel], group_size,
                                                       scale=advantage_scale), np.float32)
   batch["is_off_policy"] = np.asarray(kept["off_policy"], bool)
-  if "behaviour_logp" in fields:
-    batch["behaviour_logp"] = pad_ragged(kept["behaviour_logp"], batch["completion"].shape[1])
+  batch["behaviour_logp"] = pad_ragged(behaviour_logp(kept), batch["completion"].shape[1])
   return batch
+
+
+def behaviour_logp(rows) -> list:
+  """Per row, the log-probs of the policy that produced its tokens: the rollout engine's at sampling time
+  (`rollout_logp`) for on-policy rows, the recorded ones for off-policy rows (an ExGRPO replay's; a LUFFY
+  trace's zeros: behaviour probability 1)."""
+  return [b if off else r for b, r, off in zip(rows["behaviour_logp"], rows["rollout_logp"], rows["off_policy"])]
 
 
 def shard_update_batch(batch: dict, mesh) -> dict:

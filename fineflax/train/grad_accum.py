@@ -10,7 +10,7 @@ a token count of the whole batch), so that by linearity of the gradient
   grad(loss of the batch) = sum_k grad(loss_k)   exactly (up to float summation order).
 The micro-step is one compiled program, run in a Python loop for any number of micro-batches of the same
 shape; gradients are summed in float32. Metrics: the keys in `additive` (losses, normalised by the whole
-batch) are summed, those in `maximum` (a largest value) take their maximum; the others (masked means
+batch) are summed, those in `maximum` (a largest value; a loss may leave them out) take their maximum; the others (masked means
 over a micro-batch's tokens) are averaged with weights sum(mb[weight_key]), which gives the whole batch's
 masked mean for masks over those tokens.
 """
@@ -34,7 +34,7 @@ def _micro_grad(acc, trainable, frozen, mb, *, loss_fn, weight_key: str, additiv
   new = {"grads": jax.tree.map(lambda x: x.astype(jnp.float32), g),
          "metrics": {k: v if k in additive or k in maximum else v * w for k, v in metrics.items()}, "weight": w}
   out = jax.tree.map(jnp.add, acc, new)
-  out["metrics"].update({k: jnp.maximum(acc["metrics"][k], new["metrics"][k]) for k in maximum})
+  out["metrics"].update({k: jnp.maximum(acc["metrics"][k], new["metrics"][k]) for k in maximum if k in metrics})
   return out
 
 
