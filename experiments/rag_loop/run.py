@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 from benchmarks._results import write_section
 from experiments.rag_loop.arms import ARMS, build_engines, measure
 from experiments.rag_loop.kb import CATEGORIES, make_kb
+from fineflax.extras import MissingExtra, require, search_engine_modules
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.stats import t_interval
 
@@ -83,6 +85,11 @@ def main(argv=None):
   ap.add_argument("--last", type=int, default=200, help="window of the share-to-best metric, per category")
   ap.add_argument("--embedder", default="all-MiniLM-L6-v2")
   args = ap.parse_args(argv)
+  try:  # before anything is written or loaded
+    require("python -m experiments.rag_loop.run", search_engine_modules("hybrid", args.embedder))
+  except MissingExtra as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   t0 = time.time()
   out = pathlib.Path(args.out)
   work = out / "work"

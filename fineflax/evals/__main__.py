@@ -88,6 +88,7 @@ def main_many(args, argv) -> int:
   """Several variants: per-variant metrics, the judge against the first (see `harness.run_many`)."""
   from fineflax.evals.harness import run_many
   from fineflax.evals.report import write_many_report
+  from fineflax.extras import require_retrievers
   from fineflax.rag.spec import RagConfigError, from_args
   try:
     if len(args.variant) < 2 or len(set(args.variant)) != len(args.variant):
@@ -104,6 +105,8 @@ def main_many(args, argv) -> int:
     missing = [s for s in rag_names if not (rag.variants[s].generator or args.generator)]
     if missing:
       raise ValueError(f"RAG variants {missing} need a generator: --generator SOURCE[+ADAPTER]")
+    used = {rag.variants[s].retriever for s in rag_names if rag.variants[s].retrieves}
+    require_retrievers({n: spec for n, spec in rag.retrievers.items() if n in used}, f"--rag-config {args.rag_config}")
     rows = load_eval_set(args.data, args.limit or None)
     check_before_loading([("--variant", s) for s in args.variant if s not in rag_names]
                          + ([("--generator", args.generator)] if rag_names and args.generator else []),
