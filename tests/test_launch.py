@@ -213,3 +213,22 @@ def test_sigint_while_the_model_loads_is_one_line_and_exit_130(tmp_path):
   assert proc.returncode == 130, err[-3000:]
   assert err.strip().splitlines() == [
       "interrupted (SIGINT) before the training loop ran or after it ended: nothing more was saved"], err[-3000:]
+
+
+@pytest.mark.fast
+def test_a_keyboard_interrupt_dropped_by_python_is_raised_again_in_ordinary_code(capsys):
+  """Python drops an exception raised in a `__del__` or gc callback (where JAX's _xla_gc_callback met a SIGINT
+  during the model load, and the run went on to train); `sigint_until_caught` raises it again, silently."""
+  from fineflax.cli import sigint_until_caught
+
+  class RaisesWhenCollected:
+    def __del__(self):
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    with sigint_until_caught():
+      RaisesWhenCollected()
+      deadline = time.time() + 30
+      while time.time() < deadline:
+        time.sleep(0.01)
+  assert "Exception ignored" not in capsys.readouterr().err
