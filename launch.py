@@ -2,6 +2,7 @@ r"""fineflax entry point.
 
   python launch.py --config configs/NAME.py[:preset,...] [--config.a.b=value ...] [--workdir DIR]
                    [--dry_run [--devices N] [--device_memory_gb GB]] [--verbose]
+  python launch.py --help | --helpfull | --config configs/NAME.py[:preset,...] --help
 
 The config's `job` field picks the module `fineflax.jobs.<job>`, whose `run(config, workdir)` does the work.
 The workdir defaults to runs/<config name>[-<presets>], so repeating a command resumes it. A user mistake
@@ -38,6 +39,10 @@ def default_workdir(spec: str) -> str:
 
 
 def main(argv) -> int:
+  from fineflax.jobs.help import help_text, wants_help
+  if wants_help(argv):  # before the flags are parsed: --help lists them, the configs and their presets
+    print(help_text(argv, flags.FLAGS, __doc__), end="")
+    return 0
   from fineflax import jobs
   from fineflax.jobs.resolve import parse_config_flags, validate
   from fineflax.train.run_config import check_workdir
