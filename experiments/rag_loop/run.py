@@ -1,7 +1,7 @@
 """The RAG loop on CPU: RAG variants as arms, simulated users with a hidden correctness reward, contextual
 routing against non-contextual routing and uniform routing; the interaction log and its training rows.
 
-  python -m experiments.rag_loop.run [--out experiments/rag_loop] [--steps 3000] [--seeds 10]   (~3 min CPU)
+  python -m experiments.rag_loop.run [--out runs/experiments/rag_loop [--overwrite]] [--steps 3000] [--seeds 10]   (~3 min CPU)
 
 1. The knowledge base (`kb.py`: keyword / paraphrase / multi-hop questions) and its arms (`arms.py`: no_rag,
    bm25_rag, dense_rag, hybrid_rag, agentic_rag), each run for real on every question: correctness =
@@ -37,6 +37,7 @@ from experiments.rag_loop.kb import CATEGORIES, make_kb
 from fineflax.extras import MissingExtra, require, search_engine_modules
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.stats import t_interval
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROUTERS = ("contextual", "non_contextual", "uniform")
@@ -78,7 +79,7 @@ def simulate(router_kind, kind, correct, pool, seed, steps, log=None, questions=
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default=str(HERE))
+  add_output_args(ap, "rag_loop")
   ap.add_argument("--steps", type=int, default=3000)
   ap.add_argument("--seeds", type=int, default=10)
   ap.add_argument("--per-category", type=int, default=120, help="questions per category")
@@ -91,7 +92,7 @@ def main(argv=None):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   t0 = time.time()
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(output_folder_or_exit(args.out, args.overwrite))
   work = out / "work"
   work.mkdir(parents=True, exist_ok=True)
   docs, questions = make_kb(args.per_category)
@@ -100,6 +101,7 @@ def main(argv=None):
 
   # 1. the arms, measured
   from fineflax.models import load_tokenizer
+  print(f"1/3 measuring {len(ARMS)} arms on {len(questions)} questions (output: {out})", flush=True)
   engines = build_engines(docs, args.embedder)
   runs, correct = measure(questions, engines, load_tokenizer("smollm2-135m-instruct"))
   arms = list(ARMS)
@@ -129,6 +131,7 @@ def main(argv=None):
       if rk == "uniform" and kind == "ucb1":
         continue
       name = "uniform" if rk == "uniform" else f"{rk}_{kind}"
+      print(f"2/3 routing {name}: {args.seeds} seeds x {args.steps} requests ({time.time() - t0:.0f} s)", flush=True)
       finals, shares, curve = [], [], []
       for seed in range(args.seeds):
         log = FeedbackLog(db, synchronous="NORMAL", reward_range=(0, 1)) if (
@@ -151,6 +154,7 @@ def main(argv=None):
     results["routing"][f"ratio_{kind}"] = ctx / non
 
   # 3. the log -> training rows
+  print("3/3 the log -> training rows, the plot and RESULTS.md", flush=True)
   from fineflax.data.from_feedback import convert
   counts = {"context": convert(db, work / "sft_context.jsonl", min_reward=1.0, pairs_out=work / "pairs.jsonl"),
             "no_context": convert(db, work / "sft_no_context.jsonl", min_reward=1.0, context=False)}

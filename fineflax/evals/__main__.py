@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--limit", type=int, default=0, help="first N examples only (0 = all)")
   ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
   ap.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
-  ap.add_argument("--out", default="eval_report", help="output folder (report.md, ab.png, results.json)")
+  ap.add_argument("--out", default="runs/eval_report", help="output folder (default runs/eval_report) (report.md, ab.png, results.json)")
   return ap
 
 
