@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks._results import write_section
 from experiments.rag_loop import heldout
 from experiments.rag_loop.arms import ARMS
-from experiments.rag_loop.kb import CATEGORIES
+from fineflax.rag.kb import CATEGORIES
 from experiments.rag_loop.run import rates_table, simulate
 from fineflax.io import atomic_write_json
 from fineflax.stats import t_interval

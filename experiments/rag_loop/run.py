@@ -3,7 +3,7 @@ routing against non-contextual routing and uniform routing; the interaction log 
 
   python -m experiments.rag_loop.run [--out runs/experiments/rag_loop [--overwrite]] [--steps 3000] [--seeds 10]   (~3 min CPU)
 
-1. The knowledge base (`kb.py`: keyword / paraphrase / multi-hop questions) and its arms (`arms.py`: no_rag,
+1. The knowledge base (`fineflax/rag/kb.py`: keyword / paraphrase / multi-hop questions) and its arms (`arms.py`: no_rag,
    bm25_rag, dense_rag, hybrid_rag, agentic_rag), each run for real on every question: correctness =
    retrieval recall of the gold passage (no generator in this CPU run). The measured per-category rates
    are the arms' success rates.
@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks._results import write_section
 from experiments.rag_loop.arms import ARMS, build_engines, measure
-from experiments.rag_loop.kb import CATEGORIES, make_kb
+from fineflax.rag.kb import CATEGORIES, make_kb
 from fineflax.extras import MissingExtra, require, search_engine_modules
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.stats import t_interval
@@ -198,7 +198,8 @@ def report(r, args) -> str:
   lines = ["# RAG loop: RAG variants as arms, contextual routing (CPU simulation)", "",
            "Command: `python -m experiments.rag_loop.run" + (f" --steps {args.steps} --seeds {args.seeds}"
                                                             if (args.steps, args.seeds) != (3000, 10) else "")
-           + f"` ({r['seconds']:.0f} s on 2 shared CPU cores). Code: `experiments/rag_loop/` (kb.py, arms.py, run.py).", "",
+           + f"` ({r['seconds']:.0f} s on 2 shared CPU cores). Code: `experiments/rag_loop/` (arms.py, run.py) and "
+           "`fineflax/rag/kb.py`.", "",
            "## Arms, measured on the knowledge base", "",
            "Each arm is a `fineflax.rag` variant run for real over `retrieval/` engines of the KB corpus "
            "(dense = all-MiniLM-L6-v2; hybrid = BM25 + dense RRF, **no cross-encoder**: no trained checkpoint "
