@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.rl.step import make_rl_fns
     from fineflax.rl.update import rl_update
     from fineflax.testing.batches import random_sft_batch
-    from fineflax.testing.tolerance import U32, adamw_first_step_tol, sum_order_tol
+    from fineflax.testing.tolerance import U32, check_first_adamw_step, sum_order_tol
     from fineflax.train.checkpoint import Checkpointer
     from fineflax.train.optim import with_f32_state
     from fineflax.train.sft_step import make_sft_fns
@@ -70,18 +70,15 @@ SCRIPT = textwrap.dedent("""
     assert abs(float(m4["loss"]) - float(m1["loss"])) <= float(sum_order_tol(N + 256, abs(float(m1["loss"])))), \
         (m4["loss"], m1["loss"])  # + the vocabulary's 256 terms of each token's log-sum-exp
     assert abs(float(m4["grad_norm"]) - float(m1["grad_norm"])) <= float(sum_order_tol(N + P, float(m1["grad_norm"])))
-    adam1 = s1["opt_state"][1][0]
-    g1 = jax.tree.map(lambda m: np.asarray(m, np.float64) / 0.1, adam1.mu)  # AdamW's first moment = (1 - b1) g
+    adam1, adam4 = s1["opt_state"][1][0], s4["opt_state"][1][0]
     clip = 2 * P * U32 * (float(m1["grad_norm"]) > 1.0)  # relative error of the clip factor when it acts
+    worst = [check_first_adamw_step(params, s1["params"], s4["params"], adam1.mu, N, 1e-2, 1e-6, clip_rel=clip)]
+    g1 = jax.tree.map(lambda m: np.asarray(m, np.float64) / 0.1, adam1.mu)  # AdamW's first moment = (1 - b1) g
     delta = jax.tree.map(lambda g: sum_order_tol(N, np.abs(g).max()) + clip * np.abs(g), g1)
-    worst = []
-    def within(a, b, tol, what):
+    def within(a, b, tol, what):  # the moments: mu = 0.1 g, nu = 0.001 g², each off by its share of δ
       err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
       assert (err <= tol).all(), (what, float(err.max()), float(np.asarray(tol)[err > tol].min()))
       worst.append(float((err / np.maximum(tol, 1e-300)).max()))
-    jax.tree.map(lambda p1, p4, g, d, p0: within(p1, p4, adamw_first_step_tol(g, d, p0, 1e-2, 1e-6), "sft params"),
-                 s1["params"], s4["params"], g1, delta, params)
-    adam4 = s4["opt_state"][1][0]
     jax.tree.map(lambda a, b, d: within(a, b, 0.1 * d + 4 * U32 * np.abs(a), "sft mu"), adam1.mu, adam4.mu, delta)
     jax.tree.map(lambda a, b, g, d: within(a, b, 0.001 * (2 * np.abs(g) + d) * d + 4 * U32 * np.abs(a), "sft nu"),
                  adam1.nu, adam4.nu, g1, delta)

@@ -38,3 +38,27 @@ def adamw_first_step_tol(g, delta, p, lr: float, eps: float, u: float = U32, ulp
   g, delta, p = (np.abs(np.asarray(x, np.float64)) for x in (g, delta, p))
   slope = eps / (np.maximum(g - delta, 0.0) + eps) ** 2
   return np.minimum(lr * slope * delta, 2 * lr) + ulps * u * (p + lr)
+
+
+def check_first_adamw_step(p0, p_ref, p_other, mu_ref, n_terms: int, lr: float, eps: float, b1: float = 0.9,
+                           clip_rel: float = 0.0, what: str = "params") -> float:
+  """Asserts that two meshes' parameters after one AdamW step from `p0` (pytrees) agree within
+  `adamw_first_step_tol`, the gradient g = mu_ref / (1 - b1) (AdamW's first moment after one step) known to
+  δ = sum_order_tol(n_terms, max|g| of its array) + clip_rel·|g| (clip_rel: the relative error of a
+  global-norm clip factor, 2·P·u over P parameters, when it acts). Returns the largest difference as a
+  fraction of its bound; AssertionError names the array and the worst element."""
+  import jax
+  worst = [0.0]
+
+  def one(path, p, a, b, mu):
+    g = np.asarray(mu, np.float64) / (1 - b1)
+    delta = sum_order_tol(n_terms, np.abs(g).max()) + clip_rel * np.abs(g)
+    tol = adamw_first_step_tol(g, delta, p, lr, eps)
+    err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    ratio = err / tol
+    k = int(np.argmax(ratio))
+    assert ratio.flat[k] <= 1.0, (what, jax.tree_util.keystr(path), float(err.flat[k]), float(tol.flat[k]))
+    worst[0] = max(worst[0], float(ratio.flat[k]))
+
+  jax.tree_util.tree_map_with_path(one, p0, p_ref, p_other, mu_ref)
+  return worst[0]
