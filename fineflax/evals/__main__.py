@@ -105,8 +105,10 @@ def main_many(args, argv) -> int:
     missing = [s for s in rag_names if not (rag.variants[s].generator or args.generator)]
     if missing:
       raise ValueError(f"RAG variants {missing} need a generator: --generator SOURCE[+ADAPTER]")
-    used = {rag.variants[s].retriever for s in rag_names if rag.variants[s].retrieves}
-    require_retrievers({n: spec for n, spec in rag.retrievers.items() if n in used}, f"--rag-config {args.rag_config}")
+    if rag_names:  # the packages the in-process retrievers of the chosen RAG variants need
+      used = {rag.variants[s].retriever for s in rag_names if rag.variants[s].retrieves}
+      require_retrievers({n: spec for n, spec in rag.retrievers.items() if n in used},
+                         f"--rag-config {args.rag_config}")
     rows = load_eval_set(args.data, args.limit or None)
     check_before_loading([("--variant", s) for s in args.variant if s not in rag_names]
                          + ([("--generator", args.generator)] if rag_names and args.generator else []),
