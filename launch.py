@@ -9,7 +9,8 @@ The workdir defaults to runs/<config name>[-<presets>], so repeating a command r
 (a bad config value or file, a missing optional package, a workdir that is a file, a bad data file, a
 changed config over old checkpoints, a memory plan that cannot fit the devices: `fineflax.jobs.memory_plan`)
 prints one line and exits 2 before any weight is loaded
-(`fineflax.cli`; `--verbose` shows the traceback); a run stopped by SIGINT/SIGTERM exits 130/143 after saving.
+(`fineflax.cli`; `--verbose` shows the traceback); a run stopped by SIGINT/SIGTERM exits 130/143 after saving,
+and SIGINT before the training loop (e.g. while the model loads) prints one line and exits 130.
 """
 import os
 import sys
