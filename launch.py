@@ -2,13 +2,15 @@ r"""fineflax entry point.
 
   python launch.py --config configs/NAME.py[:preset,...] [--config.a.b=value ...] [--workdir DIR]
                    [--dry_run [--devices N] [--device_memory_gb GB]] [--verbose]
+  python launch.py --help | --helpfull | --config configs/NAME.py[:preset,...] --help
 
 The config's `job` field picks the module `fineflax.jobs.<job>`, whose `run(config, workdir)` does the work.
 The workdir defaults to runs/<config name>[-<presets>], so repeating a command resumes it. A user mistake
 (a bad config value or file, a missing optional package, a workdir that is a file, a bad data file, a
 changed config over old checkpoints, a memory plan that cannot fit the devices: `fineflax.jobs.memory_plan`)
 prints one line and exits 2 before any weight is loaded
-(`fineflax.cli`; `--verbose` shows the traceback); a run stopped by SIGINT/SIGTERM exits 130/143 after saving.
+(`fineflax.cli`; `--verbose` shows the traceback); a run stopped by SIGINT/SIGTERM exits 130/143 after saving,
+and SIGINT before the training loop (e.g. while the model loads) prints one line and exits 130.
 """
 import os
 import sys
@@ -38,6 +40,10 @@ def default_workdir(spec: str) -> str:
 
 
 def main(argv) -> int:
+  from fineflax.jobs.help import help_text, wants_help
+  if wants_help(argv):  # before the flags are parsed: --help lists them, the configs and their presets
+    print(help_text(argv, flags.FLAGS, __doc__), end="")
+    return 0
   from fineflax import jobs
   from fineflax.jobs.resolve import parse_config_flags, validate
   from fineflax.train.run_config import check_workdir

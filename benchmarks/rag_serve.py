@@ -5,7 +5,7 @@ bare model's at the same answer length (retrieval must not serialise requests).
   python -m benchmarks.rag_serve --tiny --out DIR               # CPU check: tiny random model, 4 clients
 
 One server (`python -m fineflax.serve` in a subprocess, slots = clients) with a RAG config: the
-rag_loop knowledge base (`experiments/rag_loop/kb.py`, 406 passages) behind a --retriever index ("vector":
+rag_loop knowledge base (`fineflax/rag/kb.py`, 406 passages) behind a --retriever index ("vector":
 all-MiniLM-L6-v2 + FAISS flat, the default; or "bm25"), and `naive_rag` (k = 3, the base model generates).
 Clients: `openai.AsyncOpenAI`; each of N clients sends --rounds non-streaming requests one after another
 (closed loop), greedy, `ignore_eos` and max_tokens = --new-tokens so every answer has the same length; the
@@ -90,7 +90,7 @@ def main(argv=None):
   if args.tiny:
     from fineflax.testing.serve import tiny_chat_model
     args.model = tiny_chat_model(out)
-  from experiments.rag_loop.kb import make_kb
+  from fineflax.rag.kb import make_kb
   docs, questions = make_kb()
   atomic_write_text(out / "corpus.jsonl", "".join(json.dumps(d) + "\n" for d in docs))
   atomic_write_text(out / "rag.json", json.dumps({

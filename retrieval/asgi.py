@@ -1,9 +1,12 @@
 """HTTP serving pieces shared by the retrieval server and the chat server (`fineflax.serve`).
 
-idle_timeout_protocol(s)   uvicorn's httptools protocol that closes a connection whose client sent no
-                           byte for s seconds while the server waits on it (before or between requests,
-                           or mid-body); uvicorn alone only times out keep-alive connections after a
+idle_timeout_protocol(s)   uvicorn's HTTP protocol that closes a connection whose client sent no byte for
+                           s seconds while the server waits on it (before or between requests, or
+                           mid-body); uvicorn alone only times out keep-alive connections after a
                            completed response, so a silent or half-open connection would stay forever.
+                           The base is httptools' protocol when `httptools` is installed (the
+                           [retrieval] extra), else h11's (a uvicorn dependency): the chat server runs
+                           after the main install alone.
 read_capped_body(request, limit, drain_cap)
                            (body or None, size): the body if it is at most `limit` bytes; otherwise the
                            rest is read and dropped (up to `drain_cap` bytes) so that the 413 answer
@@ -45,11 +48,23 @@ async def read_capped_body(request, limit: int, drain_cap: int = DRAIN_CAP) -> t
   return (b"".join(parts), size) if size <= limit else (None, size)
 
 
-def idle_timeout_protocol(idle_timeout: float):
-  """A uvicorn httptools protocol class closing connections silent for `idle_timeout` s (module doc)."""
+def http_protocol_base() -> type:
+  """uvicorn's httptools protocol class if `httptools` imports, else its h11 one (uvicorn's own "auto" rule).
+  Both keep the state `idle_timeout_protocol` reads: `cycle` (None before the first request) with
+  `response_complete` and `more_body`, `loop` and `transport`."""
+  try:
+    import httptools  # noqa: F401
+  except ImportError:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    return H11Protocol
   from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+  return HttpToolsProtocol
 
-  class TimedProtocol(HttpToolsProtocol):
+
+def idle_timeout_protocol(idle_timeout: float):
+  """A uvicorn protocol class (`http_protocol_base()`) closing connections silent for `idle_timeout` s."""
+
+  class TimedProtocol(http_protocol_base()):
     def connection_made(self, transport):
       super().connection_made(transport)
       self._last_data = self.loop.time()

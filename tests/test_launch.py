@@ -1,6 +1,7 @@
 """launch.py and config resolution: --dry_run without weights; one-line errors (exit 2) that name the key,
 value and allowed values, before any work; presets; resume checks against the saved config."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -194,3 +195,40 @@ def test_a_missing_teacher_is_named_before_the_models_load(tmp_path):
                                  f"--config.teacher.source={tmp_path}/teacher.gguf"))
   assert line.startswith(f"error: config.teacher.source='{tmp_path}/teacher.gguf': ")
   assert not (tmp_path / "run").exists()
+
+
+def test_sigint_while_the_model_loads_is_one_line_and_exit_130(tmp_path):
+  """Issue 52: Ctrl-C before training starts (here while the bundled SmolLM2 loads, which takes over 10 s on
+  2 cores) prints one line, no traceback, and exits 130 as a stopped run does."""
+  proc = subprocess.Popen([sys.executable, "-u", "launch.py", "--config", "configs/quickstart.py", "--workdir",
+                           str(tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().startswith("workdir:")  # printed just before the job loads the model
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, err[-3000:]
+  assert err.strip().splitlines() == [
+      "interrupted (SIGINT) before the training loop ran or after it ended: nothing more was saved"], err[-3000:]
+
+
+@pytest.mark.fast
+def test_a_keyboard_interrupt_dropped_by_python_is_raised_again_in_ordinary_code(capsys):
+  """Python drops an exception raised in a `__del__` or gc callback (where JAX's _xla_gc_callback met a SIGINT
+  during the model load, and the run went on to train); `sigint_until_caught` raises it again, silently."""
+  from fineflax.cli import sigint_until_caught
+
+  class RaisesWhenCollected:
+    def __del__(self):
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    with sigint_until_caught():
+      RaisesWhenCollected()
+      deadline = time.time() + 30
+      while time.time() < deadline:
+        time.sleep(0.01)
+  assert "Exception ignored" not in capsys.readouterr().err

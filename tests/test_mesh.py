@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.train.state import init_state
     from fineflax.mesh import make_mesh, shard_batch, shard_params, replicate
     from fineflax.testing.batches import random_sft_batch
+    from fineflax.testing.tolerance import check_first_adamw_step, sum_order_tol
     assert jax.device_count() == 4, jax.devices()
     c = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16)
@@ -32,18 +33,21 @@ SCRIPT = textwrap.dedent("""
     s2, m2 = train(replicate(init_state(lora, opt, 0), mesh), shard_params(base, mesh),
                    shard_batch(batch, mesh, batch_axis=1))
     assert len(m2["loss"].sharding.device_set) == 4
-    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["params"], s2["params"])
+    # Tolerances from the arithmetic (fineflax/testing/tolerance.py), none tuned: the loss and every LoRA
+    # gradient entry sum over the step's N = 2 x 8 x 16 = 256 token terms (+ 256 vocabulary terms of each
+    # token's log-sum-exp in the loss), in another order on the mesh; one AdamW step (lr 1e-2, eps 1e-8).
+    N = batch["tokens"].size
+    def same_step(m, s):
+      assert abs(float(m["loss"]) - float(m1["loss"])) <= float(sum_order_tol(N + 256, abs(float(m1["loss"]))))
+      return check_first_adamw_step(lora, s1["params"], s["params"], s1["opt_state"][0].mu, N, 1e-2, 1e-8)
+    margin = same_step(m2, s2)
     # the unrolled layer loop (model.layer_loop) under the same mesh: same step
     import dataclasses
     train_u, _ = make_sft_fns(opt, model_config=dataclasses.replace(c, layer_loop="unrolled"), lora_scale=2.0)
     s3, m3 = train_u(replicate(init_state(lora, opt, 0), mesh), shard_params(base, mesh),
                      shard_batch(batch, mesh, batch_axis=1))
-    np.testing.assert_allclose(float(m1["loss"]), float(m3["loss"]), rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5),
-                 s1["params"], s3["params"])
-    print("OK", float(m1["loss"]))
+    margin = max(margin, same_step(m3, s3))
+    print("OK", float(m1["loss"]), f"tolerance margin {margin:.3f}")
 """)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from experiments.rag_loop import heldout, new_arm, student
 from experiments.rag_loop.arms import ARMS
-from experiments.rag_loop.kb import CATEGORIES
+from fineflax.rag.kb import CATEGORIES
 from fineflax.io import json_lines
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ def test_python_blocks_run_in_order(tmp_path):
   r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                      env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
   assert r.returncode == 0, r.stderr[-3000:]
-  assert (tmp_path / "adapter" / "adapter_config.json").exists()
+  assert (tmp_path / "runs" / "adapter" / "adapter_config.json").exists()
 
 
 def with_this_python(line: str) -> str:

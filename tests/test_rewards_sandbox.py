@@ -71,7 +71,7 @@ def _standalone_sandbox(root):
   os.makedirs(pkg)
   open(os.path.join(root, "fineflax", "__init__.py"), "w").close()
   open(os.path.join(pkg, "__init__.py"), "w").close()
-  for name in ("sandbox.py", "cgroups.py", "errors.py"):
+  for name in ("sandbox.py", "sandbox_rootfs.py", "cgroups.py", "errors.py"):
     shutil.copy(os.path.join(REPO, "fineflax", "rewards", name), pkg)
 
 
@@ -309,7 +309,7 @@ def test_root_mode_runs_from_venvs_in_private_dirs(copies):
 def test_unavailable_mode_is_an_error_not_a_fallback(monkeypatch):
   """If the strong mode cannot start, a run (and a code reward in scoring) raises, naming the fix."""
   monkeypatch.setattr(sandbox, "_probed", {})
-  monkeypatch.setattr(sandbox, "_SYS_MOUNT_SETATTR", 10 ** 6)  # ENOSYS: namespace setup fails
+  monkeypatch.setattr(sandbox, "SYS_MOUNT_SETATTR", 10 ** 6)  # ENOSYS: namespace setup fails
   monkeypatch.setattr(sandbox.shutil, "which", lambda name, *a, **k: None)  # and no bubblewrap
   monkeypatch.delenv(sandbox.ENV_VAR, raising=False)
   if not (IS_ROOT or _mode_works("userns")):

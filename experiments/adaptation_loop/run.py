@@ -33,6 +33,7 @@ from experiments.adaptation_loop import loop
 from experiments.adaptation_loop.report import plot, write_markdown
 from experiments.common import command_line, device_name
 from fineflax.io import atomic_write_json
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 FULL = dict(variant_steps=8, feedback_steps=8, requests=120, eval_questions=64, users=8, max_tokens=16,
             last=50, batch_size=4)
@@ -44,12 +45,14 @@ def run_cmd(argv: list[str], log: pathlib.Path, commands: list) -> float:
   """Runs a CLI (from the repository root, output to `log`); returns its wall time; raises on failure."""
   argv = [_relative(a) for a in argv]  # paths inside the repository as relative ones (cwd = the root)
   commands.append(" ".join(["python"] + [shlex.quote(a) for a in argv[1:]]))
+  print(f"[{time.strftime('%H:%M:%S')}] {' '.join(argv[1:4])} ... (output: {log})", flush=True)  # progress
   t0 = time.time()
   with open(log, "w") as f:
     rc = subprocess.run(argv, cwd=loop.ROOT, env=loop.env_with_root(log.parent / "jax_cache"), stdout=f,
                         stderr=subprocess.STDOUT).returncode
   if rc != 0:
     raise SystemExit(f"{argv[:4]} failed with exit code {rc}; see {log}:\n{log.read_text()[-3000:]}")
+  print(f"  done in {time.time() - t0:.0f} s", flush=True)
   return time.time() - t0
 
 
@@ -69,7 +72,7 @@ def sft_argv(model: str, workdir, sources, steps: int, s: dict, init_from: str =
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m-instruct", help="base model (alias, HF folder or .gguf)")
-  ap.add_argument("--out", default=str(pathlib.Path(__file__).parent))
+  add_output_args(ap, "adaptation_loop")
   ap.add_argument("--smoke", action="store_true", help="smallest settings (for a tiny test model)")
   ap.add_argument("--min-reward", type=float, default=1.0,
                   help="reward log rows kept as SFT data (the smoke test's random model needs 0)")
@@ -82,6 +85,7 @@ def main(argv=None):
   for k, v in FULL.items():
     ap.add_argument("--" + k.replace("_", "-"), type=int, default=None, help=f"default {v} (smoke {SMOKE[k]})")
   args = ap.parse_args(argv)
+  output_folder_or_exit(args.out, args.overwrite)
   s = {k: getattr(args, k) if getattr(args, k) is not None else (SMOKE if args.smoke else FULL)[k] for k in FULL}
   out = pathlib.Path(args.out).resolve()
   work = out / "work"

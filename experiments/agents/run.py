@@ -19,6 +19,7 @@ import time
 
 from experiments.common import command_line, device_name, load_config, plot_curves
 from fineflax.io import atomic_write_text
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 
 def rl_runs(args, presets):
@@ -126,7 +127,7 @@ def report(args, rl, ap, wall) -> str:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
-  ap.add_argument("--out", default="experiments/agents/out")
+  add_output_args(ap, "agents")
   ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of both configs")
   ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   ap.add_argument("--skip-rl", action="store_true")
@@ -135,6 +136,7 @@ def main(argv=None):
   ap.add_argument("--apo-set", nargs="*", default=[], help="configs/apo.py overrides a.b=value")
   ap.add_argument("--apo-presets", default="", help="configs/apo.py presets, e.g. cpu or gpu5")
   args = ap.parse_args(argv)
+  output_folder_or_exit(args.out, args.overwrite)
   presets = "smoke" if args.smoke else ""
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()

@@ -1,6 +1,6 @@
 """Regret curves of the server's bandit router (`fineflax.serve.router`) on simulated traffic.
 
-  python -m experiments.bandit_router.regret [--out experiments/bandit_router] [--steps 2000] [--seeds 20]
+  python -m experiments.bandit_router.regret [--out runs/experiments/bandit_router [--overwrite]] [--steps 2000] [--seeds 20]
 
 Two variants with Bernoulli rewards (rates 0.3 and 0.6, as the router test); each request is routed,
 its reward drawn and fed back at once. Cumulative expected regret after t requests =
@@ -18,16 +18,18 @@ import numpy as np
 
 from fineflax.serve.router import Router, simulate
 from fineflax.io import atomic_write_json
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 RATES = {"weak": 0.3, "strong": 0.6}
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default=str(pathlib.Path(__file__).parent))
+  add_output_args(ap, "bandit_router")
   ap.add_argument("--steps", type=int, default=2000)
   ap.add_argument("--seeds", type=int, default=20)
   args = ap.parse_args(argv)
+  output_folder_or_exit(args.out, args.overwrite)
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

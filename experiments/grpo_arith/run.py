@@ -17,16 +17,18 @@ import time
 
 from experiments.common import command_line, device_name, load_config, plot_curves
 from fineflax.io import atomic_write_text
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m-instruct", help="model source (alias, folder or .gguf)")
-  ap.add_argument("--out", default="experiments/grpo_arith/out")
+  add_output_args(ap, "grpo_arith")
   ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
   ap.add_argument("--presets", default="", help="config presets, e.g. dapo or luffy")
   ap.add_argument("--set", nargs="*", default=[], help="config overrides a.b=value")
   args = ap.parse_args()
+  output_folder_or_exit(args.out, args.overwrite)
   from fineflax.jobs import rl
   presets = ",".join(p for p in (args.presets, "smoke" if args.smoke else "") if p)
   config = load_config(f"configs/grpo_arith.py:{presets}", [f"model.source={args.model}", *args.set])

@@ -23,6 +23,7 @@ import time
 
 from experiments.common import ROOT, command_line, device_name, load_history, plot_curves, run_parallel
 from fineflax.io import atomic_write_text
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 SMALL = {"task.max_start": "20", "task.max_addend": "10"}
 R1 = {"task.assistant_prefix": "<think>\n", "task.system_prompt":
@@ -45,18 +46,20 @@ VARIANTS = {
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="smollm2-135m-instruct")
-  ap.add_argument("--out", default="experiments/grpo_arith/sweep")
+  add_output_args(ap, "grpo_arith_sweep")
   ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
   ap.add_argument("--set", nargs="*", default=[], help="overrides for every variant, a.b=value")
   ap.add_argument("--parallel", type=int, default=4, help="runs sharing the device at once")
   ap.add_argument("--smoke", action="store_true", help="CPU smoke variant of the config")
   args = ap.parse_args()
+  output_folder_or_exit(args.out, args.overwrite)
   common = {"task.eval_split": "validation", **dict(s.partition("=")[::2] for s in args.set)}
   commands = {}
   for name in args.variants:
     presets, own = VARIANTS[name]
     over = {**common, **own}
     commands[name] = [sys.executable, "-m", "experiments.grpo_arith.run", "--model", args.model, "--out", os.path.join(args.out, name),
+                      *(["--overwrite"] if args.overwrite else []),
                       "--presets", presets, *(["--smoke"] if args.smoke else []),
                       "--set", *[f"{k}={v}" for k, v in over.items()]]
   t0 = time.time()

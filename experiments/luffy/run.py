@@ -26,7 +26,7 @@ from configs.luffy_arith import SFT_RL_SFT_STEPS
 from experiments import compare
 from fineflax.io import atomic_write_text
 from experiments.common import add_runner_args, command_line, plot_curves, runner_argv
-from fineflax.runs import mean_ci95, results_series, seed_evaluations
+from fineflax.runs import add_output_args, mean_ci95, output_folder_or_exit, results_series, seed_evaluations
 
 CONFIG = "configs/luffy_arith.py"
 METHODS = {"rl": "", "sft": "sft", "sft_rl": "sft_rl", "luffy": "luffy", "luffy_noshape": "luffy_noshape"}
@@ -103,7 +103,7 @@ def plots(results: dict, out: pathlib.Path, methods, k: int) -> list[str]:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="", help="model source (default: the config's)")
-  ap.add_argument("--out", default="experiments/luffy/out")
+  add_output_args(ap, "luffy")
   ap.add_argument("--steps", type=int, default=150, help="RL steps (rollout batches) of every method")
   ap.add_argument("--eval-every", type=int, default=30)
   ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -114,11 +114,11 @@ def main(argv=None) -> int:
   ap.add_argument("--smoke", action="store_true", help="the configs' smoke preset: 2 steps, tiny sets")
   add_runner_args(ap, per_gpu=2)
   args = ap.parse_args(argv)
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(output_folder_or_exit(args.out, args.overwrite))
   common = [*([f"model.source={args.model}"] if args.model else []), f"task.eval_split={args.split}"]
   common += ["eval_at_start=False"] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"]
   k = 2 if args.smoke else args.pass_k
-  cargv = ["--config", CONFIG, "--out", str(out), *runner_argv(args),
+  cargv = ["--config", CONFIG, "--out", str(out), *(["--overwrite"] if args.overwrite else []), *runner_argv(args),
            "--title", f"LUFFY five-way, {args.split} split" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
            "--extra-metrics", *[m.replace("pass_at_8", f"pass_at_{k}") for m in EXTRA], "--set", *common, *args.set]
   for spec in method_specs(args.methods, args.steps, args.smoke, args.pass_k if not args.smoke else 8):

@@ -19,6 +19,7 @@ import json
 import pathlib
 
 from experiments.rag_loop.arms import ARMS, build_engines, measure
+from fineflax.runs import output_folder_or_exit
 from fineflax.io import atomic_write_text, json_lines
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -75,11 +76,14 @@ def load(path) -> list[dict]:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--work", default=str(HERE / "work"))
+  ap.add_argument("--work", default="runs/experiments/rag_loop/work",
+                  help="run.py's work folder, where the prompts are written (default: run.py's default --out's)")
   ap.add_argument("--results", default=None, help="run.py's results.json (default: beside --work)")
   ap.add_argument("--tokenizer", default="smollm2-135m-instruct")
   ap.add_argument("--embedder", default="all-MiniLM-L6-v2")
+  ap.add_argument("--overwrite", action="store_true", help=f"allow replacing a {FILE} tracked by git")
   args = ap.parse_args(argv)
+  output_folder_or_exit(pathlib.Path(args.work) / FILE, args.overwrite, "--work")
   rows = compute(args.work, args.results, args.tokenizer, args.embedder)
   write(pathlib.Path(args.work) / FILE, rows)
   print(f"{len(rows)} held-out questions -> {pathlib.Path(args.work) / FILE}")

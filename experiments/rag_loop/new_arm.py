@@ -33,10 +33,11 @@ import numpy as np
 from benchmarks._results import write_section
 from experiments.rag_loop import heldout
 from experiments.rag_loop.arms import ARMS
-from experiments.rag_loop.kb import CATEGORIES
+from fineflax.rag.kb import CATEGORIES
 from experiments.rag_loop.run import rates_table, simulate
 from fineflax.io import atomic_write_json
 from fineflax.stats import t_interval
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 HERE = pathlib.Path(__file__).resolve().parent
 STUDENT = "student"
@@ -122,13 +123,14 @@ def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--student", default=str(HERE / "student" / "student.json"), help="student.py's student.json")
   ap.add_argument("--heldout", default=str(HERE / "work" / heldout.FILE))
-  ap.add_argument("--out", default=str(HERE))
+  add_output_args(ap, "rag_loop_new_arm")
   ap.add_argument("--results-md", default=None, help='markdown file of the block (default: --out/RESULTS.md; "": none)')
   ap.add_argument("--before", type=int, default=3000, help="requests before the student joins")
   ap.add_argument("--after", type=int, default=3000, help="requests after it joins")
   ap.add_argument("--seeds", type=int, default=10)
   ap.add_argument("--last", type=int, default=200, help="window of the last-requests share, per category")
   args = ap.parse_args(argv)
+  output_folder_or_exit(args.out, args.overwrite)
   t0, out = time.time(), pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   student = json.loads(pathlib.Path(args.student).read_text())

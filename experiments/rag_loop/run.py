@@ -1,9 +1,9 @@
 """The RAG loop on CPU: RAG variants as arms, simulated users with a hidden correctness reward, contextual
 routing against non-contextual routing and uniform routing; the interaction log and its training rows.
 
-  python -m experiments.rag_loop.run [--out experiments/rag_loop] [--steps 3000] [--seeds 10]   (~3 min CPU)
+  python -m experiments.rag_loop.run [--out runs/experiments/rag_loop [--overwrite]] [--steps 3000] [--seeds 10]   (~3 min CPU)
 
-1. The knowledge base (`kb.py`: keyword / paraphrase / multi-hop questions) and its arms (`arms.py`: no_rag,
+1. The knowledge base (`fineflax/rag/kb.py`: keyword / paraphrase / multi-hop questions) and its arms (`arms.py`: no_rag,
    bm25_rag, dense_rag, hybrid_rag, agentic_rag), each run for real on every question: correctness =
    retrieval recall of the gold passage (no generator in this CPU run). The measured per-category rates
    are the arms' success rates.
@@ -26,15 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import time
 
 import numpy as np
 
 from benchmarks._results import write_section
 from experiments.rag_loop.arms import ARMS, build_engines, measure
-from experiments.rag_loop.kb import CATEGORIES, make_kb
+from fineflax.rag.kb import CATEGORIES, make_kb
+from fineflax.extras import MissingExtra, require, search_engine_modules
 from fineflax.io import atomic_write_json, atomic_write_text
 from fineflax.stats import t_interval
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROUTERS = ("contextual", "non_contextual", "uniform")
@@ -76,15 +79,20 @@ def simulate(router_kind, kind, correct, pool, seed, steps, log=None, questions=
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default=str(HERE))
+  add_output_args(ap, "rag_loop")
   ap.add_argument("--steps", type=int, default=3000)
   ap.add_argument("--seeds", type=int, default=10)
   ap.add_argument("--per-category", type=int, default=120, help="questions per category")
   ap.add_argument("--last", type=int, default=200, help="window of the share-to-best metric, per category")
   ap.add_argument("--embedder", default="all-MiniLM-L6-v2")
   args = ap.parse_args(argv)
+  try:  # before anything is written or loaded
+    require("python -m experiments.rag_loop.run", search_engine_modules("hybrid", args.embedder))
+  except MissingExtra as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   t0 = time.time()
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(output_folder_or_exit(args.out, args.overwrite))
   work = out / "work"
   work.mkdir(parents=True, exist_ok=True)
   docs, questions = make_kb(args.per_category)
@@ -93,6 +101,7 @@ def main(argv=None):
 
   # 1. the arms, measured
   from fineflax.models import load_tokenizer
+  print(f"1/3 measuring {len(ARMS)} arms on {len(questions)} questions (output: {out})", flush=True)
   engines = build_engines(docs, args.embedder)
   runs, correct = measure(questions, engines, load_tokenizer("smollm2-135m-instruct"))
   arms = list(ARMS)
@@ -122,6 +131,7 @@ def main(argv=None):
       if rk == "uniform" and kind == "ucb1":
         continue
       name = "uniform" if rk == "uniform" else f"{rk}_{kind}"
+      print(f"2/3 routing {name}: {args.seeds} seeds x {args.steps} requests ({time.time() - t0:.0f} s)", flush=True)
       finals, shares, curve = [], [], []
       for seed in range(args.seeds):
         log = FeedbackLog(db, synchronous="NORMAL", reward_range=(0, 1)) if (
@@ -144,6 +154,7 @@ def main(argv=None):
     results["routing"][f"ratio_{kind}"] = ctx / non
 
   # 3. the log -> training rows
+  print("3/3 the log -> training rows, the plot and RESULTS.md", flush=True)
   from fineflax.data.from_feedback import convert
   counts = {"context": convert(db, work / "sft_context.jsonl", min_reward=1.0, pairs_out=work / "pairs.jsonl"),
             "no_context": convert(db, work / "sft_no_context.jsonl", min_reward=1.0, context=False)}
@@ -187,7 +198,8 @@ def report(r, args) -> str:
   lines = ["# RAG loop: RAG variants as arms, contextual routing (CPU simulation)", "",
            "Command: `python -m experiments.rag_loop.run" + (f" --steps {args.steps} --seeds {args.seeds}"
                                                             if (args.steps, args.seeds) != (3000, 10) else "")
-           + f"` ({r['seconds']:.0f} s on 2 shared CPU cores). Code: `experiments/rag_loop/` (kb.py, arms.py, run.py).", "",
+           + f"` ({r['seconds']:.0f} s on 2 shared CPU cores). Code: `experiments/rag_loop/` (arms.py, run.py) and "
+           "`fineflax/rag/kb.py`.", "",
            "## Arms, measured on the knowledge base", "",
            "Each arm is a `fineflax.rag` variant run for real over `retrieval/` engines of the KB corpus "
            "(dense = all-MiniLM-L6-v2; hybrid = BM25 + dense RRF, **no cross-encoder**: no trained checkpoint "

@@ -36,6 +36,7 @@ from experiments.adaptation_loop.run import run_cmd, sft_argv
 from experiments.rag_loop import heldout
 from experiments.rag_loop.arms import ARMS
 from fineflax.io import atomic_write_json, atomic_write_text
+from fineflax.runs import add_output_args, output_folder_or_exit
 
 HERE = pathlib.Path(__file__).resolve().parent
 SMOKE = {"steps": 2, "batch_size": 2, "max_length": 256, "limit": 2, "max_tokens": 4, "new_arm_seeds": 1,
@@ -86,9 +87,10 @@ def main(argv=None):
   for k, v in FULL.items():
     ap.add_argument("--" + k.replace("_", "-"), type=int, default=None, help=f"{HELP[k]} (default {v}, smoke {SMOKE[k]})")
   ap.add_argument("--sft-set", nargs="*", default=[], help="configs/quickstart.py overrides key=value for both SFT runs")
-  ap.add_argument("--out", default=str(HERE / "student"))
+  add_output_args(ap, "rag_loop_student")
   ap.add_argument("--seed", type=int, default=0)
   args = ap.parse_args(argv)
+  output_folder_or_exit(args.out, args.overwrite)
   s = {k: getattr(args, k) if getattr(args, k) is not None else (SMOKE if args.smoke else FULL)[k] for k in FULL}
   work, out = pathlib.Path(args.work).resolve(), pathlib.Path(args.out).resolve()
   held = pathlib.Path(args.heldout).resolve() if args.heldout else work / heldout.FILE
@@ -98,6 +100,7 @@ def main(argv=None):
       print(f"error: {path} is missing; run `python -m experiments.rag_loop.run` first", file=sys.stderr)
       return 2
   if args.regen_heldout:
+    output_folder_or_exit(held, args.overwrite, "--heldout")
     heldout.write(held, heldout.compute(work, args.results, args.model, args.embedder))
   try:
     rows = per_category_limit(heldout.load(held), s["limit"])

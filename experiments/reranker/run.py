@@ -9,7 +9,8 @@ retrieval/cross_encoder_train.py). Training stops after --train-minutes or --max
 Evaluation: each retriever's top --depth is rescored by the saved model, loaded back through
 retrieval.rerank.CrossEncoderReranker (JAX), and reordered; ranks below --depth keep the retriever's order.
 
-  python -m experiments.reranker.run [--train-minutes 9] [--out experiments/reranker/model]
+  python -m experiments.reranker.run [--train-minutes 9] [--results runs/experiments/reranker] [--out DIR/model]
+  (--results experiments/reranker --overwrite refreshes the committed results.json and RESULTS.md)
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from retrieval import cross_encoder_train as ce
 from retrieval import bert, create_search_engine
 from retrieval.hf_model import load_tokenizer, resolve_model_folder
 from fineflax.io import atomic_write_json, atomic_write_text
+from fineflax.runs import output_folder_or_exit
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -47,7 +49,10 @@ def rerank_run(run: list[str], scores: dict[str, float], depth: int) -> list[str
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--out", default=str(HERE / "model"))
+  p.add_argument("--out", default="", help="the trained model's folder (default --results/model)")
+  p.add_argument("--results", default="runs/experiments/reranker",
+                 help="folder of results.json and RESULTS.md (default runs/experiments/reranker)")
+  p.add_argument("--overwrite", action="store_true", help="allow a --results that holds files tracked by git")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--eval-fraction", type=float, default=0.2)
   p.add_argument("--eval-queries", type=int, default=120, help="held-out claims evaluated (bounded time)")
@@ -61,8 +66,10 @@ def main():
   p.add_argument("--depth", type=int, default=10, help="top ranks of each retriever that are reranked")
   p.add_argument("--collect", action="store_true", help="only rewrite RESULTS.md from results*.json")
   args = p.parse_args()
+  results_dir = pathlib.Path(output_folder_or_exit(args.results, args.overwrite, "--results"))
+  args.out = args.out or str(results_dir / "model")
   if args.collect:
-    return write_results(json.loads((HERE / "results.json").read_text()))
+    return write_results(json.loads((results_dir / "results.json").read_text()), results_dir)
   t0 = time.time()
   rng = np.random.default_rng(args.seed)
 
@@ -147,14 +154,14 @@ def main():
                  eval_seconds=eval_s, loss_first10=float(np.mean(history[:10])),
                  loss_last10=float(np.mean(history[-10:])), loss_history=history, **meta,
                  command="python -m experiments.reranker.run " + " ".join(sys.argv[1:]))
-  atomic_write_json(HERE / "results.json", results, indent=2)
-  write_results(results)
+  atomic_write_json(results_dir / "results.json", results, indent=2)
+  write_results(results, results_dir)
 
 
-def write_results(r: dict) -> None:
-  """RESULTS.md from results.json (r) and earlier runs kept as results_*.json."""
+def write_results(r: dict, folder: pathlib.Path) -> None:
+  """folder/RESULTS.md from results.json (r) and earlier runs kept as folder/results_*.json."""
   rows = "\n".join(f"| {name} | {v:.3f} |" for name, v in r["ndcg_at_10"].items())
-  runs = [x for x in (json.loads(f.read_text()) for f in sorted(HERE.glob("results_*.json"))) if x != r] + [r]
+  runs = [x for x in (json.loads(f.read_text()) for f in sorted(folder.glob("results_*.json"))) if x != r] + [r]
   names = list(r["ndcg_at_10"])
   runs_table = "\n".join(
       [f"| training | steps | groups | loss first/last 10 | {' | '.join(names)} |", "|---|---|---|---|" + "---|" * len(names)] +
@@ -197,7 +204,7 @@ Device: CPU, 2 cores shared with other jobs (1-min load average {load:.1f} at th
 {r['eval_seconds']:.0f} s. Command: `{r['command']}` (writes model/, results.json and this file; model/ is not
 committed).
 """
-  atomic_write_text(HERE / "RESULTS.md", text)
+  atomic_write_text(folder / "RESULTS.md", text)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from experiments import compare
 from experiments.common import (add_runner_args, command_line, load_config, plot_curves,
                                 runner_argv)
 from fineflax.io import atomic_write_text
-from fineflax.runs import mean_ci95, results_series, seed_evaluations
+from fineflax.runs import add_output_args, mean_ci95, output_folder_or_exit, results_series, seed_evaluations
 
 CONFIG = "configs/search_r1.py"
 METHODS = {"search_r1": "grpo_only", "combined": ""}
@@ -136,7 +136,7 @@ def target_lines(values: dict, methods) -> list[str]:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="", help="model source (default: the config's)")
-  ap.add_argument("--out", default="experiments/search_r1/out")
+  add_output_args(ap, "search_r1")
   ap.add_argument("--methods", nargs="+", default=["search_r1"], choices=list(METHODS))
   ap.add_argument("--steps", type=int, default=60)
   ap.add_argument("--eval-every", type=int, default=15)
@@ -148,13 +148,13 @@ def main(argv=None) -> int:
   if args.baselines_child:
     baselines_child(args.baselines_child, args.seeds, args.smoke, args.set)
     return 0
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(output_folder_or_exit(args.out, args.overwrite))
   out.mkdir(parents=True, exist_ok=True)
   common = [*([f"model.source={args.model}"] if args.model else []), *args.set]
   run_common = common + ([] if args.smoke else [f"num_steps={args.steps}", f"eval_every={args.eval_every}"])
   run_common += ["eval_at_start=True"]
   base = baselines(args, args.seeds, common)
-  cargv = ["--config", CONFIG, "--out", str(out), *runner_argv(args), "--metric", "eval_em",
+  cargv = ["--config", CONFIG, "--out", str(out), *(["--overwrite"] if args.overwrite else []), *runner_argv(args), "--metric", "eval_em",
            "--title", "Search-R1 vs RAG, SmolLM2-135M QLoRA" + (" (SMOKE RUN, not a result)" if args.smoke else ""),
            "--extra-metrics", *EXTRA, "--set", *run_common]
   for name in args.methods:

@@ -88,12 +88,34 @@ class ArithmeticEnv(Env):
     require(config, "task.accuracy_reward", lambda v: v in reward_names(),
             f"a registered reward ({', '.join(reward_names())})")
 
+  @staticmethod
+  def _train_items(config) -> list[Problem]:
+    t = config.task
+    return generate_problems(t.num_train, "train", tuple(t.num_steps), config.seed, max_start=t.max_start,
+                             max_addend=t.max_addend)
+
+  @classmethod
+  def longest_prompt_tokens(cls, config, candidates: int = 8) -> int | None:
+    """The longest chat prompt of the training problems. A prompt is the template's tokens plus the question's
+    (up to a token or two merged at the seams), so only the `candidates` questions with the most tokens of
+    their own are formatted in full (formatting all 4000 takes seconds; tokenizing the questions ~0.1 s).
+    None when the model's tokenizer is not on this machine (a dry run planning for a hub model offline)."""
+    from fineflax.models import load_tokenizer
+    try:
+      tok = load_tokenizer(config.model.source)
+    except (OSError, ValueError):
+      return None
+    questions = sorted({p.question for p in cls._train_items(config)})
+    lengths = [len(ids) for ids in tok(questions, add_special_tokens=False)["input_ids"]]
+    longest = [questions[i] for i in np.argsort(lengths)[::-1][:candidates]]
+    t = config.task
+    return max(len(prompt_ids(tok, t.system_prompt, q, t.assistant_prefix)) for q in longest)
+
   def __init__(self, config, tokenizer):
     self.task, self.tok, self.config = config.task, tokenizer, config
     t = config.task
     sizes = dict(max_start=t.max_start, max_addend=t.max_addend)
-    self.train_items: list[Problem] = generate_problems(t.num_train, "train", tuple(t.num_steps), config.seed,
-                                                        **sizes)
+    self.train_items: list[Problem] = self._train_items(config)
     self.eval_items: list[Problem] = held_out(t, tuple(t.num_steps), sizes)
     self.extra_eval_sets: dict[str, list[Problem]] = {}
     if tuple(t.get("ood_num_steps", ()) or ()):

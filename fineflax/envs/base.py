@@ -17,6 +17,11 @@ class Env:
   def validate(cls, config) -> None:
     """Checks of the environment's config fields at resolve time (ConfigError); none by default."""
 
+  @classmethod
+  def longest_prompt_tokens(cls, config) -> int | None:
+    """Tokens of the longest training prompt (module doc); None: unknown before the run."""
+    return None
+
   def rollout_metrics(self, examples) -> dict:
     """Extra per-step metrics of the on-policy rollouts' examples; none by default."""
     return {}

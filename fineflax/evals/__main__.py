@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--limit", type=int, default=0, help="first N examples only (0 = all)")
   ap.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
   ap.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
-  ap.add_argument("--out", default="eval_report", help="output folder (report.md, ab.png, results.json)")
+  ap.add_argument("--out", default="runs/eval_report", help="output folder (default runs/eval_report) (report.md, ab.png, results.json)")
   return ap
 
 
@@ -88,6 +88,7 @@ def main_many(args, argv) -> int:
   """Several variants: per-variant metrics, the judge against the first (see `harness.run_many`)."""
   from fineflax.evals.harness import run_many
   from fineflax.evals.report import write_many_report
+  from fineflax.extras import require_retrievers
   from fineflax.rag.spec import RagConfigError, from_args
   try:
     if len(args.variant) < 2 or len(set(args.variant)) != len(args.variant):
@@ -104,6 +105,10 @@ def main_many(args, argv) -> int:
     missing = [s for s in rag_names if not (rag.variants[s].generator or args.generator)]
     if missing:
       raise ValueError(f"RAG variants {missing} need a generator: --generator SOURCE[+ADAPTER]")
+    if rag_names:  # the packages the in-process retrievers of the chosen RAG variants need
+      used = {rag.variants[s].retriever for s in rag_names if rag.variants[s].retrieves}
+      require_retrievers({n: spec for n, spec in rag.retrievers.items() if n in used},
+                         f"--rag-config {args.rag_config}")
     rows = load_eval_set(args.data, args.limit or None)
     check_before_loading([("--variant", s) for s in args.variant if s not in rag_names]
                          + ([("--generator", args.generator)] if rag_names and args.generator else []),

@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                   help="processes grading while the next batch generates (0 = grade in line; default "
                        "`default_grade_workers()`: math-verify took ~12-33 ms a completion, so two workers fell "
                        "behind a GPU decoding 26k tokens/s)")
-  ap.add_argument("--out", default="bench_out", help="output folder (generations.jsonl, results.json/.md)")
+  ap.add_argument("--out", default="runs/bench", help="output folder (default runs/bench) (generations.jsonl, results.json/.md)")
   return ap
 
 

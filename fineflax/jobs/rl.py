@@ -169,6 +169,19 @@ class RLJob:
                  meta=meta, restore_meta=restore_meta, postfix=("reward_mean", "loss"))
 
 
+def check_micro_batch_budget(rl: RLConfig, env, config) -> None:
+  """ConfigError when a training row could overflow rl.micro_batch_tokens: its longest possible length is the
+  environment's longest prompt (`Env.longest_prompt_tokens`, when it can tell) + rl.max_new_tokens."""
+  if not rl.micro_batch_tokens:
+    return
+  prompt = env.longest_prompt_tokens(config)
+  if prompt is not None and prompt + rl.max_new_tokens > rl.micro_batch_tokens:
+    raise ConfigError(f"config.rl.micro_batch_tokens={rl.micro_batch_tokens}: a row can hold "
+                      f"{prompt + rl.max_new_tokens} tokens (the longest prompt of config.env={config.env!r}, "
+                      f"{prompt}, + rl.max_new_tokens={rl.max_new_tokens}); set at least "
+                      f"{prompt + rl.max_new_tokens}, or 0 (off)")
+
+
 def validate(config) -> RLConfig:
   """This job's part of `fineflax.jobs.resolve.validate`: config.rl (`RLConfig`), the environment
   (`Env.validate`; replay support), the reward names and num_steps. Returns the RLConfig."""
@@ -177,6 +190,7 @@ def validate(config) -> RLConfig:
   if rl.objective_entry.off_policy == "replay" and not env.supports_replay:
     raise ConfigError(f"config.rl.objective={rl.objective!r} is not supported by config.env={config.env!r}")
   env.validate(config)
+  check_micro_batch_budget(rl, env, config)
   check_reward_names(config)
   positive_int(config, "num_steps")
   return rl

@@ -50,26 +50,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from fineflax.rewards import cgroups
 from fineflax.rewards.errors import RewardSetupError
+from fineflax.rewards.sandbox_rootfs import (AT_FDCWD, LIBC, MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC,
+                                             SYS_MOUNT_SETATTR, SYS_PIVOT_ROOT, RootFs, build_root, check_errno,
+                                             host_view)
 
 MODES = ("auto", "root", "userns", "rlimits")
 ENV_VAR = "FINEFLAX_SANDBOX"
 MAX_DISK_MB, MAX_FILES = 64, 4096  # the work dir's default size and file-count limits
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
 _CLONE_NEWIPC = 0x08000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-_MNT_DETACH = 2
-_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = -100, 0x8000, 1, 2
-_SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64 (new syscall table)
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
-# what the sandbox's own root file system shows of the host (read-only): the base interpreter's
-# installation (added per run) and what a dynamically linked interpreter and its extension modules load
-_LIBRARY_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
-                 "/usr/local/lib")
-_HOST_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _PR_SET_PDEATHSIG = 1
 _UID_BASE, _UID_SPAN = 1_900_000_000, 1 << 20
 _SOCKET_GUARD = (
@@ -97,23 +89,9 @@ class SandboxResult:
   timed_out: bool
 
 
-class _MountAttr(ctypes.Structure):
-  _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-              ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_RO = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
-_RW = _MountAttr(_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_RDONLY, 0, 0)
 _uid_counter = itertools.count((os.getpid() * 7919) % _UID_SPAN)
 _probe_lock = threading.Lock()
 _probed: dict[str, str | None] = {}  # mode -> None (works) or why not
-
-
-def _check(rc: int, what: str) -> None:
-  if rc != 0:
-    err = ctypes.get_errno()
-    raise OSError(err, f"sandbox {what}: {os.strerror(err)}")
 
 
 def _supervise(pid: int, max_fd: int) -> None:
@@ -134,84 +112,22 @@ def _supervise(pid: int, max_fd: int) -> None:
   os._exit(os.waitstatus_to_exitcode(status))
 
 
-@dataclasses.dataclass(frozen=True)
-class _RootFs:
-  """The sandbox's own root file system: built at `mount_point` (an empty host dir) in the child."""
-  mount_point: bytes
-  binds: list            # (kind "dir" | "file" | "link", host path or link target, path inside)
-  workdir: bytes         # the work dir's path inside (the same as on the host)
-  work_options: bytes    # its tmpfs options: size, nr_inodes, mode, owner
-  files: list            # (name, bytes) written into the work dir
-  owner: int             # uid/gid of those files (-1: the caller's)
-
-
-def _host_view(prefix: str) -> list[tuple[str, str, str]]:
-  """(kind, source, path inside) of what the new root shows of the host: `prefix` (the interpreter's
-  installation), the library folders (a symlinked one as the same symlink) and `_HOST_FILES`."""
-  out, covered = [("dir", prefix, prefix)], [prefix]
-  for path in _LIBRARY_DIRS:
-    if any(path == c or path.startswith(c + "/") for c in covered):
-      continue
-    if os.path.islink(path):
-      out.append(("link", os.readlink(path), path))
-    elif os.path.isdir(path):
-      out.append(("dir", os.path.realpath(path), path))
-      covered.append(path)
-  return out + [("file", path, path) for path in _HOST_FILES if os.path.exists(path)]
-
-
-def _build_root(fs: _RootFs, mount_tmpfs, bind, setattr_) -> None:
-  """In the child (new mount namespace): the tmpfs root with `fs.binds`, /proc and the work dir, all
-  read-only but the work dir; then pivot_root into it and detach the host's tree."""
-  root = fs.mount_point
-  mount_tmpfs(root, b"mode=0755,size=4m,nr_inodes=4096")
-  for kind, src, dst in fs.binds:
-    inside = root + dst
-    if kind == "link":
-      os.makedirs(os.path.dirname(inside), exist_ok=True)
-      os.symlink(src, inside)
-      continue
-    if kind == "dir":
-      os.makedirs(inside, exist_ok=True)
-    else:
-      os.makedirs(os.path.dirname(inside), exist_ok=True)
-      os.close(os.open(inside, os.O_CREAT | os.O_WRONLY, 0o644))
-    bind(src, inside)
-  os.makedirs(root + b"/proc", exist_ok=True)
-  _LIBC.mount(b"proc", root + b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)  # best effort
-  work = root + fs.workdir
-  os.makedirs(work, exist_ok=True)
-  mount_tmpfs(work, fs.work_options)
-  for name, data in fs.files:
-    fd = os.open(work + b"/" + name, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
-    os.write(fd, data)
-    if fs.owner >= 0:
-      os.fchown(fd, fs.owner, fs.owner)
-    os.close(fd)
-  setattr_(root, _AT_RECURSIVE, _RO, "read-only root")
-  setattr_(work, 0, _RW, "writable work dir")
-  os.chdir(root)
-  _check(_LIBC.syscall(_SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
-  _check(_LIBC.umount2(b".", _MNT_DETACH), "detach the host's root")
-  os.chdir(fs.workdir)
-
-
-def _make_preexec(mode: str, fs: _RootFs | None, uid: int, limits: dict[int, int], join_fds: list[int]):
+def _make_preexec(mode: str, fs: RootFs | None, uid: int, limits: dict[int, int], join_fds: list[int]):
   """Returns the child-side setup; every name it touches is bound here (no imports after fork)."""
-  libc, byref, sizeof = _LIBC, ctypes.byref, ctypes.sizeof
+  libc, byref, sizeof = LIBC, ctypes.byref, ctypes.sizeof
   sigkill = int(signal.SIGKILL)
   caller_uid, caller_gid = os.getuid(), os.getgid()
   max_fd = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
   max_fd = 1 << 20 if max_fd == resource.RLIM_INFINITY or max_fd > 1 << 20 else max_fd
 
   def mount_tmpfs(target: bytes, options: bytes) -> None:
-    _check(libc.mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, options), f"tmpfs {target!r}")
+    check_errno(libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"tmpfs {target!r}")
 
   def bind(src: bytes, target: bytes) -> None:
-    _check(libc.mount(src, target, None, _MS_BIND | _MS_REC, None), f"bind {src!r}")
+    check_errno(libc.mount(src, target, None, MS_BIND | MS_REC, None), f"bind {src!r}")
 
   def setattr_(target: bytes, flags: int, attr, what: str) -> None:
-    _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, target, flags, byref(attr), sizeof(attr)), what)
+    check_errno(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, target, flags, byref(attr), sizeof(attr)), what)
 
   def setup() -> None:
     for fd in join_fds:  # join the run's cgroups (inherited by everything forked below)
@@ -219,7 +135,7 @@ def _make_preexec(mode: str, fs: _RootFs | None, uid: int, limits: dict[int, int
     if fs is not None:
       flags = (_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC
                | (_CLONE_NEWUSER if mode == "userns" else 0))
-      _check(libc.unshare(flags), "unshare")
+      check_errno(libc.unshare(flags), "unshare")
       if mode == "userns":
         for name, text in (("setgroups", "deny"), ("uid_map", f"{caller_uid} {caller_uid} 1"),
                            ("gid_map", f"{caller_gid} {caller_gid} 1")):
@@ -228,11 +144,11 @@ def _make_preexec(mode: str, fs: _RootFs | None, uid: int, limits: dict[int, int
           os.close(fd)
       pid = libc.fork()  # the child is PID 1 of the new namespace; its exit kills the namespace
       if pid < 0:
-        _check(-1, "fork")
+        check_errno(-1, "fork")
       if pid > 0:
         _supervise(pid, max_fd)
-      _check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-      _build_root(fs, mount_tmpfs, bind, setattr_)
+      check_errno(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+      build_root(fs, mount_tmpfs, bind, setattr_)
     for res, value in limits.items():
       resource.setrlimit(res, (value, value))
     if mode == "root":
@@ -240,7 +156,7 @@ def _make_preexec(mode: str, fs: _RootFs | None, uid: int, limits: dict[int, int
       os.setresgid(uid, uid, uid)
       os.setresuid(uid, uid, uid)
     if fs is not None:  # after the uid change, which clears it
-      _check(libc.prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0), "parent-death signal")
+      check_errno(libc.prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0), "parent-death signal")
 
   def preexec() -> None:
     try:
@@ -343,8 +259,8 @@ def _run(source: str, timeout_s: float, memory_mb: int, mode: str, stdin: str, m
       mount_point = os.path.join(root_dir, "root")
       os.mkdir(mount_point, 0o755)
       owner = f",uid={uid},gid={uid}" if mode == "root" else ""
-      binds = [(kind, src.encode(), dst.encode()) for kind, src, dst in _host_view(prefix)]
-      fs = _RootFs(mount_point.encode(), binds, workdir.encode(),
+      binds = [(kind, src.encode(), dst.encode()) for kind, src, dst in host_view(prefix)]
+      fs = RootFs(mount_point.encode(), binds, workdir.encode(),
                    f"size={int(max_disk_mb)}m,nr_inodes={int(max_files) + 1},mode=0700{owner}".encode(),
                    [(n.encode(), t.encode("utf-8")) for n, t in contents.items()], uid if mode == "root" else -1)
     if os.geteuid() != 0:
@@ -419,7 +335,7 @@ def _probe(mode: str) -> str | None:
   if mode == "userns" and os.geteuid() == 0:
     return (f"sandbox mode {mode!r} as root: RLIMIT_NPROC does not bind root, so a fork bomb would flood the "
             "host; use 'root' (or 'auto').")
-  if mode != "rlimits" and _SYS_PIVOT_ROOT is None:
+  if mode != "rlimits" and SYS_PIVOT_ROOT is None:
     return f"sandbox mode {mode!r}: pivot_root's syscall number on {os.uname().machine} is not known here."
   try:
     result = _run("print('ok')", 20.0, 512, mode, "", 16, 1, 1 << 12, None)
