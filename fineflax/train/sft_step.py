@@ -18,10 +18,7 @@ from fineflax.models import ModelConfig, forward_hidden, output_kernel
 from fineflax.models.logprobs import chunked_token_logp, fused_weighted_nll
 from fineflax.train.grad_accum import accumulate, make_micro_grad, step_state, update_unless
 from fineflax.train.state import State
-from fineflax.train.trainable import model_weights
-
-
-LOSS_HEADS = ("chunked", "fused")  # config.train.loss_head
+from fineflax.train.trainable import LOSS_HEADS, model_weights
 
 
 def sft_nll(trainable, base, batch, *, model_config: ModelConfig, lora_scale: float, lora_dropout: float = 0.0,

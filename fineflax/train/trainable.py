@@ -63,6 +63,8 @@ def loss_head(config) -> str:
   return lookup(config, "train.loss_head", "chunked")
 
 
+LOSS_HEADS = ("chunked", "fused")  # config.train.loss_head (train.sft_step: chunked_token_logp or fused_weighted_nll)
+
 def validate(config) -> None:
   """config.train.params / master_dtype / moment_dtype in their domains; full training of a quantised base or from a
   LoRA start is refused naming the knob to change (ConfigError, one line)."""
@@ -74,7 +76,6 @@ def validate(config) -> None:
     from fineflax.train.optim import MOMENT_DTYPES
     one_of(config, "train.moment_dtype", MOMENT_DTYPES)
   if "loss_head" in config.train:
-    from fineflax.train.sft_step import LOSS_HEADS
     one_of(config, "train.loss_head", LOSS_HEADS)
   if not is_full(config):
     return
