@@ -168,7 +168,8 @@ def grpo_worker(spec: dict) -> dict:
     extra["rollout_weights_gib"] = max(tp.bytes_per_device(decode_base).values()) / gpu.GIB
   lora, scale = _lora(base, mc, mesh)
   rl = ml_collections.ConfigDict(dict(epsilon_low=0.2, epsilon_high=0.28, dual_clip=0.0, beta=0.0,
-                                      entropy_coef=0.0, agg_mode="token-mean", max_new_tokens=new))
+                                      entropy_coef=0.0, agg_mode="token-mean", max_new_tokens=new,
+                                      importance="none", importance_level="token", importance_cap=2.0))
   opt = optax.adamw(1e-5)
   step_fn, logp_fn = make_rl_fns(opt, objective="grpo", loss_kwargs=dict(common_kwargs(rl), clip=True),
                                  fwd_kwargs=dict(model_config=mc, lora_scale=scale, dtype=dtype,
