@@ -100,10 +100,12 @@ def test_a_burst_past_the_queue_bound_gets_429_and_gives_every_page_back(served,
 def test_a_request_past_its_queue_deadline_gets_503_streaming_or_not(served, slow, monkeypatch):
   url, server = served
   monkeypatch.setattr(server.engine.waiting, "timeout_s", 0.3)
-  long = {"model": "tiny", "messages": MSG, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+  long = {"model": "tiny", "messages": MSG, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
   client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    running = [pool.submit(post, url, long) for _ in range(2)]  # both slots, ~1 s at 4 tokens a step
+    # both slots for ~3 s at 4 tokens a step: far past the 0.3 s deadline even when a loaded machine
+    # delays the requests below (60 tokens gave 200 instead of 503 once in the full suite)
+    running = [pool.submit(post, url, long) for _ in range(2)]
     deadline = time.time() + 30
     while time.time() < deadline and server.engine.active_rows() < 2:
       time.sleep(0.01)
