@@ -213,17 +213,46 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
   return {"activations": saved, "loss_head": head}
 
 
+def accumulates(i: PlanInputs) -> bool:
+  """Whether the update sums micro-batch gradients into a float32 accumulator held through the backward:
+  always in RL (`grad_accum.accumulate`), in SFT when a device's rows exceed one micro-batch."""
+  per_device = math.ceil(i.update_rows / i.n_devices) * i.seq
+  return i.micro_key.startswith("rl.") or micro_batch_tokens(i) < per_device
+
+
 def update_phase(i: PlanInputs) -> dict[str, float]:
+  """Bytes per device at the update's peak, the larger of its two moments (full training):
+    backward   a micro-batch's activations and loss head are freed layer by layer as its gradient appears,
+               so the two peak one after the other: max(activations + loss head, gradient), plus the float32
+               accumulator when the update accumulates (the micro-batch's gradient is then in the master dtype);
+    optimizer  the float32 gradient, plus new AdamW moments when they are stored narrower than float32 (the
+               update computes them in float32 and the cast result is not written in place).
+  LoRA: the adapters' float32 gradient beside the activations. Measured within 15% of `peak_bytes_in_use` on
+  one H200 (benchmarks/memory_plan_check.py, 2026-11-28)."""
   c = i.model
   out = resident(i)
-  if i.params == "full":
-    out["gradients"] = c.num_params() * (4 + i.master_bytes) / i.fsdp
-    if i.fsdp > 1:
-      layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
-      out["gathered_layers"] = 2 * layer * i.compute_bytes
-  else:
+  if i.params != "full":
     out["gradients"] = _lora_trainable(i) * 4
-  out.update(activation_bytes(i))
+    out.update(activation_bytes(i))
+    return out
+  P = c.num_params() / i.fsdp
+  if i.fsdp > 1:
+    layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
+    out["gathered_layers"] = 2 * layer * i.compute_bytes
+  acts = activation_bytes(i)
+  if accumulates(i):
+    micro = {"gradient_accumulator": 4 * P, "micro_batch_gradient": i.master_bytes * P}
+  else:
+    micro = {"gradients": 4 * P}
+  grad_now = list(micro.values())[-1]  # the gradient that grows as the activations are freed
+  backward = dict(micro)
+  if sum(acts.values()) >= grad_now:
+    backward.pop(list(micro)[-1])
+    backward.update(acts)
+  optimizer = {"gradients": 4 * P}
+  if i.moment_bytes < 4:
+    optimizer["new_moments"] = 2 * i.moment_bytes * P
+  out.update(max(backward, optimizer, key=lambda d: sum(d.values())))
   return out
 
 
