@@ -1,7 +1,10 @@
 """benchmarks.profile_engine's kernel-time arithmetic: busy time is the union of kernel intervals."""
 import numpy as np
+import pytest
 
 from benchmarks.profile_engine import busy_ns
+
+pytestmark = pytest.mark.fast
 
 
 def _union_by_grid(kernels, step=1.0):
