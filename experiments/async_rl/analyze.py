@@ -97,8 +97,8 @@ def train_table(res: dict) -> str:
   return "\n".join(lines)
 
 
-def per_step_table(res: dict, metrics=("reward_mean", "staleness", "mismatch_kl", "mismatch_max_abs_dlogp",
-                                       "is_weight_mean", "is_weight_max")) -> str:
+def per_step_table(res: dict, metrics=("reward_mean", "zero_variance_groups", "grad_norm", "staleness", "mismatch_kl",
+                                       "mismatch_max_abs_dlogp", "is_weight_mean", "is_weight_max")) -> str:
   lines = ["| arm | seed | step | " + " | ".join(metrics) + " |", "|---|---|---|" + "---|" * len(metrics)]
   for arm in ARMS:
     for seed, run in sorted(res["runs"].get(arm, {}).items(), key=lambda x: int(x[0])):

@@ -4,7 +4,7 @@
 # CPU setting of RESULTS.md (one run after another in one process; ~40 min on 2 shared CPU cores).
 #
 #   bash experiments/async_rl/run.sh                 # runs into $OUT (default runs/experiments/async_rl)
-#   cp $OUT/{results.json,RESULTS.md,curves.png} ... # then, for the committed folder:
+#   cp $OUT/{results.json,curves.png} experiments/async_rl/; cp $OUT/RESULTS.md experiments/async_rl/compare_RESULTS.md
 #   python -m experiments.async_rl.analyze --write   # pooled-seed Wilson table, curves_ci.png, RESULTS.md block
 set -euo pipefail
 cd "$(dirname "$0")/../.."
