@@ -164,11 +164,10 @@ def report(rows: list[dict], device: str) -> str:
     if "error" in r:
       table.append([r["model"], r["label"], r["quant"], r["error"][:150]] + [""] * 8)
       continue
-    med = lambda x: x.get("samples_per_s_median", x.get("samples_per_s_mean"))
-    ref = {x["label"]: med(x) for x in rows if x["model"] == r["model"] and "error" not in x}
-    sp = lambda lab: f"{med(r) / ref[lab]:.2f}x" if ref.get(lab) else ""
-    table.append([r["model"], r["label"], "bf16" if r["quant"] == "none" else r["quant"], med(r),
-                  r["samples_per_s"], r.get("step_s_median", r["step_s_mean"]), r.get("time_wait_s", ""), r["completion_length"],
+    ref = {x["label"]: x["samples_per_s_median"] for x in rows if x["model"] == r["model"] and "error" not in x}
+    sp = lambda lab: f"{r['samples_per_s_median'] / ref[lab]:.2f}x" if ref.get(lab) else ""
+    table.append([r["model"], r["label"], "bf16" if r["quant"] == "none" else r["quant"], r["samples_per_s_median"],
+                  r["samples_per_s"], r["step_s_median"], r.get("time_wait_s", ""), r["completion_length"],
                   r.get("mismatch_kl", ""), r.get("mismatch_max_abs_dlogp", ""), sp("sync, 1 device"),
                   sp("sync, 2 devices (data mesh)")])
   return "\n".join([f"## Async GRPO (rl.async_steps 1 vs 0), {device}", "", __doc__.split("\n\n")[2], "",

@@ -21,8 +21,8 @@ so its attention einsums count as matmul there):
   copies       copy / transpose / slices / memcpy / memset
   other        everything else (norms, rope, activations, loop bookkeeping)
 
-busy = the time at least one kernel runs (each kernel once) / steps; idle = wall - busy. Host time between chunks = the gaps between
-consecutive device executions of the decode program (XLA Modules line) in the traced run, per step.
+busy = the time at least one kernel runs (each kernel once) / steps; idle = wall - busy. Host time between
+chunks = the gaps between consecutive device executions of the decode program (XLA Modules line) in the traced run, per step.
 Writes DIR/profile_engine.json and DIR/profile_engine.md after every variant.
 """
 from __future__ import annotations
@@ -37,8 +37,7 @@ import sys
 import tempfile
 
 from benchmarks import gpu
-from benchmarks._decode_timing import (decode_once, hold_prompts, resume_rows, static_decode, static_once,
-                                       static_session, static_start)
+from benchmarks._decode_timing import hold_prompts, resume_rows, static_decode, static_session, static_start
 from benchmarks._results import markdown_table
 from fineflax.io import atomic_write_json, atomic_write_text
 
@@ -128,19 +127,18 @@ def worker(spec: dict) -> dict:
   prompts = _prompts(rows, plen, config.vocab_size)
   if variant == "static":
     session = static_session(params, config, new, spec["chunk_size"])
-    run = lambda: static_once(session, prompts, new)
     prefill = lambda: static_start(session, prompts)
-    decode = lambda _: static_decode(session, new)
+    decode_held = lambda _: static_decode(session, new)
     hlo_of = lambda: {}
   else:
     from fineflax.engine.decode import decode_impl, prepare_decode_params
     params = prepare_decode_params(params, config, decode_impl("auto"), jnp.bfloat16)
     engine = _engine(params, config, spec, max_rows=rows, lengths=[plen + new] * rows, attention=variant,
                      prepared=True)
-    run = lambda: decode_once(engine, prompts, new, new)
     prefill = lambda: hold_prompts(engine, prompts, new)
-    decode = lambda seqs: resume_rows(engine, seqs, new)
+    decode_held = lambda seqs: resume_rows(engine, seqs, new)
     hlo_of = _decode_hlo
+  run = lambda: decode_held(prefill())  # (decode wall s, steps), the prefill untimed
   run()
   wall, steps = run()
   live_kv = rows * kv * (plen + (new - 1) / 2)
@@ -149,7 +147,7 @@ def worker(spec: dict) -> dict:
   with tempfile.TemporaryDirectory() as trace_dir:
     held = prefill()  # the prompts' prefill stays out of the trace: every traced kernel is a decode step's
     with jax.profiler.trace(trace_dir):
-      traced, tsteps = decode(held)
+      traced, tsteps = decode_held(held)
     kernels, modules = read_trace(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
   hlo = hlo_of()
   cats, by_op = collections.Counter(), collections.defaultdict(lambda: [0.0, 0])

@@ -90,7 +90,8 @@ def test_tensor_parallel_rollouts_split_weights_and_pages_and_the_70b_step_fits_
   step on 4 x 80 GiB (fsdp=4, bf16, 48 prompts x 8 rows x (512 + 1024) tokens): model=1 is refused naming
   config.mesh.model=2 (2 groups of 2 devices), model=2 and 4 fit."""
   from fineflax.engine import tensor_parallel as tp
-  from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases, refusal
+  from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases
+  from fineflax.jobs.plan_verdict import refusal
   from fineflax.models.estimate import linear_params, load_config
   from fineflax.models.quantize import quantize_params
   mc = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
