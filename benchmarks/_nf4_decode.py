@@ -62,7 +62,7 @@ def decode_worker(spec: dict) -> dict:
 def run_decode(args, env: dict, table: str, out) -> str:
   """Runs the decode workers (one process each), writes nf4_decode.json / .md under `out`, returns the md."""
   import numpy as np
-  wanted = [w for w in ("bf16", "nf4-xla", "nf4-auto") if w != "nf4-auto" or table]
+  wanted = [w for w in args.weights.split(",") if w != "nf4-auto" or table]
   wanted += [w for w in ("nf4-pallas",) if w in args.variants.split(",")]
   batches = [1] if args.smoke else [int(b) for b in args.batches.split(",")]
   results, rows = {}, []

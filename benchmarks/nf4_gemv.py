@@ -33,6 +33,7 @@ import time
 
 from benchmarks import gpu
 from benchmarks._results import markdown_table
+from fineflax.quant.nf4_kernel_table import TABLE_PATH
 
 SHAPES = {  # name: (K, N)
     "1B q/o": (2048, 2048), "1B k/v": (2048, 512), "1B gate/up": (2048, 8192), "1B down": (8192, 2048),
@@ -224,6 +225,8 @@ def main():
   ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values of the products")
   ap.add_argument("--models", default="1B,8B", help="decode shapes: 1B, 8B")
   ap.add_argument("--batches", default="1,16,64", help="decode batch sizes")
+  ap.add_argument("--weights", default="bf16,nf4-xla,nf4-auto", help="decode: which linears (of bf16, nf4-xla, "
+                  "nf4-auto), in this order")
   ap.add_argument("--budget-s", type=float, default=300.0, help="products: stop starting new (shape, M) after this")
   ap.add_argument("--table", default="", help="decode: the table FINEFLAX_NF4_KERNEL=auto reads (default: the "
                   "one this run wrote under --out, else the committed one)")
@@ -264,7 +267,8 @@ def main():
     print(md)
   if args.only in (None, "decode"):
     from benchmarks._nf4_decode import run_decode
-    table = args.table or (str(out / "nf4_kernel_table.json") if (out / "nf4_kernel_table.json").exists() else "")
+    fresh = out / "nf4_kernel_table.json"
+    table = args.table or str(fresh if fresh.exists() else pathlib.Path(TABLE_PATH))
     print(run_decode(args, env, table, out))
 
 

@@ -164,7 +164,7 @@ def test_quantized_matmul_runs_the_tables_kernel_with_its_gradient(monkeypatch):
 
 def test_table_json_round_trip(tmp_path):
   """A written table loads back to the same configs; smaller buckets' entries serve larger M (rows raised);
-  M above the largest bucket, or FMA entries for M > 8, are XLA."""
+  M above the largest bucket, or FMA entries for M > FMA_MAX_ROWS, are XLA."""
   import json
   path = tmp_path / "t.json"
   entries = _table_for(512, 256, 40, decode="select", bk=32)
@@ -173,9 +173,10 @@ def test_table_json_round_trip(tmp_path):
   assert nf4_kernel_table.kernel_choice(512, 256, 33, table) == KernelConfig(decode="select", bm=64, bn=64, bk=32)
   assert nf4_kernel_table.kernel_choice(512, 256, 257, table) is None
   assert nf4_kernel_table.kernel_choice(512, 256, 1, table) is None  # no entry at or below bucket 1
-  fma = _table_for(512, 256, 1, path="fma", bm=1)  # measured at M = 1: serves M <= 8 with bm = pow2(M)
-  assert nf4_kernel_table.kernel_choice(512, 256, 5, fma) == KernelConfig(path="fma", bm=8, bn=64, bk=64)
-  assert nf4_kernel_table.kernel_choice(512, 256, 9, fma) is None
+  fma = _table_for(512, 256, 1, path="fma", bm=1)  # measured at M = 1: serves M <= 4 with bm = pow2(M)
+  assert nf4_kernel_table.FMA_MAX_ROWS == 4
+  assert nf4_kernel_table.kernel_choice(512, 256, 3, fma) == KernelConfig(path="fma", bm=4, bn=64, bk=64)
+  assert nf4_kernel_table.kernel_choice(512, 256, 5, fma) is None
 
 
 @pytest.mark.fast

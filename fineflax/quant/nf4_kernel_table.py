@@ -19,6 +19,8 @@ import os
 from fineflax.quant.nf4_gemv import KernelConfig
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FMA_MAX_ROWS = 4  # an FMA entry serves at most this many rows (H200, 8B products: at M = 4 it took 0.70-0.81x
+                  # XLA's time, at M = 8 1.6-1.9x; RESULTS.md session_2026_11_28d)
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "nf4_kernel_table.json")
 
 
@@ -45,8 +47,8 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
   """The measured winner for x [m, k] @ NF4 [k, n], or None (XLA).
 
   The entry of m's bucket, else of the nearest smaller bucket that has one (the benchmark measures M = 1,
-  16, 64, 128, 256), its rows bm raised to cover m in one tile (pow2(m); at most 8 on the FMA path, which
-  then serves m <= 8 only, and 128 on the dot path). No entry at or below m's bucket: None.
+  16, 64, 128, 256), its rows bm raised to cover m in one tile (pow2(m); at most FMA_MAX_ROWS on the FMA path,
+  which then serves m <= FMA_MAX_ROWS only, and 128 on the dot path). No entry at or below m's bucket: None.
   """
   table = load_table() if table is None else table
   b = bucket(m)
@@ -55,6 +57,7 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
   if entry is None:
     return None
   cfg = KernelConfig(**{f: entry[f] for f in KernelConfig.__dataclass_fields__ if f in entry})
-  if cfg.path == "fma" and m > 8:
+  if cfg.path == "fma" and m > FMA_MAX_ROWS:
     return None
-  return dataclasses.replace(cfg, bm=max(cfg.bm, min(1 << (m - 1).bit_length(), 8 if cfg.path == "fma" else 128)))
+  rows = min(1 << (m - 1).bit_length(), FMA_MAX_ROWS if cfg.path == "fma" else 128)
+  return dataclasses.replace(cfg, bm=max(cfg.bm, rows))
