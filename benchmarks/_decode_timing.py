@@ -5,14 +5,18 @@ from __future__ import annotations
 import time
 
 
-def decode_once(engine, prompts, new: int, room: int) -> tuple[float, int]:
-  """(decode wall s, decode steps): the prompts prefilled and held (reserve `room`), then every row resumed
-  for `new` tokens and released."""
+def hold_prompts(engine, prompts, room: int) -> list:
+  """The prompts prefilled and held (each reserving `room` new tokens): the sequences, on the device."""
   import jax
   from fineflax.engine import Request
   seqs = [engine.submit(Request(p, max_new_tokens=0, hold=True, reserve=room)) for p in prompts]
   engine.run()
   jax.block_until_ready(engine.pool)
+  return seqs
+
+
+def resume_rows(engine, seqs, new: int) -> tuple[float, int]:
+  """(decode wall s, decode steps): every held row resumed for `new` tokens, then released."""
   steps0 = engine.stats["decode_steps"]
   t = time.perf_counter()
   for s in seqs:
@@ -23,6 +27,11 @@ def decode_once(engine, prompts, new: int, room: int) -> tuple[float, int]:
   for s in seqs:
     engine.release(s)
   return timing
+
+
+def decode_once(engine, prompts, new: int, room: int) -> tuple[float, int]:
+  """(decode wall s, decode steps): `hold_prompts` untimed, then `resume_rows`."""
+  return resume_rows(engine, hold_prompts(engine, prompts, room), new)
 
 
 def time_decode(engine, prompts, new: int, room: int) -> tuple[float, int]:
@@ -38,14 +47,24 @@ def static_session(params, config, room: int, chunk_size: int):
                         cache="static", chunk_size=chunk_size)
 
 
-def static_once(session, prompts, new: int) -> tuple[float, int]:
-  """(decode wall s, steps): the prompts prefilled untimed, then `new` tokens decoded."""
+def static_start(session, prompts) -> None:
+  """The prompts prefilled into the static session, on the device."""
   import jax
   session.start(prompts)
   jax.block_until_ready(session._static.cache)
+
+
+def static_decode(session, new: int) -> tuple[float, int]:
+  """(decode wall s, steps) of `new` tokens after `static_start`."""
   t = time.perf_counter()
   session.decode(new)
   return time.perf_counter() - t, new
+
+
+def static_once(session, prompts, new: int) -> tuple[float, int]:
+  """(decode wall s, steps): the prompts prefilled untimed, then `new` tokens decoded."""
+  static_start(session, prompts)
+  return static_decode(session, new)
 
 
 def time_static(params, config, prompts, new: int, room: int, chunk_size: int) -> tuple[float, int]:

@@ -5,7 +5,7 @@ shapes when even one prompt does not fit at the paper's.
 For each shape in order (the paper's, then `FALLBACK_SHAPES`): P from the requested prompts down to 1, the
 config of `paper_config(spec)` planned on a (data 1, fsdp n) mesh of the n visible devices; the first P whose
 rollout and update phases both fit in `margin` x the device's `bytes_limit` is run. A shape that fits at no P
-gets the plan's one-line refusal (`memory_plan.refusal` at P = 1), kept in the row as `why`.
+gets the plan's one-line refusal (`plan_verdict.refusal` at P = 1), kept in the row as `why`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def fit_spec(spec: dict, paper_config, n_devices: int, device_bytes: float, marg
   """(spec to run, notes): `spec` with the largest fitting `prompts` and, when the paper's shape fits at no
   P, `model_source` set to the first fallback shape that does; notes: one line per shape that does not fit,
   and the P chosen. (None, notes) when no shape fits."""
-  from fineflax.jobs.memory_plan import GIB, fits, refusal
+  from fineflax.jobs.memory_plan import GIB, fits
+  from fineflax.jobs.plan_verdict import refusal
   budget, notes = margin * device_bytes, []
   shapes = (spec.get("model_source") or paper_config(spec).model.source, *FALLBACK_SHAPES)
   for source in shapes:

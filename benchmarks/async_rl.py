@@ -9,8 +9,10 @@ of the random model ends few rows), random rewards of the decoded text (benchmar
 advantages, one AdamW update of LoRA r=16 on the 7 linears (DAPO token-mean loss). The step is the RL job's:
 `fineflax.rl.async_rollouts.AsyncRollouts` with a `RolloutGroup` (the rollout device) for async 1, the
 synchronous rollout-then-update for async 0 on one device, and on both devices (rows split over a data mesh,
-as the RL job runs today on two GPUs). samples/s = rows / step s, the fastest and the mean of `--steps` timed
-steps after 2 untimed ones (the first compiles; async's second is the first with a batch in flight).
+as the RL job runs today on two GPUs). samples/s = rows / step s: the median (the speed-ups use it) and the
+fastest of `--steps` timed steps after 2 untimed ones (the first compiles; async's second is the first with a
+batch in flight). The fastest alone misleads for async: a step whose next batch was already decoded while the
+previous one waited takes only the update's time (0.18 s against 0.9 s on 2026-11-28).
 Mismatch: mismatch_kl (k3 estimate of KL(rollout || learner)) and mismatch_max_abs_dlogp of the update's
 metrics at async 0 (the engine's sampled-token log-probs vs the learner's forward on the same weights), for
 a bf16 and an NF4 base; at async 1 they include one update of staleness.
@@ -30,7 +32,7 @@ def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
   p.add_argument("--smoke", action="store_true")
-  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--steps", type=int, default=8)
   p.add_argument("--models", nargs="*", default=None)
   return p.parse_args(argv)
 
@@ -126,8 +128,9 @@ def run_case(spec: dict) -> dict:
   timed = times[2:]
   rows = rl.prompts_per_step * rl.group_size
   last = metrics[-1]
-  return {"step_s_min": min(timed), "step_s_mean": float(np.mean(timed)), "samples_per_s": rows / min(timed),
-          "samples_per_s_mean": rows / float(np.mean(timed)), "steps_s": times,
+  return {"step_s_min": min(timed), "step_s_mean": float(np.mean(timed)), "step_s_median": float(np.median(timed)),
+          "samples_per_s": rows / min(timed), "samples_per_s_mean": rows / float(np.mean(timed)),
+          "samples_per_s_median": rows / float(np.median(timed)), "steps_s": times,
           "completion_length": last["completion_length"],
           **{k: last[k] for k in ("mismatch_kl", "mismatch_kl_k1", "mismatch_max_abs_dlogp", "is_weight_mean",
                                   "is_truncated_frac", "loss") if k in last},
@@ -154,17 +157,17 @@ def cases(args) -> list[dict]:
 
 def report(rows: list[dict], device: str) -> str:
   from benchmarks._results import markdown_table
-  header = ["model", "case", "base", "samples/s (best)", "samples/s (mean)", "step s", "wait s", "completion len",
-            "mismatch KL", "max |dlogp|", "speed-up vs sync 1 dev", "vs sync 2 dev"]
+  header = ["model", "case", "base", "samples/s (median)", "samples/s (best)", "median step s", "wait s",
+            "completion len", "mismatch KL", "max |dlogp|", "speed-up vs sync 1 dev (medians)", "vs sync 2 dev"]
   table = []
   for r in rows:
     if "error" in r:
       table.append([r["model"], r["label"], r["quant"], r["error"][:150]] + [""] * 8)
       continue
-    ref = {x["label"]: x.get("samples_per_s") for x in rows if x["model"] == r["model"] and "error" not in x}
-    sp = lambda lab: f"{r['samples_per_s'] / ref[lab]:.2f}x" if ref.get(lab) else ""
-    table.append([r["model"], r["label"], "bf16" if r["quant"] == "none" else r["quant"], r["samples_per_s"],
-                  r["samples_per_s_mean"], r["step_s_min"], r.get("time_wait_s", ""), r["completion_length"],
+    ref = {x["label"]: x["samples_per_s_median"] for x in rows if x["model"] == r["model"] and "error" not in x}
+    sp = lambda lab: f"{r['samples_per_s_median'] / ref[lab]:.2f}x" if ref.get(lab) else ""
+    table.append([r["model"], r["label"], "bf16" if r["quant"] == "none" else r["quant"], r["samples_per_s_median"],
+                  r["samples_per_s"], r["step_s_median"], r.get("time_wait_s", ""), r["completion_length"],
                   r.get("mismatch_kl", ""), r.get("mismatch_max_abs_dlogp", ""), sp("sync, 1 device"),
                   sp("sync, 2 devices (data mesh)")])
   return "\n".join([f"## Async GRPO (rl.async_steps 1 vs 0), {device}", "", __doc__.split("\n\n")[2], "",

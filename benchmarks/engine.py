@@ -50,6 +50,7 @@ output projection, read whole each step).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import pathlib
@@ -179,6 +180,7 @@ def worker_a(spec: dict) -> dict:
         del engine
       except Exception as e:  # noqa: BLE001 - reported in the table (e.g. the Pallas kernel on this GPU)
         out["rows"].append({"attention": attention, "room": room, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+      gc.collect()  # this room's cache goes before the next one is made (room 4096 ran out of memory)
       gpu.print_result(out)  # cumulative: a killed worker still leaves its rows
   return out
 

@@ -101,6 +101,13 @@ def jax_peak_bytes() -> int | None:
   return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
+def jax_bytes_in_use() -> int | None:
+  """The most bytes in use now on any local device (None without memory stats: the CPU)."""
+  import jax
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  return max((s["bytes_in_use"] for s in stats if "bytes_in_use" in s), default=None)
+
+
 def jax_copy_bandwidth(nbytes: int, reps: int = 10) -> float:
   """Device copy bandwidth in bytes/s: 2 * nbytes * reps / time of `reps` calls of a donated jitted
   `x + 1` over a bf16 array of `nbytes` (bytes read and written; donated: no allocation per call)."""

@@ -54,7 +54,8 @@ def estimate(spec: dict) -> dict[str, float]:
   inputs = PlanInputs(model=sft.model_config(spec), n_devices=1, fsdp=1, compute_bytes=2, params=spec["params"],
                       master_bytes=2, moment_bytes=2 if spec["moment_dtype"] == "bfloat16" else 4, quant="none",
                       lora_rank=sft.LORA_R, remat=spec["remat"], attention="cudnn", logits_chunk=spec["logits_chunk"],
-                      update_rows=spec["batch"], prompt_tokens=spec["seq"], loss_head=spec.get("loss_head", "chunked"))
+                      update_rows=spec["batch"], prompt_tokens=spec["seq"], loss_head=spec.get("loss_head", "chunked"),
+                      micro_key="train.micro_batch_tokens")
   return update_phase(inputs)
 
 

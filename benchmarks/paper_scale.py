@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import pathlib
@@ -223,12 +224,17 @@ def run_recipe(spec: dict) -> dict:
     else:
       rows, rewards, stats = search_r1_rollout(learner, state, spec, step, env)
     t_roll = time.perf_counter()
+    gc.collect()  # the rollout's sessions and caches go before the update allocates
+    mem = {"in_use_after_rollout_gib": (gpu.jax_bytes_in_use() or 0) / gpu.GIB,
+           "peak_rollout_gib": (gpu.jax_peak_bytes() or 0) / gpu.GIB}
+    print(f"[paper_scale] memory after the rollout: {mem}", file=sys.stderr, flush=True)
+    t_update = time.perf_counter()  # the collection and the memory query belong to neither phase
     P = spec["prompts"]
     batch = learner.groups_batch(Groups(rows=rows, rewards=rewards, idx=list(range(P)),
                                         zero_var=np.zeros(P, bool)))
     state, metrics = learner.update(state, batch)
     jax.block_until_ready(state)
-    steps.append(dict(stats, rollout_s=t_roll - t, update_s=time.perf_counter() - t_roll,
+    steps.append(dict(stats, **mem, rollout_s=t_roll - t, update_s=time.perf_counter() - t_update,
                       loss=float(metrics["loss"]), rows=len(rows["completion"])))
     print(f"[paper_scale] {spec['recipe']} step {step}: {steps[-1]}", file=sys.stderr, flush=True)
     if not np.isfinite(steps[-1]["loss"]):

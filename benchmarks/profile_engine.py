@@ -21,8 +21,8 @@ so its attention einsums count as matmul there):
   copies       copy / transpose / slices / memcpy / memset
   other        everything else (norms, rope, activations, loop bookkeeping)
 
-busy = the sum of kernel durations / steps; idle = wall - busy. Host time between chunks = the gaps between
-consecutive device executions of the decode program (XLA Modules line) in the traced run, per step.
+busy = the time at least one kernel runs (each kernel once) / steps; idle = wall - busy. Host time between
+chunks = the gaps between consecutive device executions of the decode program (XLA Modules line) in the traced run, per step.
 Writes DIR/profile_engine.json and DIR/profile_engine.md after every variant.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 import tempfile
 
 from benchmarks import gpu
-from benchmarks._decode_timing import decode_once, static_once, static_session
+from benchmarks._decode_timing import hold_prompts, resume_rows, static_decode, static_session, static_start
 from benchmarks._results import markdown_table
 from fineflax.io import atomic_write_json, atomic_write_text
 
@@ -67,25 +67,44 @@ def category(op: str, kernel: str, hlo: dict) -> str:
 
 
 def read_trace(path: str) -> tuple[list, list]:
-  """(kernels [(op, kernel name, start ns, duration ns)], module executions [(start ns, end ns)])."""
+  """(kernels [(op, kernel name, start ns, duration ns)], module executions [(start ns, end ns)]).
+
+  A kernel is kept once however many stream lines of the trace show it (newer profilers list a kernel on
+  its stream's line and on aggregate lines: summing every line counted each kernel several times), and the
+  "XLA Modules" line is read from whichever plane holds it (the device's or the host's)."""
   import jax
   data = jax.profiler.ProfileData.from_file(path)
   gpus = [p for p in data.planes if p.name.startswith("/device:GPU")]
   planes = gpus or [p for p in data.planes if p.name.startswith("/host:CPU")]
-  kernels, modules = [], []
-  for plane in planes:
+  kernels, modules, seen = [], set(), set()
+  for plane in data.planes:
     for line in plane.lines:
       if line.name == "XLA Modules":
-        modules += [(ev.start_ns, ev.start_ns + ev.duration_ns) for ev in line.events]
-        continue
-      if line.name in ("XLA Ops", "Steps", "XLA TraceMe") or (gpus and not line.name.startswith("Stream")):
+        modules.update((ev.start_ns, ev.start_ns + ev.duration_ns) for ev in line.events)
+  for plane in planes:
+    for line in plane.lines:
+      if line.name in ("XLA Modules", "XLA Ops", "Steps", "XLA TraceMe") or (gpus and not line.name.startswith("Stream")):
         continue
       for ev in line.events:
         op = dict(ev.stats).get("hlo_op")
         if op is None and not gpus:
           continue
+        key = (ev.name, ev.start_ns, ev.duration_ns)
+        if key in seen:
+          continue
+        seen.add(key)
         kernels.append((str(op or ev.name), ev.name, float(ev.start_ns), float(ev.duration_ns)))
   return kernels, sorted(modules)
+
+
+def busy_ns(kernels: list) -> float:
+  """Time at least one kernel runs: the union of the kernels' [start, start + duration) intervals."""
+  total, end = 0.0, float("-inf")
+  for _, _, start, ns in sorted(kernels, key=lambda k: k[2]):
+    if start + ns > end:
+      total += start + ns - max(start, end)
+      end = start + ns
+  return total
 
 
 def _decode_hlo() -> dict:
@@ -108,23 +127,27 @@ def worker(spec: dict) -> dict:
   prompts = _prompts(rows, plen, config.vocab_size)
   if variant == "static":
     session = static_session(params, config, new, spec["chunk_size"])
-    run = lambda: static_once(session, prompts, new)
+    prefill = lambda: static_start(session, prompts)
+    decode_held = lambda _: static_decode(session, new)
     hlo_of = lambda: {}
   else:
     from fineflax.engine.decode import decode_impl, prepare_decode_params
     params = prepare_decode_params(params, config, decode_impl("auto"), jnp.bfloat16)
     engine = _engine(params, config, spec, max_rows=rows, lengths=[plen + new] * rows, attention=variant,
                      prepared=True)
-    run = lambda: decode_once(engine, prompts, new, new)
+    prefill = lambda: hold_prompts(engine, prompts, new)
+    decode_held = lambda seqs: resume_rows(engine, seqs, new)
     hlo_of = _decode_hlo
+  run = lambda: decode_held(prefill())  # (decode wall s, steps), the prefill untimed
   run()
   wall, steps = run()
   live_kv = rows * kv * (plen + (new - 1) / 2)
   out = {"variant": variant, "device": gpu.jax_device_name(), "bw": bw, "steps": steps,
          "wall_ms": 1e3 * wall / steps, "read_ms": 1e3 * (wbytes + live_kv) / bw}
   with tempfile.TemporaryDirectory() as trace_dir:
+    held = prefill()  # the prompts' prefill stays out of the trace: every traced kernel is a decode step's
     with jax.profiler.trace(trace_dir):
-      traced, tsteps = run()
+      traced, tsteps = decode_held(held)
     kernels, modules = read_trace(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
   hlo = hlo_of()
   cats, by_op = collections.Counter(), collections.defaultdict(lambda: [0.0, 0])
@@ -132,7 +155,7 @@ def worker(spec: dict) -> dict:
     cats[category(op, name, hlo)] += ns
     by_op[(op, name[:50])][0] += ns
     by_op[(op, name[:50])][1] += 1
-  busy = sum(ns for *_, ns in kernels)
+  busy = busy_ns(kernels)
   decode = [m for m in modules if m[1] - m[0] > 0]
   gaps = [b[0] - a[1] for a, b in zip(decode, decode[1:]) if b[0] > a[1]]
   out.update(traced_wall_ms=1e3 * traced / tsteps, busy_ms=busy / 1e6 / tsteps, kernels_per_step=len(kernels) / tsteps,

@@ -16,7 +16,8 @@ def test_the_check_estimates_each_case_with_its_own_settings():
   assert "base_weights" in lora and "base_weights" not in full
   spec = mpc.spec_of("3B", mpc.CASES["3B full, remat full, f32 moments"])
   want = update_phase(PlanInputs(model=mpc.sft.model_config(spec), n_devices=1, fsdp=1, params="full", remat="full",
-                                 update_rows=4, prompt_tokens=2048, logits_chunk=mpc.CHUNK))
+                                 update_rows=4, prompt_tokens=2048, logits_chunk=mpc.CHUNK,
+                                 micro_key="train.micro_batch_tokens"))
   assert mpc.estimate(spec) == want
 
 

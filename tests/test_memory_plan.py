@@ -90,7 +90,8 @@ def test_tensor_parallel_rollouts_split_weights_and_pages_and_the_70b_step_fits_
   step on 4 x 80 GiB (fsdp=4, bf16, 48 prompts x 8 rows x (512 + 1024) tokens): model=1 is refused naming
   config.mesh.model=2 (2 groups of 2 devices), model=2 and 4 fit."""
   from fineflax.engine import tensor_parallel as tp
-  from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases, refusal
+  from fineflax.jobs.memory_plan import COLUMN, COLUMN_BLOCK_BITS, GIB, kv_bytes, phases
+  from fineflax.jobs.plan_verdict import refusal
   from fineflax.models.estimate import linear_params, load_config
   from fineflax.models.quantize import quantize_params
   mc = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -141,3 +142,22 @@ def test_dry_run_of_the_70b_shape_names_mesh_model_and_refuses_an_indivisible_on
   kv = run("--devices", "16", "--config.mesh.model=16")  # the flag given last wins: 16 devices
   assert kv.returncode == 2 and kv.stderr.strip() == ("error: config.mesh.model=16: tensor parallelism over 16 devices: "
                                                       "config.num_kv_heads=8 is not divisible by 16"), kv.stderr
+
+
+@pytest.mark.fast
+def test_update_peak_counts_the_float32_gradient_and_narrow_moments_against_the_real_pytrees():
+  """The optimizer moment of a full update holds the float32 gradient (the pytree of jax.grad in float32) and,
+  with bfloat16 moments, their new copies (two bf16 trees); a single micro-batch has no accumulator, RL always one."""
+  from fineflax.jobs.memory_plan import accumulates, update_phase
+  mc = QWEN_LIKE
+  params = jax.eval_shape(lambda: init_params(mc, jax.random.PRNGKey(0), dtype=jnp.float32))
+  f32, bf16 = _nbytes(params), _nbytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), params))
+  sft = PlanInputs(model=mc, n_devices=1, fsdp=1, params="full", master_bytes=2, moment_bytes=2, update_rows=1,
+                   prompt_tokens=8, micro_key="train.micro_batch_tokens")
+  plan = update_phase(sft)
+  assert not accumulates(sft) and plan["gradients"] == f32 and plan["new_moments"] == 2 * bf16
+  rl = dataclasses.replace(sft, micro_key="rl.micro_batch_tokens", moment_bytes=4, update_rows=64, prompt_tokens=512)
+  plan = update_phase(rl)
+  assert accumulates(rl) and plan["gradient_accumulator"] == f32 and "new_moments" not in plan
+  # a micro-batch budget below the device's rows makes SFT accumulate too
+  assert accumulates(dataclasses.replace(sft, update_rows=8, micro_batch_tokens=8))

@@ -26,7 +26,7 @@ def run(config, workdir: str | None, device_memory_gb: float | None = None):
 def check_fit(config, device_memory_gb: float | None = None) -> None:
   """ConfigError naming the knob to change when the run's memory plan (`fineflax.jobs.memory_plan`) exceeds the
   visible devices' memory (or `device_memory_gb` each); nothing where that memory is unknown (CPU)."""
-  from fineflax.jobs.memory_plan import check_plan
+  from fineflax.jobs.plan_verdict import check_plan
   if device_bytes_of(device_memory_gb=device_memory_gb) is None:  # unknown (CPU): nothing to check, and the
     return  # job's own checks (data, workdir, resume) come before anything reads the model's files
   inputs, device_bytes, _ = plan_for(config, device_memory_gb=device_memory_gb)
@@ -136,7 +136,7 @@ def dry_run_report(config, devices: int | None = None, device_memory_gb: float |
                  f"{config.train.get('master_dtype', 'bfloat16')}, AdamW moments {moment_dtype(config)})")
   elif rank:
     lines.append(f"trainable LoRA parameters (r={rank}): {lora_params(mc, rank, resolve_targets(tuple(lora.targets))):,}")
-  from fineflax.jobs.memory_plan import check_plan, report_lines
+  from fineflax.jobs.plan_verdict import check_plan, report_lines
   inputs, device_bytes, mesh_line = plan_for(config, devices, device_memory_gb)
   if inputs is not None:  # the one estimate of an RL or SFT job: its plan
     lines += [note] * bool(note) + [mesh_line, *report_lines(inputs, device_bytes)]

@@ -1,5 +1,5 @@
 """Fit before run: the per-device memory of a run's rollout phase and update phase on its mesh, from the
-model's architecture and the config alone, and the one-line refusal of a plan that does not fit.
+model's architecture and the config alone (the verdict and the one-line refusal: `plan_verdict`).
 
 Notation (bytes, per device): n = data x fsdp devices; P = parameters (`ModelConfig.num_params`), P_lin =
 those of the seven linears (what QLoRA quantises), P_L = one layer's, P_a = LoRA parameters (rank r on the
@@ -40,10 +40,14 @@ devices, `fineflax.rl.learner`):
                    group one engine whose pages split over its t devices' kv heads), R = the rollout rows
                    (prompts_per_step x sampled rows a group: group_size less LUFFY's n_off)
   decode logits    rows·V·4·2 (f32 logits and probabilities of one decode step); / t when t divides V
-Update phase adds:
-  gradients        full: (4 + b_m)·P_t / s, the float32 sum over micro-batches (`train.grad_accum`, `sft_step`)
-                   and one micro-batch's gradient in the parameters' dtype before it is added; LoRA: P_a·4 (the
-                   critic's, sized the same, in its own update: the larger of the two updates counts)
+Update phase adds (full training: the larger of its backward and its optimizer moment, `update_phase`):
+  gradients        backward: max(activations + loss head, the gradient), as a micro-batch's activations are freed
+                   layer by layer while its gradient appears; the gradient is 4·P_t / s in float32 or, when the
+                   update accumulates (always in RL, in SFT when a device's rows exceed one micro-batch:
+                   `train.grad_accum`), one micro-batch's b_m·P_t / s beside the 4·P_t / s float32 accumulator;
+                   optimizer: the float32 gradient 4·P_t / s, plus new moments 2·b_o·P_t / s when b_o < 4 (the
+                   cast result is not written in place). LoRA: P_a·4 beside the activations (the critic's, sized
+                   the same, in its own update: the larger of the two updates counts)
   gathered layers  full training with fsdp > 1: 2·P_L·b (one layer's parameters all-gathered, the next prefetched)
   activations      of one micro-batch of T tokens: T = rl.micro_batch_tokens (SFT: train.micro_batch_tokens)
                    or rl.micro_batch_size rows x their tokens,
@@ -64,7 +68,7 @@ Update phase adds:
                    train.loss_head=fused and a trained head (full) + H·V·(4 + b): its gradient summed over the
                    chunks in f32 and kept in the compute dtype until the backward pass (SFT only).
 A phase fits when its total is at most the device's memory (`jax.Device.memory_stats()["bytes_limit"]`, or
-`--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`refusal`: for
+`--device_memory_gb`). A plan that does not fit names the knobs and values that make it fit (`plan_verdict.refusal`: for
 each phase over, the first of model.remat=full, a smaller micro-batch token budget, a larger mesh.model (rollout
 phase), a larger mesh.fsdp, fewer rollout prompts, train.params=lora that brings it under).
 
@@ -76,8 +80,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fineflax.config_checks import ConfigError
-from fineflax.engine.tensor_parallel import COLUMN, check_tp
+from fineflax.engine.tensor_parallel import COLUMN
 from fineflax.models.config import ModelConfig
 from fineflax.models.remat import remat_saved_names
 from fineflax.models.estimate import NF4_BITS, linear_params, lora_params
@@ -213,17 +216,38 @@ def activation_bytes(i: PlanInputs, tokens: int | None = None) -> dict[str, floa
   return {"activations": saved, "loss_head": head}
 
 
+def accumulates(i: PlanInputs) -> bool:
+  """Whether the update sums micro-batch gradients into a float32 accumulator held through the backward:
+  always in RL (`grad_accum.accumulate`), in SFT when a device's rows exceed one micro-batch."""
+  per_device = math.ceil(i.update_rows / i.n_devices) * i.seq
+  return i.micro_key.startswith("rl.") or micro_batch_tokens(i) < per_device
+
+
 def update_phase(i: PlanInputs) -> dict[str, float]:
+  """Bytes per device at the update's peak, the larger of its two moments (full training):
+    backward   a micro-batch's activations and loss head are freed layer by layer as its gradient appears, so
+               the two peak one after the other: max(activations + loss head, gradient), beside the float32
+               accumulator when the update accumulates (the micro-batch's gradient is then in the master dtype);
+    optimizer  the float32 gradient, plus new AdamW moments when they are stored narrower than float32 (computed
+               in float32, the cast result is not written in place).
+  LoRA: the adapters' float32 gradient beside the activations. Within 15% of `peak_bytes_in_use` on one H200
+  (benchmarks/memory_plan_check.py, 2026-11-28)."""
   c = i.model
   out = resident(i)
-  if i.params == "full":
-    out["gradients"] = c.num_params() * (4 + i.master_bytes) / i.fsdp
-    if i.fsdp > 1:
-      layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
-      out["gathered_layers"] = 2 * layer * i.compute_bytes
-  else:
+  if i.params != "full":
     out["gradients"] = _lora_trainable(i) * 4
-  out.update(activation_bytes(i))
+    out.update(activation_bytes(i))
+    return out
+  P = c.num_params() / i.fsdp
+  if i.fsdp > 1:
+    layer = (c.num_params() - c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)) / c.num_layers
+    out["gathered_layers"] = 2 * layer * i.compute_bytes
+  acts, acc = activation_bytes(i), accumulates(i)
+  grad_key, grad = ("micro_batch_gradient", i.master_bytes * P) if acc else ("gradients", 4 * P)
+  backward = {"gradient_accumulator": 4 * P} if acc else {}
+  backward.update(acts if sum(acts.values()) >= grad else {grad_key: grad})
+  optimizer = {"gradients": 4 * P, **({"new_moments": 2 * i.moment_bytes * P} if i.moment_bytes < 4 else {})}
+  out.update(max(backward, optimizer, key=lambda d: sum(d.values())))
   return out
 
 
@@ -292,91 +316,3 @@ def inputs_from_config(config, n_devices: int, data: int, fsdp: int, tp: int = 1
                     micro_batch_rows=rl.get("micro_batch_size", 0),
                     reference=kl, critic=ppo.get("critic", "full") if ppo is not None else "",
                     dense_rollouts=bool(rl.get("dense_rollouts", False)))
-
-
-# ----------------------------------------------------------------------------- report and refusal
-
-def report_lines(i: PlanInputs, device_bytes: float | None) -> list[str]:
-  """The plan per phase and term in GiB, and the verdict when the device memory is known."""
-  lines = [f"# memory plan per device ({i.n_devices} devices, fsdp={i.fsdp}, model={i.tp}, params={i.params}, "
-           f"remat={i.remat}, {micro_batch_tokens(i)} tokens per update micro-batch)"]
-  for name, terms in phases(i).items():
-    lines.append(f"{name} phase: {sum(terms.values()) / GIB:.2f} GiB")
-    lines += [f"  {k}: {v / GIB:.3f}" for k, v in terms.items()]
-  if device_bytes is None:
-    lines.append("verdict: device memory unknown (pass --device_memory_gb to check the fit)")
-  else:
-    problem = refusal(i, device_bytes)
-    lines.append(f"verdict: fits in {device_bytes / GIB:.1f} GiB per device" if problem is None
-                 else f"verdict: does not fit: {problem}")
-  return lines
-
-
-def _phase_fits(i: PlanInputs, phase: str, device_bytes: float) -> bool:
-  return sum(phases(i).get(phase, {}).values()) <= device_bytes
-
-
-def _knob_for(i: PlanInputs, phase: str, device_bytes: float):
-  """(key, value, inputs with it) of the first knob that makes `phase` fit, in the order: model.remat=full,
-  the largest micro-batch token budget (a power of two, at least one row), the smallest mesh.model (rollout
-  phase; one that splits the heads, kv heads and intermediate size), the smallest mesh.fsdp (a divisor of
-  the devices), the most rollout prompts, train.params=lora; None when none does."""
-  rep = lambda **kw: dataclasses.replace(i, **kw)
-  ok = lambda j: _phase_fits(j, phase, device_bytes)
-  tries = []
-  if i.remat == "none":
-    tries.append([("model.remat", "full", rep(remat="full"))])
-  if phase == "update":
-    tries.append([(i.micro_key, t, rep(micro_batch_tokens=t)) for t in (2 ** k for k in range(20, 9, -1))
-                  if i.seq <= t < micro_batch_tokens(i)])
-  if phase == "rollout":
-    tries.append([("mesh.model", t, rep(tp=t)) for t in range(i.tp + 1, i.n_devices + 1)
-                  if i.n_devices % t == 0 and tp_divides(i.model, t)])
-  tries.append([("mesh.fsdp", f, rep(fsdp=f)) for f in range(i.fsdp + 1, i.n_devices + 1) if i.n_devices % f == 0])
-  if phase == "rollout":
-    tries.append([("rl.prompts_per_step", p, rep(prompts=p)) for p in range(i.prompts - 1, 0, -1)])
-  if i.params == "full":
-    tries.append([("train.params", "lora", rep(params="lora"))])
-  return next((t for options in tries for t in options if ok(t[2])), None)
-
-
-def tp_divides(c: ModelConfig, t: int) -> bool:
-  """Whether tensor parallelism over t devices splits the model (`engine.tensor_parallel.check_tp`)."""
-  try:
-    check_tp(c, t)
-  except ValueError:
-    return False
-  return True
-
-
-def refusal(i: PlanInputs, device_bytes: float) -> str | None:
-  """None when both phases fit; else one line: the phase over (the larger), its total and largest term, and the
-  knobs (with values) that make the plan fit, chosen phase by phase (`_knob_for`)."""
-  over = {k: v for k, v in phases(i).items() if sum(v.values()) > device_bytes}
-  if not over:
-    return None
-  name, terms = max(over.items(), key=lambda kv: sum(kv[1].values()))
-  top = max(terms, key=terms.get)
-  head = (f"the {name} phase needs {sum(terms.values()) / GIB:.1f} GiB per device of "
-          f"{device_bytes / GIB:.1f} (largest: {top} {terms[top] / GIB:.1f} GiB); ")
-  knobs, j = [], i
-  for _ in range(4):
-    left = [k for k, v in phases(j).items() if sum(v.values()) > device_bytes]
-    if not left:
-      return head + "set " + " and ".join(f"config.{k}={v}" for k, v in knobs)
-    found = _knob_for(j, left[0], device_bytes)
-    if found is None:
-      break
-    knobs.append(found[:2])
-    j = found[2]
-  return head + "no setting of model.remat, the micro-batch tokens, mesh.model, mesh.fsdp or the rollout prompts fits: use " \
-                "more or larger devices"
-
-
-def check_plan(i: PlanInputs | None, device_bytes: float | None) -> None:
-  """ConfigError (one line, exit 2) when the plan does not fit; nothing when it fits or is unknown."""
-  if i is None or device_bytes is None:
-    return
-  problem = refusal(i, device_bytes)
-  if problem is not None:
-    raise ConfigError(f"plan does not fit: {problem}")

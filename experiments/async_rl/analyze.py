@@ -1,0 +1,169 @@
+"""Issue 47's quality check from experiments/async_rl/results.json (written by experiments/compare.py).
+
+  python -m experiments.async_rl.analyze            # prints the tables, writes curves_ci.png
+  python -m experiments.async_rl.analyze --write    # also rewrites RESULTS.md's generated block
+
+Held-out accuracy per evaluation step and arm, pooled over the seeds: k right answers of n = seeds x
+task.num_eval greedy answers, with the Wilson 95% interval of the binomial proportion k / n. The question
+of the issue: does the async_steps=1 arm's pooled accuracy lie inside the synchronous arm's interval at
+every evaluation step? Limitation: the interval treats the n answers as independent draws, but the seeds
+answer the SAME held-out problems (the split is fixed by task.eval_seed) and each seed's answers share one
+trained adapter, so it ignores the between-seed (training) variance; with 2 seeds that variance cannot be
+estimated usefully (a Student t interval over 2 seeds has t = 12.7). It is a check of "no visible
+difference at this size", not an equivalence test.
+
+Training metrics (mean over the RL steps and seeds, per arm): the rollout/learner mismatch KL (k3 and k1
+estimators), max |delta log p|, the importance weights pi_old / pi_rollout (mean, max; rl.importance=none
+here, so they are logged, not applied), the staleness, rewards and timings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import re
+
+HERE = pathlib.Path(__file__).resolve().parent
+ARMS = {"sync": "synchronous (async_steps=0)", "async1": "async_steps=1"}
+TRAIN = ("reward_mean", "zero_variance_groups", "completion_length", "grad_norm", "staleness", "mismatch_kl",
+         "mismatch_kl_k1", "mismatch_max_abs_dlogp", "is_weight_mean", "is_weight_max", "ratio_mean",
+         "time_rollout_s", "time_update_s")
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """Wilson score 95% interval of a binomial proportion k / n."""
+  if n == 0:
+    return float("nan"), float("nan")
+  p = k / n
+  d = 1 + z * z / n
+  c = (p + z * z / (2 * n)) / d
+  h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+  return c - h, c + h
+
+
+def pooled(res: dict, arm: str, num_eval: int) -> dict[int, tuple[int, int, list[float]]]:
+  """step -> (right answers, answers, per-seed accuracies) over the seeds that evaluated the step."""
+  out: dict[int, tuple[int, int, list[float]]] = {}
+  for seed in sorted(res["runs"].get(arm, {}), key=int):
+    for e in res["runs"][arm][seed]["evals"]:
+      k, n, accs = out.get(e["step"], (0, 0, []))
+      out[e["step"]] = (k + round(e["eval_accuracy"] * num_eval), n + num_eval, [*accs, e["eval_accuracy"]])
+  return dict(sorted(out.items()))
+
+
+def num_eval_of(res: dict) -> int:
+  for s in res["common"]:
+    if s.startswith("task.num_eval="):
+      return int(s.split("=", 1)[1])
+  raise SystemExit("results.json: no task.num_eval in the common overrides")
+
+
+def accuracy_table(res: dict) -> tuple[str, list[str]]:
+  n_eval = num_eval_of(res)
+  pools = {a: pooled(res, a, n_eval) for a in ARMS}
+  lines = ["| step | synchronous: pooled acc [Wilson 95%] (per seed) | async_steps=1: pooled acc [Wilson 95%] "
+           "(per seed) | async inside the sync interval? |", "|---|---|---|---|"]
+  verdicts = []
+  for step in sorted(set(pools["sync"]) | set(pools["async1"])):
+    cells, inside = [], "-"
+    for arm in ARMS:
+      if step not in pools[arm]:
+        cells.append("-")
+        continue
+      k, n, accs = pools[arm][step]
+      lo, hi = wilson(k, n)
+      cells.append(f"{k}/{n} = {k / n:.3f} [{lo:.3f}, {hi:.3f}] ({' / '.join(f'{a:.3f}' for a in accs)})")
+    if step in pools["sync"] and step in pools["async1"]:
+      ks, ns, _ = pools["sync"][step]
+      ka, na, _ = pools["async1"][step]
+      lo, hi = wilson(ks, ns)
+      inside = "yes" if lo <= ka / na <= hi else "**no**"
+      verdicts.append(inside)
+    lines.append(f"| {step} | {cells[0]} | {cells[1]} | {inside} |")
+  return "\n".join(lines), verdicts
+
+
+def train_table(res: dict) -> str:
+  lines = ["| metric | " + " | ".join(ARMS.values()) + " |", "|---|" + "---|" * len(ARMS)]
+  for m in TRAIN:
+    cells = []
+    for arm in ARMS:
+      vals = [v for run in res["runs"].get(arm, {}).values() for s, v in zip(run["train"].get("step", []),
+                                                                               run["train"].get(m, []))
+              if v is not None]
+      cells.append("-" if not vals else f"{sum(vals) / len(vals):.4g} (max {max(vals):.4g})")
+    lines.append(f"| {m} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def per_step_table(res: dict, metrics=("reward_mean", "zero_variance_groups", "grad_norm", "staleness", "mismatch_kl",
+                                       "mismatch_max_abs_dlogp", "is_weight_mean", "is_weight_max")) -> str:
+  lines = ["| arm | seed | step | " + " | ".join(metrics) + " |", "|---|---|---|" + "---|" * len(metrics)]
+  for arm in ARMS:
+    for seed, run in sorted(res["runs"].get(arm, {}).items(), key=lambda x: int(x[0])):
+      tr = run["train"]
+      for i, step in enumerate(tr.get("step", [])):
+        vals = [tr.get(m, [None] * (i + 1))[i] for m in metrics]
+        lines.append(f"| {arm} | {seed} | {step} | " + " | ".join("-" if v is None else f"{v:.4g}" for v in vals)
+                     + " |")
+  return "\n".join(lines)
+
+
+def plot(res: dict, path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  n_eval = num_eval_of(res)
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for arm, color in zip(ARMS, ("tab:blue", "tab:orange")):
+    for seed, run in res["runs"].get(arm, {}).items():
+      ev = run["evals"]
+      ax.plot([e["step"] for e in ev], [e["eval_accuracy"] for e in ev], color=color, alpha=0.35, lw=1,
+              ls="--", marker=".")
+    p = pooled(res, arm, n_eval)
+    steps = list(p)
+    acc = [k / n for k, n, _ in p.values()]
+    ci = [wilson(k, n) for k, n, _ in p.values()]
+    ax.plot(steps, acc, color=color, lw=2, marker="o", label=f"{ARMS[arm]} (pooled over seeds)")
+    ax.fill_between(steps, [c[0] for c in ci], [c[1] for c in ci], color=color, alpha=0.15)
+  ax.set_xlabel("step")
+  ax.set_ylabel(f"held-out accuracy ({n_eval} problems, greedy)")
+  ax.set_title("async_steps=1 vs synchronous, SmolLM2-135M QLoRA (CPU, reduced)\n"
+               "dashed: per seed; band: Wilson 95% of the seeds' pooled answers", fontsize=9)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def block(res: dict) -> str:
+  acc, verdicts = accuracy_table(res)
+  inside = sum(v == "yes" for v in verdicts)
+  return (f"Held-out accuracy, pooled over seeds {res['seeds']} (generated by `python -m "
+          f"experiments.async_rl.analyze --write` from `experiments/async_rl/results.json`; device: "
+          f"{res['device']}):\n\n{acc}\n\nasync_steps=1 inside the synchronous arm's Wilson 95% interval at "
+          f"{inside} of {len(verdicts)} evaluation steps.\n\nTraining metrics, mean (max) over every RL step "
+          f"of both seeds:\n\n{train_table(res)}\n\nPer step:\n\n{per_step_table(res)}")
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--results", default=str(HERE / "results.json"))
+  ap.add_argument("--write", action="store_true", help="rewrite the generated block of RESULTS.md")
+  args = ap.parse_args(argv)
+  res = json.loads(pathlib.Path(args.results).read_text())
+  body = block(res)
+  print(body)
+  plot(res, pathlib.Path(args.results).parent / "curves_ci.png")
+  if args.write:
+    md = HERE / "RESULTS.md"
+    text = md.read_text()
+    pat = re.compile(r"(<!-- analyze:begin -->\n).*?(<!-- analyze:end -->)", re.S)
+    if not pat.search(text):
+      raise SystemExit(f"{md}: no <!-- analyze:begin --> ... <!-- analyze:end --> block")
+    md.write_text(pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
