@@ -86,6 +86,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.engine import Engine, Request, tensor_parallel as tp
     from fineflax.engine.programs import _PROGRAMS
     from fineflax.mesh import make_mesh
+    from fineflax.testing.tolerance import logprob_tol
     from fineflax.sampling import generate
     assert jax.device_count() == 4, jax.devices()
 
@@ -115,7 +116,9 @@ SCRIPT = textwrap.dedent("""
       mesh = make_mesh(data=1, model=n, devices=jax.devices()[:n])
       e, tokn, lpn = run(params, c, mesh, impl, **kw)
       assert tok1 == tokn, (tok1, tokn)
-      assert np.abs(lp1 - lpn).max() < 2e-5, np.abs(lp1 - lpn).max()
+      # model=n splits contractions (summed across devices): one token's path of reductions over the
+      # longest prompt + 10 positions bounds the difference (fineflax.testing.tolerance.logprob_tol)
+      assert np.abs(lp1 - lpn).max() <= logprob_tol(c, 16 + 10, lp1), np.abs(lp1 - lpn).max()
       assert len(set(map(tuple, tok1))) > 1  # the rows differ: a real comparison
       # memory: each device holds its 1/n of every split leaf (here all but norms), and 1/n of the pool
       whole = sum(x.nbytes for x in jax.tree.leaves(e.params))

@@ -17,6 +17,7 @@ from fineflax.testing.devices import run_script
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from fineflax import lora as L
+    from fineflax.testing.tolerance import logprob_tol
     from fineflax.engine import tensor_parallel as tp
     from fineflax.mesh import make_mesh
     from fineflax.models import ModelConfig, init_params
@@ -41,7 +42,9 @@ SCRIPT = textwrap.dedent("""
       assert a.tokens.tolist() == b.tokens.tolist(), (what, a.tokens, b.tokens)
       assert a.valid.tolist() == b.valid.tolist() and a.mask.tolist() == b.mask.tolist(), what
       err = np.abs(a.logprobs - b.logprobs).max()
-      assert err <= 2e-5, (what, err)
+      # the model axis splits contractions (summed across devices): one token's path of reductions over
+      # <= 5 + 8 positions bounds the difference (fineflax.testing.tolerance.logprob_tol)
+      assert err <= logprob_tol(c, 5 + 8, a.logprobs), (what, err)
 
     one = generate(base, c, prompts, temperature=0.0, **kw)
     assert len(set(map(tuple, one.tokens.tolist()))) > 2  # rows differ: a real comparison

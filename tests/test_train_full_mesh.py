@@ -5,6 +5,10 @@ optimizer state are split over fsdp (each device holds 1/fsdp of every array) an
 checkpoint written on 4 devices restores onto 2 with identical params and goes on alike.
 
 One subprocess: XLA_FLAGS must force 4 CPU devices before jax is imported.
+
+Stability (issue 52 item 9): with the derived tolerances (fineflax/testing/tolerance.py) this file and
+test_mesh.py passed 3 of 3 back-to-back runs on a 2-core machine at load ~5 (another pytest and an
+unrelated experiment alongside); the 20-run loop was cut short by the session's time.
 """
 import textwrap
 
@@ -24,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     from fineflax.rl.step import make_rl_fns
     from fineflax.rl.update import rl_update
     from fineflax.testing.batches import random_sft_batch
-    from fineflax.testing.tolerance import U32, check_first_adamw_step, sum_order_tol
+    from fineflax.testing.tolerance import U32, check_first_adamw_step, decoder_path_length, sum_order_tol
     from fineflax.train.checkpoint import Checkpointer
     from fineflax.train.optim import with_f32_state
     from fineflax.train.sft_step import make_sft_fns
@@ -40,9 +44,6 @@ SCRIPT = textwrap.dedent("""
     opt = with_f32_state(optax.chain(optax.clip_by_global_norm(1.0),
                                      optax.adamw(1e-2, eps=1e-6, weight_decay=0.1)))
     mesh = make_mesh(data=2, fsdp=2)
-    close = lambda a, b, what: jax.tree.map(
-        lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=1e-5,
-                                                err_msg=what), a, b)
 
     def split_in_halves(tree, what):  # every array: each device holds half of it (fsdp = 2)
       for x in jax.tree.leaves(tree):
@@ -64,17 +65,20 @@ SCRIPT = textwrap.dedent("""
     s4, m4 = pin_state(train_donating, st, True)(st, None, shard_batch(batch, mesh, batch_axis=1))
     assert all(x.is_deleted() for x in jax.tree.leaves(st["params"]))  # the state was donated
     # Tolerances from the arithmetic (fineflax/testing/tolerance.py), none tuned: every gradient entry and the
-    # loss are sums over the step's N = 2 x 8 x 16 = 256 token terms, summed in another order on the mesh;
-    # the global-norm clip and grad_norm add a sum of P squares (all parameters).
+    # loss are sums over the step's N = 2 x 8 x 16 = 256 token terms, summed in another order on the mesh,
+    # each term through the forward (and backward) reductions of one token's path, L = decoder_path_length
+    # (hidden, head_dim, positions, intermediate per layer, then the LM head and the vocabulary's
+    # log-sum-exp); the global-norm clip and grad_norm add a sum of P squares (all parameters).
     N, P = batch["tokens"].size, sum(x.size for x in jax.tree.leaves(params))
-    assert abs(float(m4["loss"]) - float(m1["loss"])) <= float(sum_order_tol(N + 256, abs(float(m1["loss"])))), \
-        (m4["loss"], m1["loss"])  # + the vocabulary's 256 terms of each token's log-sum-exp
-    assert abs(float(m4["grad_norm"]) - float(m1["grad_norm"])) <= float(sum_order_tol(N + P, float(m1["grad_norm"])))
+    L = decoder_path_length(c, batch["tokens"].shape[-1])
+    assert abs(float(m4["loss"]) - float(m1["loss"])) <= float(sum_order_tol(N + L, abs(float(m1["loss"])))), \
+        (m4["loss"], m1["loss"])
+    assert abs(float(m4["grad_norm"]) - float(m1["grad_norm"])) <= float(sum_order_tol(N + L + P, float(m1["grad_norm"])))
     adam1, adam4 = s1["opt_state"][1][0], s4["opt_state"][1][0]
     clip = 2 * P * U32 * (float(m1["grad_norm"]) > 1.0)  # relative error of the clip factor when it acts
-    worst = [check_first_adamw_step(params, s1["params"], s4["params"], adam1.mu, N, 1e-2, 1e-6, clip_rel=clip)]
+    worst = [check_first_adamw_step(params, s1["params"], s4["params"], adam1.mu, N + L, 1e-2, 1e-6, clip_rel=clip)]
     g1 = jax.tree.map(lambda m: np.asarray(m, np.float64) / 0.1, adam1.mu)  # AdamW's first moment = (1 - b1) g
-    delta = jax.tree.map(lambda g: sum_order_tol(N, np.abs(g).max()) + clip * np.abs(g), g1)
+    delta = jax.tree.map(lambda g: sum_order_tol(N + L, np.abs(g).max()) + clip * np.abs(g), g1)
     def within(a, b, tol, what):  # the moments: mu = 0.1 g, nu = 0.001 g², each off by its share of δ
       err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
       assert (err <= tol).all(), (what, float(err.max()), float(np.asarray(tol)[err > tol].min()))
@@ -91,6 +95,7 @@ SCRIPT = textwrap.dedent("""
 
     # --- RL (grpo, beta > 0): the KL reference is a frozen copy of the initial params
     rl = load_config("configs/grpo_arith.py:smoke", ["rl.beta=0.04"]).rl
+    assert rl.get("importance", "none") == "none"  # the loss tolerance below takes ratios <= 1
     obj = get_objective(rl.objective)
     step, logp = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
                              fwd_kwargs=dict(model_config=c, lora_scale=1.0, temperature=0.7))
@@ -101,7 +106,11 @@ SCRIPT = textwrap.dedent("""
     rb = build_rl_batch(prompts, comps, [[1.0] * len(x) for x in comps], pad_id=0, completion_width=12)
     rb["advantages"] = rng.randn(8).astype(np.float32)
     rb["is_off_policy"] = np.zeros(8, bool)
-    kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=2)
+    # One update (num_iterations=1) is compared: its tolerances follow from the arithmetic as the SFT step's
+    # do; a second AdamW step has no such bound (fineflax/testing/tolerance.py). Its loss terms are each
+    # token's advantage times a ratio of 1 (old log-probs = current ones) plus beta * KL: Σ|terms| / N is at
+    # most max|advantage| + |metric|, the scale of sum_order_tol over the N + L reductions.
+    kw = dict(step_fn=step, logp_fn=logp, beta=rl.beta, num_iterations=1)
     r1, n1 = rl_update(init_state(params, opt, 0), None, rb, reference=params, **kw)
     tr = Trainable(params, None, params, True).place(mesh)  # full mode's start (split_model, same dtypes)
     # the frozen reference is never the trainable arrays, which the donating steps delete
@@ -110,11 +119,20 @@ SCRIPT = textwrap.dedent("""
     st = init_placed_state(tr.params, opt, 0, mesh, full=True)
     kw4 = dict(kw, step_fn=pin_state(step_donating, st, True))
     r4, n4 = rl_update(st, None, rb, mesh=mesh, reference=tr.reference, **kw4)
-    assert n1["kl"] > 0, n1  # the second update moved away from the reference
-    for k in ("loss", "pg_loss", "kl", "grad_norm"):
-      np.testing.assert_allclose(n4[k], n1[k], rtol=1e-5, atol=1e-7, err_msg=k)
-    close(r1["params"], r4["params"], "rl params")
+    N, L = rb["tokens"].size, decoder_path_length(c, rb["tokens"].shape[-1])
+    adv = float(np.abs(rb["advantages"]).max())
+    for k in ("loss", "pg_loss", "kl"):
+      assert abs(n4[k] - n1[k]) <= float(sum_order_tol(N + L, adv + abs(n1[k]))), (k, n4[k], n1[k])
+    assert abs(n4["grad_norm"] - n1["grad_norm"]) <= float(sum_order_tol(N + L + P, n1["grad_norm"])), \
+        (n4["grad_norm"], n1["grad_norm"])
+    clip = 2 * P * U32 * (n1["grad_norm"] > 1.0)
+    margin = check_first_adamw_step(params, r1["params"], r4["params"], r1["opt_state"][1][0].mu, N + L, 1e-2,
+                                    1e-6, clip_rel=clip, what="rl params")
+    print(f"RL tolerance margin: the largest difference is {margin:.3f} of its derived bound", flush=True)
     split_in_halves(r4["opt_state"], "rl optimizer state")
+    # a second update moves away from the frozen reference, which the donating steps left intact
+    r4, n4 = rl_update(r4, None, rb, mesh=mesh, reference=tr.reference, **kw4)
+    assert n4["kl"] > 0, n4
     print("RL OK", n1["loss"], n1["kl"], flush=True)
 
     # --- a checkpoint of the 4-device state restores onto 2 devices (fsdp = 2) and goes on alike
@@ -133,7 +151,8 @@ SCRIPT = textwrap.dedent("""
     _, on4 = rl_update(r4, None, rb, mesh=mesh, reference=tr.reference, **kw4)
     _, on2 = rl_update(restored, None, rb, mesh=m2, reference=ref2,
                        **dict(kw, step_fn=pin_state(step_donating, restored, True)))
-    np.testing.assert_allclose(on2["loss"], on4["loss"], rtol=1e-5)
+    # the same state, one update on 4 and on 2 devices: the loss as above, beside the KL now > 0
+    assert abs(on2["loss"] - on4["loss"]) <= float(sum_order_tol(N + L, adv + abs(on4["loss"]))), (on2, on4)
     print("RESHARD OK", flush=True)
 """)
 

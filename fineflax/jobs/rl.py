@@ -22,6 +22,7 @@ from fineflax.envs import get_env_class, make_env
 from fineflax.jobs import resolve
 from fineflax.rewards.registry import check_reward_names
 from fineflax.rl.async_rollouts import AsyncRollouts, RolloutGroup, split_devices
+from fineflax.train.sections import MeshSection, Sections
 from fineflax.rl.config import RLConfig
 from fineflax.rl.guidance import Guidance
 from fineflax.rl.learner import Learner, train_and_export
@@ -42,18 +43,18 @@ def off_policy_sources(rl: RLConfig, seed: int) -> tuple[Guidance | None, Replay
   return guidance, replay
 
 
-def run_meshes(config, devices=None):
+def run_meshes(mesh: MeshSection, devices=None):
   """(update mesh, rollout mesh or None) of config.mesh over `devices` (default all): data x fsdp over every
   device; with config.mesh.model > 1 the rollouts' mesh: the devices in groups of that many, each group
   one tensor-parallel engine, rows split over the groups (`fineflax.mesh.rollout_mesh`; one process only).
   ConfigError naming the knob when a size does not divide
-  the devices."""
-  m = config.mesh
+  the devices. `mesh`: the typed config.mesh, or a job's ConfigDict (read through MeshSection.of)."""
+  m = MeshSection.of(mesh)
   try:
     mesh = make_mesh(m.data, m.fsdp, devices)
   except ValueError as e:
     raise ConfigError(f"config.mesh (data={m.data}, fsdp={m.fsdp}): {e}") from None
-  model = int(m.get("model", 1))
+  model = m.model
   if model > 1 and jax.process_count() > 1:
     raise ConfigError(f"config.mesh.model={model}: tensor-parallel rollouts run in one process; this run has "
                       f"{jax.process_count()} (set config.mesh.model=1)")
@@ -67,17 +68,20 @@ class RLJob:
   """Wiring of one RL run: the environment, the learner with its off-policy sources, the question order
   and the optional SFT phase; `step` is one step of `fineflax.train.loop`."""
 
-  def __init__(self, config, rl: RLConfig | None = None):
+  def __init__(self, config, rl: RLConfig | None = None, sections: Sections | None = None):
+    """`rl`, `sections`: the typed config.rl and model/train/mesh sections built at resolve time (None:
+    built here from `config`)."""
     rl = RLConfig.from_config(config.rl) if rl is None else rl
-    self.config, self.rl = config, rl
+    sections = Sections.of(config) if sections is None else sections
+    self.config, self.rl, self.sections = config, rl, sections
     self.guidance, self.replay = off_policy_sources(rl, config.seed)
     self.sft_steps = rl.sft_steps
     if self.sft_steps:  # SFT phase: the objective's demonstrations (a traces file too), or the env's own
       self.sft_guidance = self.guidance or Guidance(1, rl.luffy.traces_path if rl.luffy else "")
     learner_devices, rollout_devices = split_devices(config)  # config.mesh.rollout: an async run's group
-    mesh, rollouts = run_meshes(config, learner_devices)
+    mesh, rollouts = run_meshes(sections.mesh, learner_devices)
     self.learner = Learner(config, rl, mesh=mesh, rollout_mesh=rollouts,  # rows over every learner device
-                           guidance=self.guidance, replay=self.replay)
+                           guidance=self.guidance, replay=self.replay, sections=sections)
     self.env = make_env(config, self.learner.tok)
     # question at every position (fineflax.rl.order): the env's own (e.g. reshuffled each epoch), else one
     # permutation repeated every epoch
@@ -198,8 +202,9 @@ def validate(config) -> RLConfig:
 
 def run(config, workdir: str | None) -> dict:
   rl = resolve.validate(config)
+  sections = Sections.of(config)  # the typed model/train/mesh sections, once, beside the RLConfig
   done = preflight(config, workdir, config.num_steps)  # before the model loads
   if done is not None:
     return {"history": read_history(workdir), "workdir": workdir, "job": None, "summary": done, "exit_code": 0}
-  job = RLJob(config, rl)  # loads before anything is created on disk
+  job = RLJob(config, rl, sections)  # loads before anything is created on disk
   return train_and_export(job, config, make_workdir(config, workdir), desc=f"{config.env}/{config.rl.objective}")

@@ -31,12 +31,14 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fineflax.models.attention import grouped_attention, softcap
 from fineflax.models.config import ModelConfig
+from fineflax.models.head import (final_logit_softcap, logits_from_hidden, output_kernel,  # noqa: F401 (re-exported)
+                                  project_logits)
 from fineflax.models.layer_loop import run_layers
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.remat import (LAYER_INPUT, REMAT_NAMED, REMAT_NAMES, REMAT_POLICIES,  # noqa: F401 (re-exported)
                                    remat_policy, remat_saved_names)
 from fineflax.models.rope import apply_rope, layer_rope
-from fineflax.quant.matmul import quantized_matmul
+from fineflax.quant.matmul import materialize, quantized_matmul  # noqa: F401 (materialize re-exported)
 
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -87,11 +89,6 @@ def cache_masks(cache: dict, attention_mask, positions):
   return index, kv_mask, key_pos, mask, self_mask
 
 
-def materialize(w, dtype) -> jnp.ndarray:
-  """A weight as a dense array of `dtype`: dequantises quantised tensors, casts arrays."""
-  return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)
-
-
 def matmul(x: jnp.ndarray, w, dtype) -> jnp.ndarray:
   """x @ W in `dtype` for a kernel leaf W: a cast array, or a quantised tensor through
   `fineflax.quant.quantized_matmul` (its dense copy is never kept for the backward pass)."""
@@ -110,12 +107,6 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float, offset: float = 0.
 ACTIVATIONS = {"silu": jax.nn.silu, "relu": jax.nn.relu,
                "gelu": lambda x: jax.nn.gelu(x, approximate=False),
                "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
-
-
-def final_logit_softcap(logits: jnp.ndarray, config: ModelConfig) -> jnp.ndarray:
-  """The model's final logits from the raw h @ output_kernel ones (soft-capped for Gemma 2). Every
-  consumer of raw projected logits (chunked log-probs included) must apply this."""
-  return softcap(logits, config.final_logit_softcapping)
 
 
 def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
@@ -342,53 +333,6 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jnp.ndarray, *,
   if paged:
     return x, {"k": ck, "v": cv, "block_table": bt}
   return x, {"k": ck, "v": cv, "mask": kv_mask, "pos": key_pos, "index": index + t}
-
-
-def output_kernel(params: Params, config: ModelConfig, dtype, softcap_applied: bool = False) -> jnp.ndarray:
-  """The [H, V] output projection (embedding transposed when tied).
-
-  For a model with final-logit soft-capping (Gemma 2) h @ kernel is not the model's logits: callers must
-  apply `final_logit_softcap` and say so with `softcap_applied=True`, else this raises (so no chunked
-  log-prob path silently drops the cap).
-  """
-  if config.final_logit_softcapping is not None and not softcap_applied:
-    raise ValueError(f"{config.model_type}: final_logit_softcapping={config.final_logit_softcapping}: raw "
-                     "h @ output_kernel are not the logits; apply final_logit_softcap(logits, config) and "
-                     "pass output_kernel(..., softcap_applied=True)")
-  if config.tie_word_embeddings:
-    return params["embed"].astype(dtype).T
-  return materialize(params["lm_head"]["kernel"], dtype)
-
-
-@jax.custom_vjp
-def project_logits(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
-  """f32 logits h @ w [..., V] for h [..., H], w [H, V] (f32 accumulation).
-
-  The backward pass casts the f32 logit gradient to w's dtype before both matmuls, so a bf16 output
-  matrix is never copied to f32 (2.2 GB for a 152k x 3584 head): dh = g @ w.T, dw = h.T @ g.
-  """
-  return jnp.matmul(h, w, preferred_element_type=jnp.float32)
-
-
-def _project_fwd(h, w):
-  return project_logits(h, w), (h, w)
-
-
-def _project_bwd(res, g):
-  h, w = res
-  g = g.astype(w.dtype)
-  dh = jnp.matmul(g, w.T, preferred_element_type=jnp.float32).astype(h.dtype)
-  dw = jnp.einsum("...h,...v->hv", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
-  return dh, dw
-
-
-project_logits.defvjp(_project_fwd, _project_bwd)
-
-
-def logits_from_hidden(params: Params, config: ModelConfig, h: jnp.ndarray) -> jnp.ndarray:
-  """f32 logits [..., V] = final_logit_softcap(h @ output_kernel) (f32 accumulation)."""
-  w = output_kernel(params, config, h.dtype, softcap_applied=True)
-  return final_logit_softcap(project_logits(h, w), config)
 
 
 def forward(params: Params, config: ModelConfig, tokens: jnp.ndarray, **kwargs) -> jnp.ndarray:

@@ -100,3 +100,8 @@ def _backward(dtype, residuals, dy):
 
 
 quantized_matmul.defvjp(_forward, _backward)
+
+
+def materialize(w, dtype) -> jnp.ndarray:
+  """A weight as a dense array of `dtype`: dequantises quantised tensors, casts arrays."""
+  return w.dequantize(dtype) if hasattr(w, "dequantize") else w.astype(dtype)

@@ -68,6 +68,7 @@ from fineflax.rl.step import make_rl_fns
 from fineflax.rl.update import reuses_current_logp, rl_update, update_batch
 from fineflax.train.loop import train_loop
 from fineflax.train.model_setup import compute_dtype, setup_model
+from fineflax.train.sections import Sections
 from fineflax.train.optim import make_optimizer
 from fineflax.train.sft_step import make_sft_fns
 from fineflax.train.trainable import (export_trained, init_opt_state, init_placed_state, moment_dtype, pin_state,
@@ -78,20 +79,23 @@ from fineflax.train.workdir import finish_run
 class Learner:
   """Base weights, train state, step and log-prob functions of one RL run (module docstring)."""
 
-  def __init__(self, config, rl: RLConfig, *, mesh=None, rollout_mesh=None, guidance=None, replay=None):
-    self.config, self.rl, self.mesh = config, rl, mesh
+  def __init__(self, config, rl: RLConfig, *, mesh=None, rollout_mesh=None, guidance=None, replay=None,
+               sections: Sections | None = None):
+    """`sections`: the typed model/train/mesh sections built at resolve time (None: built from `config`)."""
+    sections = Sections.of(config) if sections is None else sections
+    self.config, self.rl, self.mesh, self.sections = config, rl, mesh, sections
     self.rollout_mesh = rollout_mesh if tp.tp_size(rollout_mesh) > 1 else None
     self.guidance, self.replay = guidance, replay
     self.objective = rl.objective_entry
-    self.dtype = compute_dtype(config)
-    base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config)
+    self.dtype = compute_dtype(sections.model)
+    base, self.model_config, self.tok, self.lora_cfg, lora = setup_model(config, sections.model)
     # full training keeps its initial params frozen for the KL reference and a PPO critic's base
-    self.trainable = split_model(config, base, lora,
+    self.trainable = split_model(sections.train, base, lora,
                                  keep_reference=rl.beta > 0 or bool(self.objective.critic)).place(mesh)
     self.base = self.trainable.base  # None in full training
     self.rollout_base = self._rollout_base()  # the base in the rollout mesh's layout (or self.base)
     self.scale = lora_lib.lora_scale(self.lora_cfg)
-    self.optimizer = make_optimizer(config.optimizer, moment_dtype(config))
+    self.optimizer = make_optimizer(config.optimizer, moment_dtype(sections.train))
     # one step per rollout batch without a plan: the step reads its own logp as old_logp (rl.old_logp="auto")
     self.on_policy = reuses_current_logp(rl, rl.num_iterations)
     self.step_fn, self.logp_fn = make_rl_fns(self.optimizer, objective=rl.objective,
@@ -100,11 +104,11 @@ class Learner:
                                              donate=self.trainable.donate)
     self.state = init_placed_state(self.trainable.params, self.optimizer, config.seed, mesh, self.trainable.full)
     self.critic = (Critic(rl.ppo, config.optimizer, fwd_kwargs=self.fwd_kwargs, donate=self.trainable.donate,
-                          moment_dtype=moment_dtype(config))
+                          moment_dtype=moment_dtype(sections.train))
                    if self.objective.critic else None)
     if self.critic is not None:  # PPO: the value model is part of the train state (and its checkpoints)
-      if rl.ppo.critic == "full" and config.model.quant != "none":
-        raise ConfigError(f"config.model.quant={config.model.quant!r}: config.rl.ppo.critic='full' trains a copy "
+      if rl.ppo.critic == "full" and sections.model.quant != "none":
+        raise ConfigError(f"config.model.quant={sections.model.quant!r}: config.rl.ppo.critic='full' trains a copy "
                           "of a dense model; set config.model.quant=none or config.rl.ppo.critic=lora")
       critic_base = self.base if self.base is not None else self.trainable.reference
       self.state["critic"] = self.critic.init(critic_base, self.model_config, self.lora_cfg, config.seed)
@@ -127,7 +131,7 @@ class Learner:
   @property
   def fwd_kwargs(self) -> dict:
     """The forward settings of `fineflax.rl.step.completion_logp` (the rollouts' temperature)."""
-    m = self.config.model
+    m = self.sections.model
     return dict(model_config=self.model_config, lora_scale=self.scale, remat=m.remat, dtype=self.dtype,
                 logits_chunk=m.logits_chunk, temperature=self.rl.temperature)
 

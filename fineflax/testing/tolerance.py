@@ -12,6 +12,19 @@ AdamW's first step (t = 1, bias-corrected m̂ = g, v̂ = g²) moves a parameter 
 g/(|g|+eps) has slope eps/(|g|+eps)² ≤ 1/eps, so a gradient known to ±δ moves the parameter by at most
 lr·eps·δ/(max(|g|-δ, 0) + eps)² (the slope's largest value on [g-δ, g+δ]), never more than 2·lr; the
 update's own f32 rounding adds a few ulps of |p| + lr (`adamw_first_step_tol`).
+
+A log-prob from a forward pass goes through a chain of reductions: per layer the q/k/v projections (hidden),
+the attention scores (head_dim) and the weighted sum of values (sequence length), the output projection
+(heads·head_dim), the MLP's gate/up (hidden) and down (intermediate) projections; then the LM head
+(hidden) and the log-sum-exp over the vocabulary. A mesh may reorder any of them (split contractions are
+summed across devices). `decoder_path_length` adds up those lengths along one log-prob's path and
+`logprob_tol` = sum_order_tol(that length, scale) with scale = the array's largest |log-prob|: first
+order in u, and it takes the layers to carry a rounding error on without amplifying it (the norms and the
+residual stream keep activations O(1)), which is what the tiny test models do; it is not a bound for an
+ill-conditioned network.
+
+Checks with more than one optimizer step have no such bound (the second gradient is taken at parameters
+that already differ, through the unknown curvature), so the parity tests compare one AdamW step.
 """
 from __future__ import annotations
 
@@ -62,3 +75,18 @@ def check_first_adamw_step(p0, p_ref, p_other, mu_ref, n_terms: int, lr: float, 
 
   jax.tree_util.tree_map_with_path(one, p0, p_ref, p_other, mu_ref)
   return worst[0]
+
+
+def decoder_path_length(c, seq_len: int) -> int:
+  """Sum of the reduction lengths along one log-prob's path through decoder `c` (a ModelConfig) over
+  `seq_len` positions (module doc)."""
+  per_layer = (c.hidden_size + c.head_dim + seq_len + c.num_heads * c.head_dim + c.hidden_size
+               + c.intermediate_size)
+  return c.num_layers * per_layer + c.hidden_size + c.vocab_size
+
+
+def logprob_tol(c, seq_len: int, logprobs, ulps: float = 4.0, u: float = U32) -> float:
+  """Largest difference between two meshes' log-probs (or logits) of decoder `c` over `seq_len` positions:
+  sum_order_tol(decoder_path_length(c, seq_len), max|logprobs|) (module doc)."""
+  return float(sum_order_tol(decoder_path_length(c, seq_len), np.abs(np.asarray(logprobs, np.float64)).max(),
+                             ulps=ulps, u=u))

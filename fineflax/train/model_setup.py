@@ -13,36 +13,41 @@ from fineflax import lora as lora_lib
 from fineflax.models import load
 from fineflax.models.dtype import resolve_dtype
 from fineflax.models.layer_loop import resolve_layer_loop
+from fineflax.train.sections import ModelSection
 
 
-def compute_dtype(config):
-  """The jnp compute dtype of `config.model.dtype` ("auto": `fineflax.models.dtype.resolve_dtype_name`)."""
-  return resolve_dtype(config.model.dtype)
+def compute_dtype(model: ModelSection):
+  """The jnp compute dtype of `config.model.dtype` ("auto": `fineflax.models.dtype.resolve_dtype_name`).
+  `model`: the typed config.model, or a job's ConfigDict (read through ModelSection.of)."""
+  return resolve_dtype(ModelSection.of(model).dtype)
 
 
-def setup_model(config):
+def setup_model(config, model: ModelSection | None = None):
   """(frozen base params, model config, tokenizer, lora cfg, lora init).
+
+  `model`: the typed config.model built at resolve time (None: built here from `config`); `config`
+  supplies config.lora and config.seed.
 
   The base is quantised per `config.model.quant` on the linears `config.model.quant_targets` (default
   every linear; the grammar of LoRA targets: short names, HF names, "all-linear"); the attention
   kernel is `config.model.attention` (auto, cudnn or xla), the layer loop `config.model.layer_loop`
   (scan, unrolled, or auto: `layer_loop.resolve_layer_loop`).
   """
-  dtype = compute_dtype(config)
+  model = ModelSection.of(config) if model is None else model
+  dtype = compute_dtype(model)
   t0 = time.time()
-  params, model_config, tokenizer = load(config.model.source, dtype=dtype, quant=config.model.quant,
-                                         quant_targets=tuple(config.model.get("quant_targets", ("all-linear",))))
-  model_config = dataclasses.replace(model_config, attention=config.model.get("attention", "auto"),
-                                     layer_loop=resolve_layer_loop(config.model.get("layer_loop", "scan"),
-                                                                   config.model.remat))
+  params, model_config, tokenizer = load(model.source, dtype=dtype, quant=model.quant,
+                                         quant_targets=model.quant_targets)
+  model_config = dataclasses.replace(model_config, attention=model.attention,
+                                     layer_loop=resolve_layer_loop(model.layer_loop, model.remat))
   lora_cfg = lora_lib.LoraConfig.from_mapping(config.lora)
   init_from = config.lora.get("init_from", "")
   if init_from:
     lora = start_adapter(init_from, model_config, lora_cfg)
   else:
     lora = lora_lib.init_lora(params, model_config, lora_cfg, jax.random.PRNGKey(config.seed + 1))
-  logging.info("loaded %s (%s, quant=%s) in %.1fs", config.model.source, model_config.model_type,
-               config.model.quant, time.time() - t0)
+  logging.info("loaded %s (%s, quant=%s) in %.1fs", model.source, model_config.model_type,
+               model.quant, time.time() - t0)
   return params, model_config, tokenizer, lora_cfg, lora
 
 

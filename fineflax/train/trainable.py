@@ -32,35 +32,39 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fineflax.config_checks import ConfigError, lookup, one_of
 from fineflax.mesh import fsdp_shardings, put, replicate, shard_params
+from fineflax.train.sections import TrainSection
 from fineflax.train.state import State, init_state
 
 TRAIN_PARAMS = ("lora", "full")
 MASTER_DTYPES = ("bfloat16", "float32")
 
 
-def train_params(config) -> str:
+# The functions below take `train`: the typed config.train (`fineflax.train.sections.TrainSection`, as the RL
+# job passes it), or a job's ConfigDict, read through TrainSection.of (the jobs not converted yet).
+
+def train_params(train: TrainSection) -> str:
   """config.train.params ("lora" when the config has no train section)."""
-  return lookup(config, "train.params", "lora")
+  return TrainSection.of(train).params
 
 
-def is_full(config) -> bool:
-  return train_params(config) == "full"
+def is_full(train: TrainSection) -> bool:
+  return train_params(train) == "full"
 
 
-def master_dtype(config):
+def master_dtype(train: TrainSection):
   """The jnp dtype full parameters are stored and updated in (config.train.master_dtype)."""
-  return jnp.dtype(lookup(config, "train.master_dtype", "bfloat16"))
+  return jnp.dtype(TrainSection.of(train).master_dtype)
 
 
-def moment_dtype(config) -> str:
+def moment_dtype(train: TrainSection) -> str:
   """The dtype AdamW's moments are stored in (config.train.moment_dtype, "float32" when absent), for
   `fineflax.train.optim.make_optimizer`; LoRA and full training alike."""
-  return lookup(config, "train.moment_dtype", "float32")
+  return TrainSection.of(train).moment_dtype
 
 
-def loss_head(config) -> str:
+def loss_head(train: TrainSection) -> str:
   """The SFT loss head (config.train.loss_head, "chunked" when absent): `fineflax.train.sft_step.sft_nll`."""
-  return lookup(config, "train.loss_head", "chunked")
+  return TrainSection.of(train).loss_head
 
 
 LOSS_HEADS = ("chunked", "fused")  # config.train.loss_head (train.sft_step: chunked_token_logp or fused_weighted_nll)
@@ -139,7 +143,7 @@ class Trainable:
     return model_weights(trainable, self.base)
 
 
-def split_model(config, base, lora, *, keep_reference: bool = False) -> Trainable:
+def split_model(train: TrainSection, base, lora, *, keep_reference: bool = False) -> Trainable:
   """The `Trainable` of config.train.params from `setup_model`'s (base, lora).
 
   Full mode: the base (dense, compute dtype) becomes the trainable parameters cast to the master dtype;
@@ -147,9 +151,9 @@ def split_model(config, base, lora, *, keep_reference: bool = False) -> Trainabl
   base, a teacher that is the student's base): never the trainable arrays themselves, which the first
   step donates (`Trainable.donate`): the base when the dtypes differ, else a copy of it (the copy
   the undonated steps held from step 1 on anyway)."""
-  if not is_full(config):
+  if not is_full(train):
     return Trainable(lora, base, None, False)
-  dtype = master_dtype(config)
+  dtype = master_dtype(train)
   cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype else x
   params = jax.tree.map(cast, base)
   same = all(a is b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base)))
