@@ -14,4 +14,7 @@ for p in starlette uvicorn httptools openai httpx2 httpcore2 truststore jiter h1
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d .whl2 "$p${v:+==$v}" 2>/dev/null
 done
+# a wheel that .whl/ (device-prep.sh) already holds is dropped: pip refuses one install command given the same
+# wheel twice ("conflicting dependencies"), and installs nothing
+[ -d .whl ] && for w in .whl2/*.whl; do [ -e ".whl/$(basename "$w")" ] && rm -f "$w"; done
 du -sh .whl2
