@@ -138,7 +138,7 @@ def make_learner(config):
   from fineflax.rl.config import RLConfig
   mesh = make_mesh(data=1, fsdp=jax.device_count())
   tiny = jax.default_backend() == "cpu"
-  with mock.patch.object(learner_lib, "setup_model", lambda c: random_model(c, mesh, tiny)):
+  with mock.patch.object(learner_lib, "setup_model", lambda c, model=None: random_model(c, mesh, tiny)):
     return learner_lib.Learner(config, RLConfig.from_config(config.rl), mesh=mesh)
 
 
