@@ -22,6 +22,15 @@ WEIGHTS = {"bf16": ("none", "xla"), "nf4-xla": ("nf4", "xla"), "nf4-auto": ("nf4
            "nf4-pallas": ("nf4", "pallas")}
 
 
+def decode_weights(text: str) -> list[str]:
+  """The `--weights` list: comma-separated names of WEIGHTS; ValueError naming an unknown one."""
+  names = [w for w in text.split(",") if w]
+  unknown = [w for w in names if w not in WEIGHTS]
+  if unknown or not names:
+    raise ValueError(f"--weights={text!r}: {unknown or 'empty'}; expected names of {sorted(WEIGHTS)}")
+  return names
+
+
 def decode_worker(spec: dict) -> dict:
   import jax
   import jax.numpy as jnp
@@ -62,7 +71,7 @@ def decode_worker(spec: dict) -> dict:
 def run_decode(args, env: dict, table: str, out) -> str:
   """Runs the decode workers (one process each), writes nf4_decode.json / .md under `out`, returns the md."""
   import numpy as np
-  wanted = [w for w in args.weights.split(",") if w != "nf4-auto" or table]
+  wanted = [w for w in decode_weights(args.weights) if w != "nf4-auto" or table]
   wanted += [w for w in ("nf4-pallas",) if w in args.variants.split(",")]
   batches = [1] if args.smoke else [int(b) for b in args.batches.split(",")]
   results, rows = {}, []

@@ -235,6 +235,11 @@ def main():
                   "calls (later files win per key) into --out/nf4_kernel_table.json, and exit")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  from benchmarks._nf4_decode import decode_weights
+  try:
+    decode_weights(args.weights)
+  except ValueError as e:
+    ap.error(str(e))
   if args.merge:
     tables = [json.loads(pathlib.Path(t).read_text()) for t in args.merge]
     merged = dict(tables[-1], entries={k: v for t in tables for k, v in t["entries"].items()})

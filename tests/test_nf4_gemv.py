@@ -227,3 +227,13 @@ def test_greedy_nf4_decode_through_the_kernel_equals_the_dequantised_forward(mon
   got = greedy(False)
   assert {(128, 128), (128, 64), (128, 256), (256, 128)} <= set(calls)
   np.testing.assert_array_equal(got, want)
+
+
+def test_decode_weights_names_an_unknown_one():
+  """benchmarks/nf4_gemv --weights: known names pass in order; an unknown or empty list is a ValueError naming it."""
+  from benchmarks._nf4_decode import decode_weights
+  assert decode_weights("bf16,nf4-auto") == ["bf16", "nf4-auto"]
+  with pytest.raises(ValueError, match="nf4-fast"):
+    decode_weights("bf16,nf4-fast")
+  with pytest.raises(ValueError, match="empty"):
+    decode_weights(",")
