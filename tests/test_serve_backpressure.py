@@ -6,6 +6,7 @@ and /metrics + /health showing that a burst gave every page back."""
 import concurrent.futures
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -100,20 +101,35 @@ def test_a_burst_past_the_queue_bound_gets_429_and_gives_every_page_back(served,
 def test_a_request_past_its_queue_deadline_gets_503_streaming_or_not(served, slow, monkeypatch):
   url, server = served
   monkeypatch.setattr(server.engine.waiting, "timeout_s", 0.3)
+  driver, stepped = server.engine.driver, server.engine.driver.after_step
+  hold = threading.Event()
+
+  def held(engine):
+    """While `hold` is set and both slots are live, a step ends only once a request has waited 0.4 s in the
+    queue (past the 0.3 s deadline): the refusal does not race the running rows' end or a preemption, however
+    slow the machine (in the full suite, a request that came late was admitted with 200)."""
+    if hold.is_set() and server.engine.active_rows() >= 2:
+      deadline = time.time() + 60
+      while time.time() < deadline and not server.engine.num_waiting():
+        time.sleep(0.01)
+      time.sleep(0.4)
+    stepped(engine)
+  monkeypatch.setattr(driver, "after_step", held)
   long = {"model": "tiny", "messages": MSG, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
   client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    # both slots for ~3 s at 4 tokens a step: far past the 0.3 s deadline even when a loaded machine
-    # delays the requests below (60 tokens gave 200 instead of 503 once in the full suite)
-    running = [pool.submit(post, url, long) for _ in range(2)]
-    deadline = time.time() + 30
+    hold.set()
+    running = [pool.submit(post, url, long) for _ in range(2)]  # both slots
+    deadline = time.time() + 60
     while time.time() < deadline and server.engine.active_rows() < 2:
       time.sleep(0.01)
+    assert server.engine.active_rows() == 2
     status, headers, got = post(url, {**long, "max_tokens": 4})
     assert status == 503 and int(headers["Retry-After"]) >= 1 and "--queue-timeout" in got["error"]["message"]
     with pytest.raises(openai.InternalServerError) as err:
       list(client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, stream=True))
     assert err.value.status_code == 503
+    hold.clear()
     assert [r.result()[0] for r in running] == [200, 200]  # the running ones were not disturbed
   wait_idle(server)
   assert metrics(url)["fineflax_rejected_queue_timeout_total"] >= 2
