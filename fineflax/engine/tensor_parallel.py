@@ -26,7 +26,10 @@ NF4 (QLoRA) kernels are split too, their codes and per-block scales (flat leaves
 tensor is a split by input rows as it is; q / k / v / gate / up are first re-ordered into column blocks
 (`fineflax.quant.column_blocks`: a permutation of whole NF4 blocks, the same dequantised values), each
 device's columns then one contiguous range. Nested (double-quantised) scale groups and offsets are
-replicated (a few bytes a block group). int8 kernels are not split (a clear error).
+replicated (a few bytes a block group). int8 kernels are not split (a clear error). Placed, each NF4 kernel
+is wrapped as a `fineflax.quant.sharded.ShardedNF4` (the mesh and its column / row split): its products run
+the fused NF4 kernel on each device's shard under shard_map where `quant.matmul` picks the kernel, and
+dequantise through GSPMD as before otherwise.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from fineflax.mesh import put
 from fineflax.models.paged import init_paged_cache
 from fineflax.quant.column_blocks import ColumnBlocks, column_blocks
 from fineflax.quant.nf4 import NF4Tensor
+from fineflax.quant.sharded import ShardedNF4
 
 MODEL_AXIS = "model"
 COLUMN = ("q", "k", "v", "gate", "up")  # split over their output axis
@@ -75,6 +79,11 @@ def tp_layout(params, n: int, mesh: Mesh | None = None):
   With `mesh`, each kernel's blocks are made by one jitted call whose output is split over its "model" axis
   (a kernel split over other devices, e.g. the update's fsdp, is re-laid out without a host copy)."""
   def convert(path, x):
+    if isinstance(x, ShardedNF4):  # done already (laid out, placed and wrapped by shard_decode_params)
+      if x.n != n:
+        raise ValueError(f"tensor parallelism over {n} devices: the NF4 kernel of {_linear(_keys(path))!r} is "
+                         f"already split over {x.n}")
+      return x
     if not _quantized(x) or (isinstance(x, ColumnBlocks) and x.blocks.shape[0] == n):  # done already
       return x
     name = _linear(_keys(path))
@@ -188,7 +197,22 @@ def shard_decode_params(params, config, mesh: Mesh):
   if fused:
     raise ValueError(f"tensor parallelism: decode params hold fused groups {sorted(set(fused))}; prepare "
                      "them with prepare_decode_params(..., fuse=False)")
-  return place(params, decode_param_specs(params, config, n), mesh)
+  return wrap_sharded(place(params, decode_param_specs(params, config, n), mesh), mesh)
+
+
+def wrap_sharded(params, mesh: Mesh):
+  """Placed decode params with each split NF4 kernel as a `ShardedNF4` (column blocks of q / k / v / gate /
+  up: "column"; NF4 o / down: "row"); other leaves, and kernels already wrapped, unchanged."""
+  n = tp_size(mesh)
+
+  def wrap(path, x):
+    name = _linear(_keys(path))
+    if isinstance(x, ColumnBlocks) and name in COLUMN and x.blocks.shape[0] == n:
+      return ShardedNF4(x, mesh, "column", MODEL_AXIS)
+    if isinstance(x, NF4Tensor) and name in ROW:
+      return ShardedNF4(x, mesh, "row", MODEL_AXIS)
+    return x
+  return jax.tree_util.tree_map_with_path(wrap, params, is_leaf=_quantized)
 
 
 def shard_lora(lora, mesh: Mesh):

@@ -39,6 +39,7 @@ from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 from fineflax.quant.nf4 import NF4Tensor
 from fineflax.quant.nf4_layer import NF4Layer
+from fineflax.quant.sharded import ShardedNF4
 
 GROUPS = (("qkv", ("q", "k", "v")), ("o", ("o",)), ("gate_up", ("gate", "up")), ("down", ("down",)))
 
@@ -52,10 +53,16 @@ def _cast(x, dtype):
 
 
 def _layer(p: dict, i: int) -> dict:
-  """Layer i of a stacked quantised linear {"kernel", "bias"?}: an NF4 kernel as an `NF4Layer` view (read in
-  place by the fused kernel; sliced inside XLA's dequantisation otherwise), other leaves sliced."""
-  return {k: NF4Layer(v, i) if isinstance(v, NF4Tensor) and len(v.lead_shape) == 1
-          else jax.tree.map(lambda a: a[i], v) for k, v in p.items()}
+  """Layer i of a stacked quantised linear {"kernel", "bias"?}: an NF4 kernel as an `NF4Layer` view (a
+  tensor-parallel `ShardedNF4` at layer i), read in place by the fused kernel and sliced inside XLA's
+  dequantisation otherwise; other leaves sliced."""
+  def one(v):
+    if isinstance(v, NF4Tensor) and len(v.lead_shape) == 1:
+      return NF4Layer(v, i)
+    if isinstance(v, ShardedNF4) and v.layer is None and len(v.w.lead_shape) == 1:
+      return v.at_layer(i)  # each device's shard read in place at layer i
+    return jax.tree.map(lambda a: a[i], v)
+  return {k: one(v) for k, v in p.items()}
 
 
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,

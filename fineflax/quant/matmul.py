@@ -14,9 +14,10 @@ product's.
 Forward products on an unstacked NF4 [K, N] kernel may run as one Pallas kernel that reads the codes
 directly (`fineflax.quant.nf4_gemv`; the same values up to the order of the f32 sums), chosen by
 FINEFLAX_NF4_KERNEL:
-  auto (default)  the kernel on a one-device GPU backend where the measured table (`nf4_kernel_table`)
-                  has a winner for (K, N, M bucket); XLA otherwise (always on CPU / TPU, and with several
-                  devices: GSPMD would gather tensor-parallel shards in front of the custom call)
+  auto (default)  the kernel on a GPU backend where the measured table (`nf4_kernel_table`) has a winner
+                  for (K, N, M bucket); XLA otherwise (always on CPU / TPU). With several devices only for a
+                  `ShardedNF4` (tensor parallelism: each device's shard under shard_map, the table looked
+                  up by the shard's shape); GSPMD would gather other split kernels in front of the call
   pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
   xla             never the kernel
 The backward pass always dequantises (dx = dy @ W^T).
@@ -49,8 +50,9 @@ def kernel_mode() -> str:
   return mode
 
 
-def kernel_config(rows: int, w, x_dtype, dtype):
-  """The `nf4_gemv.KernelConfig` the forward product x [rows, K] @ w uses, or None for XLA (docstring)."""
+def kernel_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
+  """The `nf4_gemv.KernelConfig` the forward product x [rows, K] @ w uses, or None for XLA (docstring).
+  sharded: w is one device's shard of a `ShardedNF4` (run under shard_map)."""
   from fineflax.quant import nf4_gemv, nf4_kernel_table
   mode = kernel_mode()
   floats = (jnp.bfloat16, jnp.float32)
@@ -58,8 +60,8 @@ def kernel_config(rows: int, w, x_dtype, dtype):
       or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats or len(w.shape) != 2):
     return None
   if mode == "auto":
-    # one device only: under tensor parallelism (GSPMD-split leaves) a custom call would gather the shards
-    if jax.default_backend() != "gpu" or jax.device_count() != 1:
+    # several devices: only shards under shard_map (GSPMD would gather split leaves in front of a custom call)
+    if jax.default_backend() != "gpu" or (jax.device_count() != 1 and not sharded):
       return None
     cfg = nf4_kernel_table.kernel_choice(w.shape[0], w.shape[1], rows)
   else:
@@ -72,13 +74,18 @@ def kernel_config(rows: int, w, x_dtype, dtype):
 def _product(x, w, dtype):
   """x @ w.dequantize(dtype), through the fused NF4 kernel where `kernel_config` picks it."""
   from fineflax.quant import nf4_gemv
+  from fineflax.quant.sharded import ShardedNF4
   rows = math.prod(x.shape[:-1])
-  cfg = kernel_config(rows, w, x.dtype, dtype) if rows else None
-  if cfg is not None:
-    interpret = jax.default_backend() != "gpu"
-    y = nf4_gemv.nf4_matmul(x.reshape(rows, x.shape[-1]), w, dtype, cfg, interpret=interpret)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-  return x @ w.dequantize(dtype)
+  sharded = isinstance(w, ShardedNF4)
+  local = w.local() if sharded else w
+  cfg = kernel_config(rows, local, x.dtype, dtype, sharded) if rows and local is not None else None
+  if cfg is None:
+    return x @ w.dequantize(dtype)
+  interpret = jax.default_backend() != "gpu"
+  run = lambda x2, w2: nf4_gemv.nf4_matmul(x2, w2, dtype, cfg, interpret=interpret)
+  x2 = x.reshape(rows, x.shape[-1])
+  y = w.product(x2, run) if sharded else run(x2, w)
+  return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
