@@ -6,6 +6,7 @@
   python -m benchmarks.engine --only a --attention pallas                       # one case, one kernel
   python -m benchmarks.engine --tiny                                            # CPU check: tiny shapes
   python -m benchmarks.engine --only tp                                         # 4 GPUs: 70B shape, TP=4
+  python -m benchmarks.engine --only tp --tp 2 --tp-nf4-kernel xla,pallas       # 2 GPUs: NF4 products both ways
 
 Tables go to --out as engine_<case>.md (engine_<case>_<kernel>.md with one --attention kernel) and .json.
 
@@ -53,6 +54,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import pathlib
 import sys
 import time
@@ -74,8 +76,9 @@ SHAPES = {
     "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",  # fineflax.models.hub_shapes
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
-    "tiny_tp": dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
-                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True),  # blocks: out / 2 a multiple of 64
+    "tiny_tp": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
+                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True),  # blocks: out / 2 a multiple of 64;
+    # every linear's shard fits the fused NF4 kernel (K a multiple of 128, row shards whole nested scale groups)
 }
 FULL = {
     "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
@@ -328,6 +331,7 @@ def worker_tp(spec: dict) -> dict:
          "device_weight_bytes": max(per_device.values()), "read_ms": read_ms,
          "read_kv_ms": read_ms + 1e3 * live_kv / bw, "init_s": init_s, "rows": []}
   gpu.print_result(out)
+  mode = os.environ.get("FINEFLAX_NF4_KERNEL", "auto") if spec["quant"] == "nf4" else None  # one a process
   for attention in spec["attentions"]:
     try:
       engine = Engine(params, config, max_rows=rows, page_size=spec["page_size"], chunk_size=spec["chunk_size"],
@@ -339,12 +343,12 @@ def worker_tp(spec: dict) -> dict:
       dt, steps = time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
       peaks = [int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)) for d in mesh.devices.flat]
       pool = tp.bytes_per_device(engine.pool)
-      out["rows"].append({"attention": attention, "ms_step": 1e3 * dt / steps, "steps": steps,
+      out["rows"].append({"attention": attention, "nf4_kernel": mode, "ms_step": 1e3 * dt / steps, "steps": steps,
                           "programs": compiled, "compile_s": compile_s, "peak_gib": [p / gpu.GIB for p in peaks],
                           "pool_gib_device": max(pool.values()) / gpu.GIB})
       del engine
     except Exception as e:  # noqa: BLE001 - reported in the table
-      out["rows"].append({"attention": attention, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+      out["rows"].append({"attention": attention, "nf4_kernel": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"})
     gpu.print_result(out)
   return out
 
@@ -439,14 +443,15 @@ def table_tp(res: dict) -> str:
           f"made in {res.get('init_s', 0):.0f} s.\n\n")
   rows = []
   for r in res.get("rows", []):
+    what = r["attention"] + (f", NF4 {r['nf4_kernel']}" if r.get("nf4_kernel") else "")
     if "error" in r:
-      rows.append([r["attention"], "error", "-", "-", "-", "-", r["error"][:160]])
+      rows.append([what, "error", "-", "-", "-", "-", r["error"][:160]])
       continue
     ratio = r["ms_step"] / res["read_ms"]
-    rows.append([r["attention"], r["ms_step"], f"{ratio:.2f} ({'met' if ratio <= 3 else 'missed'})",
+    rows.append([what, r["ms_step"], f"{ratio:.2f} ({'met' if ratio <= 3 else 'missed'})",
                  " / ".join(f"{p:.1f}" for p in r["peak_gib"]), r["pool_gib_device"], r["compile_s"],
                  f"{r['steps']} steps; {r['programs']} programs"])
-  return head + markdown_table(["attention", "ms/step", "/ weight read a device (target <= 3)",
+  return head + markdown_table(["attention, NF4 products (FINEFLAX_NF4_KERNEL)", "ms/step", "/ weight read a device (target <= 3)",
                                 "peak GiB per device", "pool GiB a device", "compile s", "note"], rows)
 
 
@@ -457,6 +462,8 @@ def main(argv=None) -> int:
   ap.add_argument("--only", default="a,b,c", help="cases to run, comma-separated (a, b, c, tp)")
   ap.add_argument("--tp", type=int, default=None, help="devices of the model axis (case tp; default 4, --tiny 2)")
   ap.add_argument("--tp-quant", default="nf4", choices=("nf4", "none"), help="linears of case tp: NF4 or bf16")
+  ap.add_argument("--tp-nf4-kernel", default="auto", help="case tp, NF4: FINEFLAX_NF4_KERNEL modes to time, "
+                  "comma-separated (auto, pallas: the fused kernel on each device's shard; xla)")
   ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
   ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
   ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")
@@ -484,6 +491,9 @@ def main(argv=None) -> int:
   if bad:
     ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c, tp")
   attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+  nf4_kernels = [m.strip() for m in args.tp_nf4_kernel.split(",") if m.strip()]
+  if not nf4_kernels or set(nf4_kernels) - {"auto", "pallas", "xla"}:
+    ap.error(f"--tp-nf4-kernel {args.tp_nf4_kernel!r}: modes of auto, pallas, xla, comma-separated")
   b_runs = {}  # case b's (admission, pool pages) pairs, when given
   if args.admission or args.pool_pages:
     admissions = (args.admission or "reserve,watermark").split(",")
@@ -506,7 +516,16 @@ def main(argv=None) -> int:
     run = lambda name, s: gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)],
                                           env=env, timeout=args.timeout)
     t = time.perf_counter()
-    res = run(case, spec)
+    if case == "tp" and args.tp_quant == "nf4":  # a worker per FINEFLAX_NF4_KERNEL (read while tracing)
+      res = {}
+      for mode in nf4_kernels:
+        one = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", case, "--spec", json.dumps(spec)],
+                             env=dict(env, FINEFLAX_NF4_KERNEL=mode), timeout=args.timeout)
+        res = {**one, **res, "rows": res.get("rows", []) + one.get("rows", [])}
+        if "error" in one and not one.get("rows"):
+          res["rows"].append({"attention": ",".join(attentions), "nf4_kernel": mode, "error": one["error"]})
+    else:
+      res = run(case, spec)
     base = None
     if case == "b" and args.baseline_path:
       base = run("baseline", dict(spec, baseline_path=args.baseline_path))

@@ -20,7 +20,9 @@ FINEFLAX_NF4_KERNEL:
                   up by the shard's shape); GSPMD would gather other split kernels in front of the call
   pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
   xla             never the kernel
-The backward pass always dequantises (dx = dy @ W^T).
+The backward pass always dequantises (dx = dy @ W^T). The choice is made while a product is traced: JAX
+keeps a traced function by its argument shapes, so a program traced before FINEFLAX_NF4_KERNEL changed keeps
+its choice; compare choices in separate processes (the benchmarks do).
 """
 from __future__ import annotations
 
