@@ -8,6 +8,7 @@
 #                                          scaling mp2 fits distill (multi-GPU machines: nvidia-h100-x2 / -x4)
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
 #                                          rag_student ragserve (issue 34; one GPU)
+#                                          tp44 (issue 44, NF4 kernel under TP; nvidia-h200-x2)
 #                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
 #                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
@@ -90,6 +91,12 @@ for stage in "$@"; do
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 -m benchmarks.serve --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
+    tp44)   # issue 44 (nvidia-h200-x2): 70B-shaped decoding over a model axis of 2, NF4 products through XLA and
+            # through the fused kernel on each device's shard (one worker each), and bf16 linears for the ratio
+            timeout -s TERM 560 python3 -m benchmarks.engine --only tp --tp 2 --attention gather \
+              --tp-nf4-kernel xla,pallas --timeout 270 --write-results
+            timeout -s TERM 300 python3 -m benchmarks.engine --only tp --tp 2 --attention gather --tp-quant none \
+              --write-results; cp benchmarks/RESULTS.md "$OUT/" ;;
     serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s
