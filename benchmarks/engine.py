@@ -62,7 +62,8 @@ import time
 
 from benchmarks import gpu
 from benchmarks._decode_timing import time_decode, time_static
-from benchmarks._results import markdown_table, write_section
+from benchmarks._engine_tables import table_a, table_b, table_c, table_tp
+from benchmarks._results import write_section
 from benchmarks.sampler import SHAPES as SAMPLER_SHAPES
 from fineflax.io import atomic_write_json, atomic_write_text
 
@@ -354,105 +355,6 @@ def worker_tp(spec: dict) -> dict:
 
 
 WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "tp": worker_tp, "baseline": worker_baseline}
-
-
-# ----------------------------------------------------------------------------- tables
-
-def table_a(res: dict) -> str:
-  head = (f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; weights "
-          f"{res.get('weight_bytes', 0) / 1e9:.2f} GB; read ms/step (weights + mean live KV) "
-          f"{res.get('read_ms', 0):.2f}.\n\n")
-  rows, by = [], {}
-  for r in res.get("rows", []):
-    if "error" in r:
-      rows.append([r["attention"], r["room"], "error", "-", "-", "-", "-", r["error"][:120]])
-      continue
-    by[(r["attention"], r["room"])] = r["ms_step"]
-    rows.append([r["attention"], r["room"], r["ms_step"], r["ms_step"] / res["read_ms"], r["pool_gib"],
-                 r["programs"], r["compile_s"], ""])
-  notes = []
-  for att in {a for a, _ in by}:
-    rooms = sorted(room for a, room in by if a == att)
-    if len(rooms) == 2:
-      ratio = by[(att, rooms[1])] / by[(att, rooms[0])]
-      notes.append(f"- {att}: room {rooms[1]} / room {rooms[0]} = {ratio:.3f} (target <= 1.1: "
-                   f"{'met' if ratio <= 1.1 else 'missed'})")
-  need = min((room for _, room in by), default=None)
-  for att in sorted({a for a, _ in by} - {"static"}):
-    if (att, need) in by and ("static", need) in by:
-      ratio = by[(att, need)] / by[("static", need)]
-      notes.append(f"- {att} / static at room {need} = {ratio:.3f} (target <= 1.0: {'met' if ratio <= 1 else 'missed'})")
-  return head + markdown_table(["attention", "room", "ms/step", "/ read", "pool GiB", "programs", "compile s",
-                                "note"], rows) + "\n\n" + "\n".join(notes)
-
-
-def table_b(res: dict, base: dict | None) -> str:
-  head = (f"Device: {res.get('device')}. BW {res.get('bw', 0) / 1e12:.2f} TB/s; read bound "
-          f"{res.get('bound_s', 0):.2f} s over {max(res.get('lengths') or [0])} steps; lengths: median "
-          f"{sorted(res.get('lengths') or [0])[len(res.get('lengths') or [0]) // 2]}, max "
-          f"{max(res.get('lengths') or [0])}, total {sum(res.get('lengths') or [0])} tokens.\n\n")
-  rows = []
-  old = None
-  if base and "walls" in base:
-    if len(base["walls"]) > 1:  # the last of several runs (the first compiled)
-      old, how = base["walls"][-1], f"run {len(base['walls'])} of {len(base['walls'])} (first {base['walls'][0]:.1f} s)"
-    else:
-      old = base["walls"][0] - base["compiles"][0]
-      how = f"one run: wall {base['walls'][0]:.1f} s - logged compile {base['compiles'][0]:.1f} s"
-    rows.append(["old static sampler", old, old / res["bound_s"], "-",
-                 f"{how}; {base['steps']} steps; peak {base['peak_gib']:.1f} GiB; {base['fineflax']}"])
-  elif base:
-    rows.append(["old static sampler", "error", "-", "-", str(base.get("error"))[:200]])
-  first = {}  # attention -> tokens/s of its first (admission, pool) row
-  for r in res.get("rows", []):
-    name = f"engine ({r['attention']}, {r.get('admission', 'reserve')})"
-    if "error" in r:
-      rows.append([name] + ["error"] + ["-"] * 6 + [r["error"][:200]])
-      continue
-    base = first.setdefault(r["attention"], r["tokens_s"])
-    rows.append([name, r["wall_s"], r["wall_s"] / res["bound_s"], f"{old / r['wall_s']:.2f}x" if old else "-",
-                 f"{r['tokens_s']:.0f}", f"{r['tokens_s'] / base:.3f}", f"{r['peak_rows']} / {r['mean_rows']:.1f}",
-                 f"{r['preemptions']} / {r['recomputed_tokens']}",
-                 f"pool {r['pool_pages']} pages, peak {r['peak_pages']}; first run {r['first_s']:.1f} s; "
-                 f"{r['programs']} programs; peak {r['peak_gib']:.1f} GiB"])
-  return head + markdown_table(["sampler", "wall s", "/ read bound", "speed-up vs old", "tokens/s",
-                                "tokens/s / first row (target >= 0.95)", "rows in flight peak / mean",
-                                "preemptions / recomputed tokens", "note"], rows)
-
-
-def table_c(res: dict) -> str:
-  rows = [[r["mode"], r["prefill_tokens"], r["prompt_pages"], r["copied_pages"], r["prefill_s"]]
-          for r in res.get("rows", [])]
-  by = {r["mode"]: r for r in res.get("rows", [])}
-  note = ""
-  if len(by) == 2:
-    ratio = lambda k: by["shared"][k] / by["unshared"][k]
-    note = (f"\n\nshared / unshared: prefill tokens {ratio('prefill_tokens'):.3f}, "
-            f"prompt pages {ratio('prompt_pages'):.3f}, prefill time {ratio('prefill_s'):.3f}")
-  return (f"Device: {res.get('device')}.\n\n" + markdown_table(
-      ["prompts", "tokens prefilled", "pages holding prompt positions", "pages copied on write", "prefill s"],
-      rows) + note)
-
-
-def table_tp(res: dict) -> str:
-  head = (f"Device: {res.get('device')} x {res.get('devices')} (model axis), decoder {res.get('impl')}, "
-          f"linears {res.get('quant')}. BW "
-          f"{res.get('bw', 0) / 1e12:.2f} TB/s; weights {res.get('weight_bytes', 0) / 1e9:.1f} GB, "
-          f"{res.get('device_weight_bytes', 0) / 1e9:.1f} GB a device; weight-read ms/step a device "
-          f"{res.get('read_ms', 0):.2f} (with the mean live KV {res.get('read_kv_ms', 0):.2f}); random weights "
-          f"made in {res.get('init_s', 0):.0f} s.\n\n")
-  rows = []
-  for r in res.get("rows", []):
-    what = r["attention"] + (f", NF4 {r['nf4_kernel']}" if r.get("nf4_kernel") else "")
-    if "error" in r:
-      rows.append([what, "error", "-", "-", "-", "-", r["error"][:160]])
-      continue
-    ratio = r["ms_step"] / res["read_ms"]
-    rows.append([what, r["ms_step"], f"{ratio:.2f} ({'met' if ratio <= 3 else 'missed'})",
-                 " / ".join(f"{p:.1f}" for p in r["peak_gib"]), r["pool_gib_device"], r["compile_s"],
-                 f"{r['steps']} steps; {r['programs']} programs"])
-  return head + markdown_table(["attention, NF4 products (FINEFLAX_NF4_KERNEL)", "ms/step", "/ weight read a device (target <= 3)",
-                                "peak GiB per device", "pool GiB a device", "compile s", "note"], rows)
 
 
 # ----------------------------------------------------------------------------- main

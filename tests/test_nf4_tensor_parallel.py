@@ -74,7 +74,8 @@ SCRIPT = textwrap.dedent("""
       col = quantize_nf4(jax.random.normal(key, lead + (128, 256)), lead_dims=len(lead))
       row = quantize_nf4(jax.random.normal(key, lead + (256, 128)), lead_dims=len(lead))  # 512 blocks: 256 a device
       blocks = column_blocks(col, 2)
-      cases = (("column", ShardedNF4(blocks.replace(blocks=split(blocks.blocks, ("codes", "absmax"))), mesh, "column"), col),
+      blocks = blocks.replace(blocks=split(blocks.blocks, ("codes", "absmax")))
+      cases = (("column", ShardedNF4(blocks, mesh, "column"), col),
                ("row", ShardedNF4(split(row, ("codes", "absmax")), mesh, "row"), row))
       for kind, w, ref in cases:
         if lead:
@@ -86,7 +87,8 @@ SCRIPT = textwrap.dedent("""
           want = np.asarray(x @ ref.dequantize(jnp.float32))
           assert np.abs(np.asarray(y) - want).max() <= 1e-4 * np.abs(want).max(), (kind, lead, m)
           yb, _ = product(x.astype(jnp.bfloat16), w, jnp.bfloat16)
-          wantb = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32) @ ref.dequantize(jnp.bfloat16).astype(jnp.float32))
+          xb = x.astype(jnp.bfloat16).astype(jnp.float32)
+          wantb = np.asarray(xb @ ref.dequantize(jnp.bfloat16).astype(jnp.float32))
           assert np.abs(np.asarray(yb, np.float32) - wantb).max() <= 2 ** -7 * np.abs(wantb).max(), (kind, lead, m)
     # a row split inside a nested scale group (256 blocks in all, 128 a device): XLA's product, same values
     small = quantize_nf4(jax.random.normal(key, (128, 128)))
