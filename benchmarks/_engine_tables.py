@@ -99,4 +99,5 @@ def table_tp(res: dict) -> str:
                  " / ".join(f"{p:.1f}" for p in r["peak_gib"]), r["pool_gib_device"], r["compile_s"],
                  f"{r['steps']} steps; {r['programs']} programs"])
   return head + markdown_table(["attention, NF4 products (FINEFLAX_NF4_KERNEL)", "ms/step",
-                                "/ weight read a device (target <= 3)", "peak GiB per device", "pool GiB a device", "compile s", "note"], rows)
+                                "/ weight read a device (target <= 3)", "peak GiB per device", "pool GiB a device",
+                                "compile s", "note"], rows)
