@@ -121,6 +121,10 @@ SCRIPT = textwrap.dedent("""
     kernels = [k for k in jax.tree.leaves(e.params, is_leaf=lambda x: isinstance(x, ShardedNF4))
                if isinstance(k, ShardedNF4)]
     assert len(kernels) == 7 and all(k.local() is not None for k in kernels), kernels  # q k v o gate up down
+    from fineflax.engine import tensor_parallel as tp
+    again = tp.shard_decode_params(e.params, c, mesh)  # engine_factory's params go through it twice: unchanged
+    assert jax.tree.structure(again) == jax.tree.structure(e.params)
+    assert all(a is b or a.sharding == b.sharding for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(e.params)))
     (program,) = [k for k in e.programs]
     hlo = _PROGRAMS[program].as_text()
     gathered = re.findall(r"= (\\S+) all-gather(?:-start)?\\(", hlo)
