@@ -153,11 +153,16 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(served):
   assert http(url, "/rl/stats")[0] == 200
 
 
-def test_an_empty_stop_string_fails_only_its_own_request(served):
+def test_an_empty_stop_string_fails_only_its_own_request(served, monkeypatch):
   """A long streaming answer (ignore_eos) is in flight while requests with empty stop strings come: they
-  get 400, the stream ends normally (before: the engine failed every row in the batch)."""
+  get 400, the stream ends normally (before: the engine failed every row in the batch). The engine's steps
+  wait at their end until the 400s are in, so the long answer is still running then however slow the
+  machine (the 400s are refused before the engine)."""
   c = served["client"]
   chunks, errors = [], []
+  driver = served["server"].engine.driver
+  stepped, refused = driver.after_step, threading.Event()
+  monkeypatch.setattr(driver, "after_step", lambda engine: (refused.wait(60), stepped(engine)))
 
   def long_stream():
     try:
@@ -171,10 +176,13 @@ def test_an_empty_stop_string_fails_only_its_own_request(served):
   deadline = time.time() + 60
   while time.time() < deadline and served["server"].engine.active_rows() == 0:
     time.sleep(0.01)
-  for stop in ([""], "", ["ok", ""]):
-    with pytest.raises(openai.BadRequestError, match="stop string must not be empty"):
-      c.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, stop=stop)
-  assert served["server"].engine.active_rows() == 1  # the long answer was still running
+  try:
+    for stop in ([""], "", ["ok", ""]):
+      with pytest.raises(openai.BadRequestError, match="stop string must not be empty"):
+        c.chat.completions.create(model="tiny", messages=MSG, max_tokens=5, stop=stop)
+    assert served["server"].engine.active_rows() == 1  # the long answer was still running
+  finally:
+    refused.set()
   thread.join(120)
   assert not errors
   assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
