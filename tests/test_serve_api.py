@@ -160,9 +160,14 @@ def test_an_empty_stop_string_fails_only_its_own_request(served, monkeypatch):
   machine (the 400s are refused before the engine)."""
   c = served["client"]
   chunks, errors = [], []
-  driver = served["server"].engine.driver
-  stepped, refused = driver.after_step, threading.Event()
-  monkeypatch.setattr(driver, "after_step", lambda engine: (refused.wait(60), stepped(engine)))
+  server = served["server"]
+  stepped, refused = server.engine.driver.after_step, threading.Event()
+
+  def held(engine):  # a step that ran the long answer ends once the 400s are in
+    if server.engine.active_rows():
+      refused.wait(60)
+    stepped(engine)
+  monkeypatch.setattr(server.engine.driver, "after_step", held)
 
   def long_stream():
     try:
