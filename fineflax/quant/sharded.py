@@ -89,6 +89,8 @@ class ShardedNF4:
     w, n = self._nf4(), self.n
     k, out = self.shape
     if self.kind == "column":
+      if w.shape[0] != n:  # blocks made for another device count
+        return None
       shape, nested = (k, out // n), False
     else:
       blocks = w.num_blocks
