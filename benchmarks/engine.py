@@ -415,14 +415,14 @@ def main(argv=None) -> int:
                 sigma=args.sigma, attentions=attentions, baseline_runs=args.baseline_runs,
                 tp=args.tp or (2 if args.tiny else 4), quant=args.tp_quant,
                 copy_bytes=int((1 / 64 if args.tiny else args.copy_gib) * gpu.GIB))
-    run = lambda name, s: gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)],
-                                          env=env, timeout=args.timeout)
+    run = lambda name, s, **more_env: gpu.run_worker(
+        [*gpu.worker_argv(__spec__.name), "--worker", name, "--spec", json.dumps(s)], env=dict(env, **more_env),
+        timeout=args.timeout)
     t = time.perf_counter()
     if case == "tp" and args.tp_quant == "nf4":  # a worker per FINEFLAX_NF4_KERNEL (read while tracing)
       res = {}
       for mode in nf4_kernels:
-        one = gpu.run_worker([*gpu.worker_argv(__spec__.name), "--worker", case, "--spec", json.dumps(spec)],
-                             env=dict(env, FINEFLAX_NF4_KERNEL=mode), timeout=args.timeout)
+        one = run(case, spec, FINEFLAX_NF4_KERNEL=mode)
         res = {**one, **res, "rows": res.get("rows", []) + one.get("rows", [])}
         if "error" in one and not one.get("rows"):
           res["rows"].append({"attention": ",".join(attentions), "nf4_kernel": mode, "error": one["error"]})

@@ -73,8 +73,8 @@ def _idle_probes(area, port, path, extra_headers=b""):
   for name, sent in cases:
     took = _closed_after(port, sent, 4 * IDLE_S + 5)
     rows.append(row(area, name, f"closed after --idle-timeout {IDLE_S:g} s",
-                     "still open" if took is None else f"closed after {took:.1f} s",
-                     took is not None and took < 4 * IDLE_S + 2))
+                    "still open" if took is None else f"closed after {took:.1f} s",
+                    took is not None and took < 4 * IDLE_S + 2))
   return rows
 
 
@@ -156,9 +156,9 @@ def chat_probes() -> list[dict]:
     good = [s for s, b in answers if 400 <= s < 500 and isinstance(b, dict)
             and b.get("error", {}).get("type") == "invalid_request_error"]
     rows.append(row(CHAT, f"{len(malformed)} malformed chat requests (bad JSON, nesting 100k deep, fields, "
-                     "3 MB body)", "each a JSON 4xx, type invalid_request_error",
-                     f"{len(good)}/{len(malformed)}; statuses {sorted({s for s, _ in answers})}",
-                     len(good) == len(malformed)))
+                    "3 MB body)", "each a JSON 4xx, type invalid_request_error",
+                    f"{len(good)}/{len(malformed)}; statuses {sorted({s for s, _ in answers})}",
+                    len(good) == len(malformed)))
 
     chunks, errors = [], []
 
@@ -178,31 +178,31 @@ def chat_probes() -> list[dict]:
     stream.join(120)
     tokens = chunks[-1].usage.completion_tokens if chunks and chunks[-1].usage else None
     rows.append(row(CHAT, 'stop=[""] and stop="" while a 150-token ignore_eos stream runs',
-                     "400 each; the stream ends normally with 150 tokens",
-                     f"{bad}; stream: {tokens} tokens, errors {[type(e).__name__ for e in errors]}",
-                     bad == [400, 400] and tokens == 150 and not errors))
+                    "400 each; the stream ends normally with 150 tokens",
+                    f"{bad}; stream: {tokens} tokens, errors {[type(e).__name__ for e in errors]}",
+                    bad == [400, 400] and tokens == 150 and not errors))
 
     big = {"model": "tiny", "messages": [{"role": "user", "content": "hello world " * 85_000}]}
     statuses, latencies = _health_under_big_prompts(url, big)
     p50 = statistics.median(latencies) if latencies else float("nan")
     rows.append(row(CHAT, "2 clients x 2 prompts of ~1 MB, /health polled meanwhile",
-                     "400 (over max_prompt_chars, before tokenising); /health p50 < 0.1 s",
-                     f"{statuses}; /health p50 {1000 * p50:.1f} ms over {len(latencies)} checks",
-                     statuses == [400] * 4 and p50 < 0.1))
+                    "400 (over max_prompt_chars, before tokenising); /health p50 < 0.1 s",
+                    f"{statuses}; /health p50 {1000 * p50:.1f} ms over {len(latencies)} checks",
+                    statuses == [400] * 4 and p50 < 0.1))
 
     status, body = _request(url + "/feedback", {"id": warm.id, "reward": 1e200})
     rows.append(row(CHAT, "feedback with reward 1e200", "400 naming the range [-1, 1]",
-                     f"{status}: {(body or {}).get('error', {}).get('message', body)}",
-                     status == 400 and "[-1, 1]" in str(body)))
+                    f"{status}: {(body or {}).get('error', {}).get('message', body)}",
+                    status == 400 and "[-1, 1]" in str(body)))
     status, stats = _request(url + "/rl/stats")
     alpha = (stats or {}).get("variants", {}).get("alpha", {})
     rows.append(row(CHAT, "/rl/stats after a restart on a log with 1e200, +-inf, NULL, text rewards",
-                     "200; alpha's 1e200 clipped to 1 (mean 0.1), non-numbers skipped",
-                     f"{status}; alpha feedback {alpha.get('feedback')}, mean {alpha.get('mean_reward')}",
-                     status == 200 and alpha.get("feedback") == 10 and abs(alpha.get("mean_reward", 9) - 0.1) < 1e-9))
+                    "200; alpha's 1e200 clipped to 1 (mean 0.1), non-numbers skipped",
+                    f"{status}; alpha feedback {alpha.get('feedback')}, mean {alpha.get('mean_reward')}",
+                    status == 200 and alpha.get("feedback") == 10 and abs(alpha.get("mean_reward", 9) - 0.1) < 1e-9))
     routed = client.chat.completions.create(model="auto", messages=MSG, max_tokens=1).model
     rows.append(row(CHAT, "model=auto on that log (alpha: 1e200 + nine 0s; beta 0.9s; tiny 0.5s)",
-                     "beta (one huge reward does not dominate)", routed, routed == "beta"))
+                    "beta (one huge reward does not dominate)", routed, routed == "beta"))
 
     rows += _idle_probes(CHAT, port, b"/v1/chat/completions")
     silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
@@ -220,8 +220,8 @@ def chat_probes() -> list[dict]:
       for s in silent:
         s.close()
     rows.append(row(CHAT, "300 silent connections, then a new client",
-                     f"the client is served at once; the server closes all 300 within {IDLE_S + 1.5:g} s",
-                     f"{status} in {1000 * took:.0f} ms; {closed} closed", status == 200 and took < 2 and closed == 300))
+                    f"the client is served at once; the server closes all 300 within {IDLE_S + 1.5:g} s",
+                    f"{status} in {1000 * took:.0f} ms; {closed} closed", status == 200 and took < 2 and closed == 300))
 
     stream = client.chat.completions.create(model="beta", messages=MSG, max_tokens=150, temperature=0,
                                             stream=True, extra_body={"ignore_eos": True})
@@ -233,7 +233,7 @@ def chat_probes() -> list[dict]:
       time.sleep(0.05)
       rows_now = _request(url + "/health")[1]["active_rows"]
     rows.append(row(CHAT, "a streaming client disconnects after its first chunk", "its slot is freed",
-                     f"active rows {busy} -> {rows_now}", busy == 1 and rows_now == 0))
+                    f"active rows {busy} -> {rows_now}", busy == 1 and rows_now == 0))
   return rows
 
 
@@ -256,8 +256,8 @@ def retrieval_probes() -> list[dict]:
     answers += [_request(url, method="GET"), _request(url.replace("/retrieve", "/nope"), raw=b"{}")]
     good = [s for s, b in answers if 400 <= s < 500 and isinstance(b, dict) and b.get("error")]
     rows.append(row(RETRIEVAL, f"{len(answers)} malformed requests (bad JSON, nesting 100k deep, fields, "
-                     "method, path)", "each a JSON 4xx", f"{len(good)}/{len(answers)}; statuses "
-                     f"{sorted({s for s, _ in answers})}", len(good) == len(answers)))
+                    "method, path)", "each a JSON 4xx", f"{len(good)}/{len(answers)}; statuses "
+                    f"{sorted({s for s, _ in answers})}", len(good) == len(answers)))
     uvicorn_log = logging.getLogger("uvicorn.error")
     level, _ = uvicorn_log.level, uvicorn_log.setLevel(logging.ERROR)  # its warning is this probe's point
     try:
@@ -276,12 +276,12 @@ def retrieval_probes() -> list[dict]:
     except Exception as e:  # noqa: BLE001 - shown in the row
       seen, ok = f"{type(e).__name__}: {e}", False
     rows.append(row(RETRIEVAL, "retrieve_http with a 20 MB body (limit 8 MB; urllib sends Connection: close)",
-                     "RetrievalHTTPError with status 413 (not a reset)", seen, ok))
+                    "RetrievalHTTPError with status 413 (not a reset)", seen, ok))
 
     status, body = _request(url, {"queries": ["protein"] * 501})
     rows.append(row(RETRIEVAL, "501 queries in one request (--max-queries 500)", "413 naming the count and cap",
-                     f"{status}: {(body or {}).get('error')}", status == 413 and "501" in str(body)
-                     and "500" in str(body)))
+                    f"{status}: {(body or {}).get('error')}", status == 413 and "501" in str(body)
+                    and "500" in str(body)))
 
     durations = []
 
@@ -299,9 +299,9 @@ def retrieval_probes() -> list[dict]:
     for t in threads:
       t.join(120)
     rows.append(row(RETRIEVAL, "1 query behind 2 requests of 500 queries (5 ms each, 1 worker)",
-                     "waits for at most a batch of each (16 x 5 ms), not 2.5-5 s",
-                     f"{1000 * small:.0f} ms; the big ones took {', '.join(f'{d:.1f}' for d in durations)} s",
-                     len(durations) == 2 and small < 0.25 * min(durations)))
+                    "waits for at most a batch of each (16 x 5 ms), not 2.5-5 s",
+                    f"{1000 * small:.0f} ms; the big ones took {', '.join(f'{d:.1f}' for d in durations)} s",
+                    len(durations) == 2 and small < 0.25 * min(durations)))
     rows += _idle_probes(RETRIEVAL, port, b"/retrieve")
   return rows
 
