@@ -4,7 +4,8 @@ One worker process per (model, weights): random weights of the 1B / 8B shape (be
 greedy decode of `new_tokens` after a 32-token prompt, for each batch: step ms = decode(new) wall time / new,
 median of 3 runs after a compiling one. Weights: "bf16" (dense linears), "nf4-xla"
 (FINEFLAX_NF4_KERNEL=xla), "nf4-auto" (=auto, FINEFLAX_NF4_TABLE = the table the products part wrote),
-"nf4-pallas" (=pallas: the kernel's default config everywhere; only with --variants naming it).
+"nf4-pallas" (=pallas: the kernel's default config everywhere; only with --variants naming it); each with the
+bnb layout (FINEFLAX_NF4_LAYOUT=bnb), except "nf4-kmajor" (=auto with the K-major copy, `NF4KMajor`).
 Same tokens: the fraction of greedy tokens equal to nf4-xla's (same weights, same prompts).
 """
 from __future__ import annotations
@@ -18,8 +19,8 @@ from benchmarks import gpu
 from benchmarks._results import markdown_table
 
 MODELS = {"1B": "Llama-3.2-1B", "8B": "Llama-3.1-8B"}
-WEIGHTS = {"bf16": ("none", "xla"), "nf4-xla": ("nf4", "xla"), "nf4-auto": ("nf4", "auto"),
-           "nf4-pallas": ("nf4", "pallas")}
+WEIGHTS = {"bf16": ("none", "xla", "bnb"), "nf4-xla": ("nf4", "xla", "bnb"), "nf4-auto": ("nf4", "auto", "bnb"),
+           "nf4-pallas": ("nf4", "pallas", "bnb"), "nf4-kmajor": ("nf4", "auto", "kmajor")}
 
 
 def decode_weights(text: str) -> list[str]:
@@ -77,10 +78,10 @@ def run_decode(args, env: dict, table: str, out) -> str:
   results, rows = {}, []
   for model in args.models.split(","):
     for weights in wanted:
-      quant, mode = WEIGHTS[weights]
+      quant, mode, layout = WEIGHTS[weights]
       spec = {"part": "decode", "smoke": args.smoke, "model": model, "quant": quant, "weights": weights,
               "batches": batches, "new_tokens": 8 if args.smoke else 64}
-      wenv = dict(env, FINEFLAX_NF4_KERNEL=mode, **({"FINEFLAX_NF4_TABLE": table} if table else {}))
+      wenv = dict(env, FINEFLAX_NF4_KERNEL=mode, FINEFLAX_NF4_LAYOUT=layout, **({"FINEFLAX_NF4_TABLE": table} if table else {}))
       results[(model, weights)] = gpu.run_worker([*gpu.worker_argv("benchmarks.nf4_gemv"), "--worker",
                                                   json.dumps(spec)], env=wenv, timeout=900)
       (out / "nf4_decode.json").write_text(json.dumps({f"{m} {w}": r for (m, w), r in results.items()}))

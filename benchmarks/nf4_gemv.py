@@ -52,6 +52,11 @@ def nf4_bytes(k: int, n: int) -> int:
   return k * n // 2 + blocks + 4 * -(-blocks // 256) + 4
 
 
+def kmajor_bytes(k: int, n: int) -> int:
+  """Bytes the K-major kernel reads of one W: codes (K N / 2) + f32 scales (4 K N / 64)."""
+  return k * n // 2 + 4 * (k * n // 64)
+
+
 def _split_for(programs: int, k: int, bk: int) -> int:
   """Least power-of-2 split-K that gives >= 2 programs an SM, K divisible, at most 16."""
   s = 1
@@ -111,6 +116,8 @@ def products_worker(spec: dict) -> dict:
 
   from fineflax.quant import nf4_kernel_table
   from fineflax.quant.nf4_gemv import nf4_matmul
+  from fineflax.quant.nf4_kmajor import from_nf4
+  from fineflax.quant.nf4_kmajor_gemv import default_config as kmajor_default, kmajor_matmul
 
   out = pathlib.Path(spec["out"])
   out.mkdir(parents=True, exist_ok=True)
@@ -142,6 +149,9 @@ def products_worker(spec: dict) -> dict:
       continue
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.float32).astype(jnp.bfloat16)
     variants = {"xla": None, **({"bf16 W": None} if keep("bf16 W") else {})}
+    kcfg = kmajor_default(m, k, n)
+    if kcfg is not None and keep(kcfg.name()):
+      variants[kcfg.name()] = kcfg  # the K-major layout's kernel (its default configuration)
     variants.update({cfg.name(): cfg for cfg in candidates(m, k, n, smoke) if keep(cfg.name())})
     ref, best, rows = None, None, {}
     for name, cfg in variants.items():
@@ -154,6 +164,11 @@ def products_worker(spec: dict) -> dict:
           fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w for w in ws]), dense, 2 * k * n
         elif name == "xla":
           fn, ws, nbytes = jax.jit(lambda x, ws: [x @ w.dequantize(jnp.bfloat16) for w in ws]), nf4, nf4_bytes(k, n)
+        elif name.startswith("kmajor"):
+          if len(weights[shape]) == 3:
+            weights[shape].append([from_nf4(w) for w in nf4])
+          fn = jax.jit(lambda x, ws, cfg=cfg: [kmajor_matmul(x, w, jnp.bfloat16, cfg, interpret=interpret) for w in ws])
+          ws, nbytes = weights[shape][3], kmajor_bytes(k, n)
         else:
           fn = jax.jit(lambda x, ws, cfg=cfg: [nf4_matmul(x, w, jnp.bfloat16, cfg, interpret=interpret) for w in ws])
           ws, nbytes = nf4, nf4_bytes(k, n)
@@ -166,7 +181,7 @@ def products_worker(spec: dict) -> dict:
           row["max_rel_err"] = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
         sec = _time(fn, (x, ws), spec["calls"]) / reps
         row.update(us=1e6 * sec, gb_s=nbytes / sec / 1e9, copy_frac=(nbytes / sec / copy_bw) if copy_bw else None)
-        if cfg is not None and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
+        if cfg is not None and not name.startswith("kmajor") and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
           best = (row, cfg)
       except Exception as e:  # one failing variant keeps the others
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -194,24 +209,27 @@ def report(result: dict) -> str:
                  "-" if r.get("copy_frac") is None else f"{r['copy_frac']:.2f}", f"{r.get('compile_s', 0):.1f}",
                  "-" if r.get("max_rel_err") is None else f"{r['max_rel_err']:.1e}"])
     s = summary.setdefault((r["shape"], r["m"]), {})
-    kind = r["variant"] if r["variant"] in ("xla", "bf16 W") else "kernel"
+    kind = r["variant"] if r["variant"] in ("xla", "bf16 W") else "kmajor" if r["variant"].startswith("kmajor") \
+        else "kernel"
     if kind != "kernel" or r.get("max_rel_err", 1.0) < 2 ** -6:
       if kind not in s or r["us"] < s[kind]["us"]:
         s[kind] = r
   best = []
   for (shape, m), s in summary.items():
-    kern, xla, bf16 = s.get("kernel"), s.get("xla"), s.get("bf16 W")
+    kern, xla, bf16, kmaj = s.get("kernel"), s.get("xla"), s.get("bf16 W"), s.get("kmajor")
     ratio = lambda a, b: "-" if a is None or b is None else f"{a['us'] / b['us']:.2f}"
+    frac = lambda r: "-" if r is None or r.get("copy_frac") is None else f"{r['copy_frac']:.2f}"
     best.append([shape, m, "-" if kern is None else kern["variant"], "-" if kern is None else f"{kern['us']:.1f}",
-                 "-" if kern is None or kern.get("copy_frac") is None else f"{kern['copy_frac']:.2f}",
-                 ratio(xla, kern), ratio(bf16, kern)])
+                 frac(kern), ratio(xla, kern), ratio(bf16, kern), "-" if kmaj is None else f"{kmaj['us']:.1f}",
+                 frac(kmaj), ratio(xla, kmaj), ratio(bf16, kmaj)])
   head = (f"Device: {result.get('device')}, jax {result.get('jax')}, copy bandwidth "
           f"{result.get('copy_gb_s', 0):.0f} GB/s (same process).")
   return "\n".join([
       "## NF4 products: fused kernel variants vs XLA vs bf16 W (benchmarks/nf4_gemv.py)", "", head, "",
-      "Best kernel per product (copy = its NF4 GB/s over the copy bandwidth; > 1 ratios: the kernel is faster):", "",
-      markdown_table(["product", "M", "best kernel", "us", "copy", "xla us / kernel us", "bf16-W us / kernel us"],
-                     best), "", "Every variant:", "",
+      "Best bnb-layout kernel and the K-major kernel per product (copy = its GB/s over the copy bandwidth; "
+      "> 1 ratios: the kernel is faster):", "",
+      markdown_table(["product", "M", "best bnb-layout kernel", "us", "copy", "xla / it", "bf16 W / it",
+                      "K-major us", "copy", "xla / K-major", "bf16 W / K-major"], best), "", "Every variant:", "",
       markdown_table(["product", "M", "variant", "us", "GB/s", "copy", "compile s", "max rel err vs xla"], rows)])
 
 
@@ -225,8 +243,8 @@ def main():
   ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values of the products")
   ap.add_argument("--models", default="1B,8B", help="decode shapes: 1B, 8B")
   ap.add_argument("--batches", default="1,16,64", help="decode batch sizes")
-  ap.add_argument("--weights", default="bf16,nf4-xla,nf4-auto", help="decode: which linears (of bf16, nf4-xla, "
-                  "nf4-auto), in this order")
+  ap.add_argument("--weights", default="bf16,nf4-xla,nf4-auto,nf4-kmajor", help="decode: which linears (of "
+                  "bf16, nf4-xla, nf4-auto, nf4-kmajor), in this order")
   ap.add_argument("--budget-s", type=float, default=300.0, help="products: stop starting new (shape, M) after this")
   ap.add_argument("--table", default="", help="decode: the table FINEFLAX_NF4_KERNEL=auto reads (default: the "
                   "one this run wrote under --out, else the committed one)")

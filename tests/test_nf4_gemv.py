@@ -214,6 +214,7 @@ def test_greedy_nf4_decode_through_the_kernel_equals_the_dequantised_forward(mon
   kernel = nf4_gemv.nf4_matmul
   monkeypatch.setattr(nf4_gemv, "nf4_matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
   monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
+  monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "bnb")  # the bnb-layout kernel (tests/test_nf4_kmajor.py: K-major)
 
   def greedy(dense_base):
     s = SamplerSession(params, config, max_total_len=16, temperature=0.0, eos_ids=(), dtype=jnp.float32,

@@ -37,7 +37,9 @@ from fineflax.models.attention import grouped_attention
 from fineflax.models.decoder import ACTIVATIONS, cache_masks, lora_down, lora_up, materialize, matmul, rms_norm
 from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
+from fineflax.quant.matmul import decode_layout
 from fineflax.quant.nf4 import NF4Tensor
+from fineflax.quant.nf4_kmajor import NF4KMajor, from_nf4, kmajor_reason
 from fineflax.quant.nf4_layer import NF4Layer
 from fineflax.quant.sharded import ShardedNF4
 
@@ -57,7 +59,7 @@ def _layer(p: dict, i: int) -> dict:
   tensor-parallel `ShardedNF4` at layer i), read in place by the fused kernel and sliced inside XLA's
   dequantisation otherwise; other leaves sliced."""
   def one(v):
-    if isinstance(v, NF4Tensor) and len(v.lead_shape) == 1:
+    if isinstance(v, (NF4Tensor, NF4KMajor)) and len(v.lead_shape) == 1:
       return NF4Layer(v, i)
     if isinstance(v, ShardedNF4) and v.layer is None and len(v.w.lead_shape) == 1:
       return v.at_layer(i)  # each device's shard read in place at layer i
@@ -65,8 +67,15 @@ def _layer(p: dict, i: int) -> dict:
   return {k: one(v) for k, v in p.items()}
 
 
+def _kmajor(v):
+  """A stacked NF4 kernel as its K-major copy (`NF4KMajor`) where that layout applies; else v."""
+  if isinstance(v, NF4Tensor) and len(v.lead_shape) == 1 and kmajor_reason(v) is None:
+    return from_nf4(v)
+  return v
+
+
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,
-                     dequantize: bool = False, fuse: bool = True) -> dict:
+                     dequantize: bool = False, fuse: bool = True, kmajor: bool | None = None) -> dict:
   """The decode weights (see the module docstring) from a stacked `decoder` parameter pytree.
 
   Dense kernels are cast to `dtype`, concatenated per group along the output axis and (transpose=True)
@@ -77,8 +86,11 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   the rest: a dense copy of the whole base, decoded at a dense kernel's speed. embed / final_norm /
   lm_head are cast (no copy when already `dtype`). fuse=False keeps each dense linear apart, per layer
   {name: {"kernel": [in, out], "bias"?}} (tensor parallelism splits q, k, v over their own heads:
-  `fineflax.engine.tensor_parallel`).
+  `fineflax.engine.tensor_parallel`). kmajor (default: `quant.matmul.decode_layout()` is "kmajor", and
+  fuse) keeps each stacked NF4 kernel as its K-major copy (`NF4KMajor`: +4.5 bits a weight while the
+  weights live) for the faster decode kernel.
   """
+  kmajor = (fuse and decode_layout() == "kmajor") if kmajor is None else kmajor
   layers = params["layers"]
   quantized = {} if dequantize else {
       n: layers[n] for _, names in GROUPS for n in names
@@ -87,7 +99,8 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
          "layers": _prepare_layers(dense, config, dtype, transpose, fuse)}
   if quantized:
-    out["quantized"] = {n: {k: v if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
+    keep = _kmajor if kmajor else (lambda v: v)
+    out["quantized"] = {n: {k: keep(v) if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
                         for n, p in quantized.items()}
   if "lm_head" in params:
     k = params["lm_head"]["kernel"]

@@ -20,7 +20,9 @@ FINEFLAX_NF4_KERNEL:
                   up by the shard's shape); GSPMD would gather other split kernels in front of the call
   pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
   xla             never the kernel
-The backward pass always dequantises (dx = dy @ W^T). The choice is made while a product is traced: JAX
+An `NF4KMajor` W (the K-major copy the unrolled decoder makes, `decode_layout`) runs its own kernel
+(`fineflax.quant.nf4_kmajor_gemv`) for 1 to 64 rows under the same modes (auto: one GPU device), else
+XLA's dequantise + dot. The backward pass always dequantises (dx = dy @ W^T). The choice is made while a product is traced: JAX
 keeps a traced function by its argument shapes, so a program traced before FINEFLAX_NF4_KERNEL changed keeps
 its choice; compare choices in separate processes (the benchmarks do).
 """
@@ -52,6 +54,37 @@ def kernel_mode() -> str:
   return mode
 
 
+LAYOUTS = ("auto", "kmajor", "bnb")
+
+
+def decode_layout() -> str:
+  """FINEFLAX_NF4_LAYOUT (default auto): the layout the unrolled decoder keeps its NF4 kernels in.
+  "kmajor": a K-major copy (`NF4KMajor`, 4.5 bits a weight, made at sampler setup) for its faster kernel;
+  "bnb": the NF4Tensors as they are (no copy); "auto": kmajor where that kernel runs (FINEFLAX_NF4_KERNEL
+  pallas, or auto on a one-device GPU backend), else bnb. ValueError naming a value outside LAYOUTS."""
+  layout = os.environ.get("FINEFLAX_NF4_LAYOUT", "auto")
+  if layout not in LAYOUTS:
+    raise ValueError(f"FINEFLAX_NF4_LAYOUT={layout!r}; expected one of {LAYOUTS}")
+  if layout != "auto":
+    return layout
+  mode = kernel_mode()
+  gpu = jax.default_backend() == "gpu" and jax.device_count() == 1
+  return "kmajor" if mode == "pallas" or (mode == "auto" and gpu) else "bnb"
+
+
+def _kmajor_config(rows: int, w, x_dtype, dtype):
+  """The `nf4_kmajor_gemv.KMajorConfig` for x [rows, K] @ an NF4KMajor w (or its layer view), or None (XLA)."""
+  from fineflax.quant import nf4_kmajor_gemv as km
+  mode = kernel_mode()
+  floats = (jnp.bfloat16, jnp.float32)
+  if mode == "xla" or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats:
+    return None
+  if mode == "auto" and (jax.default_backend() != "gpu" or jax.device_count() != 1):
+    return None
+  cfg = km.default_config(rows, *w.shape)
+  return cfg if cfg is not None and km.unsupported_reason((rows, w.shape[0]), w, cfg) is None else None
+
+
 def kernel_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
   """The `nf4_gemv.KernelConfig` the forward product x [rows, K] @ w uses, or None for XLA (docstring).
   sharded: w is one device's shard of a `ShardedNF4` (run under shard_map)."""
@@ -75,15 +108,22 @@ def kernel_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
 
 def _product(x, w, dtype):
   """x @ w.dequantize(dtype), through the fused NF4 kernel where `kernel_config` picks it."""
-  from fineflax.quant import nf4_gemv
+  from fineflax.quant import nf4_gemv, nf4_kmajor_gemv
+  from fineflax.quant.nf4_kmajor import NF4KMajor
   from fineflax.quant.sharded import ShardedNF4
   rows = math.prod(x.shape[:-1])
+  interpret = jax.default_backend() != "gpu"
+  if isinstance(w, NF4KMajor) or isinstance(getattr(w, "stacked", None), NF4KMajor):
+    cfg = _kmajor_config(rows, w, x.dtype, dtype) if rows else None
+    if cfg is None:
+      return x @ w.dequantize(dtype)
+    y = nf4_kmajor_gemv.kmajor_matmul(x.reshape(rows, x.shape[-1]), w, dtype, cfg, interpret=interpret)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
   sharded = isinstance(w, ShardedNF4)
   local = w.local() if sharded else w
   cfg = kernel_config(rows, local, x.dtype, dtype, sharded) if rows and local is not None else None
   if cfg is None:
     return x @ w.dequantize(dtype)
-  interpret = jax.default_backend() != "gpu"
   run = lambda x2, w2: nf4_gemv.nf4_matmul(x2, w2, dtype, cfg, interpret=interpret)
   x2 = x.reshape(rows, x.shape[-1])
   y = w.product(x2, run) if sharded else run(x2, w)

@@ -14,19 +14,22 @@ import jax
 from flax import struct
 
 from fineflax.quant.nf4 import NF4Tensor
+from fineflax.quant.nf4_kmajor import NF4KMajor
 
 
 @struct.dataclass
 class NF4Layer:
-  """Layer `layer` of `stacked`, an NF4Tensor with one leading (layer) axis."""
+  """Layer `layer` of `stacked`, an NF4Tensor (or its K-major layout, `NF4KMajor`) with one leading (layer) axis."""
   stacked: NF4Tensor
   layer: int = struct.field(pytree_node=False)
 
   def __post_init__(self):
+    if isinstance(self.stacked, (NF4Tensor, NF4KMajor)) and not hasattr(self.stacked.codes, "shape"):
+      return  # rebuilt by a tree transform around placeholder leaves (custom_vjp's cotangent structure)
     lead = getattr(self.stacked, "lead_shape", None)
-    if not isinstance(self.stacked, NF4Tensor) or lead is None or len(lead) != 1:
-      raise ValueError(f"NF4Layer: an NF4Tensor with one leading axis needed, got {type(self.stacked).__name__} "
-                       f"with leading axes {lead}")
+    if not isinstance(self.stacked, (NF4Tensor, NF4KMajor)) or lead is None or len(lead) != 1:
+      raise ValueError(f"NF4Layer: an NF4Tensor or NF4KMajor with one leading axis needed, got "
+                       f"{type(self.stacked).__name__} with leading axes {lead}")
     if not 0 <= self.layer < lead[0]:
       raise ValueError(f"NF4Layer: layer={self.layer} outside [0, {lead[0]})")
 
@@ -40,7 +43,7 @@ class NF4Layer:
 
   @property
   def double_quant(self) -> bool:
-    return self.stacked.double_quant
+    return getattr(self.stacked, "double_quant", False)
 
   def sliced(self) -> NF4Tensor:
     return jax.tree.map(lambda a: a[self.layer], self.stacked)

@@ -1,0 +1,74 @@
+"""An NF4 kernel W [K, N] re-laid out for decoding: each output's codes contiguous along K.
+
+bitsandbytes' layout (`NF4Tensor`) flattens W row-major, so a product's reduction axis K is strided through
+the codes. Here, for an `NF4Tensor` with blocksize 64 and N % 64 == 0 (every block = 64 outputs of one row k):
+
+  codes  uint8 [..., N, K/2]       byte (n, j) = (q[2j, n] << 4) | q[2j + 1, n]
+  scale_even / scale_odd  f32 [..., N/64, K/2]   a[2j, g], a[2j + 1, g]: the block scales of rows 2j / 2j + 1
+                                                 and output group g (double quantisation decoded once)
+  W[k, n] = dtype(NF4[q[k, n]] * a[k, n // 64])   (the same f32 product as `NF4Tensor.dequantize`)
+
+A permutation of the codes and of the decoded scales: `from_nf4(w).dequantize(d) == w.dequantize(d)` bit for
+bit. 4 + 32/64 = 4.5 bits a weight (f32 scales). The fused kernel `nf4_kmajor_gemv` reduces each output's K
+range inside one thread's registers; `dequantize` is XLA's path (its transpose fuses into the consumer dot).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fineflax.quant.nf4 import NF4_CODE, NF4Tensor
+
+
+@struct.dataclass
+class NF4KMajor:
+  """NF4 W [K, N] (`shape`), its leaves with any leading (stacked-layer) axes; see the module docstring."""
+  codes: jax.Array
+  scale_even: jax.Array
+  scale_odd: jax.Array
+  shape: tuple[int, int] = struct.field(pytree_node=False)
+  dtype: Any = struct.field(pytree_node=False)
+
+  @property
+  def lead_shape(self) -> tuple[int, ...]:
+    return tuple(self.codes.shape[:-2])
+
+  def dequantize(self, dtype=None) -> jnp.ndarray:
+    """Dense [..., K, N] of `dtype` (default: the dtype it was quantised from)."""
+    dtype = self.dtype if dtype is None else dtype
+    k, n = self.shape
+    table = jnp.asarray(NF4_CODE)
+    hi, lo = table[(self.codes >> 4).astype(jnp.int32)], table[(self.codes & 15).astype(jnp.int32)]
+    rep = lambda s: jnp.repeat(s, 64, axis=-2)  # [..., N, K/2]
+    w = jnp.stack([hi * rep(self.scale_even), lo * rep(self.scale_odd)], axis=-1).reshape(*self.lead_shape, n, k)
+    return jnp.swapaxes(w.astype(dtype), -1, -2)
+
+
+def kmajor_reason(w) -> str | None:
+  """None when `from_nf4(w)` applies, else a one-line reason naming the value at fault."""
+  if not isinstance(w, NF4Tensor) or len(w.shape) != 2:
+    return f"{type(w).__name__} of shape {getattr(w, 'shape', None)}: an NF4 kernel [K, N] needed"
+  k, n = w.shape
+  if w.blocksize != 64 or n % 64 or k % 2:
+    return f"NF4 [K={k}, N={n}] blocksize {w.blocksize}: K even, N % 64 == 0 and blocksize 64 needed"
+  return None
+
+
+@jax.jit
+def from_nf4(w: NF4Tensor) -> NF4KMajor:
+  """`w` (stacked leading axes allowed; converted one tensor at a time) in the K-major layout, exactly
+  (module docstring). ValueError unless `kmajor_reason(w)` is None."""
+  reason = kmajor_reason(w)
+  if reason:
+    raise ValueError(f"from_nf4: {reason}")
+  if w.lead_shape:
+    return jax.lax.map(from_nf4, w)
+  lead, (k, n) = w.lead_shape, w.shape
+  q = jnp.stack([w.codes >> 4, w.codes & 15], axis=-1).reshape(*lead, k // 2, 2, n)  # q[2j + e, n]
+  codes = (q[..., 0, :] << 4) | q[..., 1, :]                                          # [..., K/2, N]
+  scales = jnp.swapaxes(w.absmax_f32().reshape(*lead, k // 2, 2, n // 64), -1, -3)    # [..., N/64, 2, K/2]
+  return NF4KMajor(codes=jnp.swapaxes(codes, -1, -2), scale_even=scales[..., 0, :], scale_odd=scales[..., 1, :],
+                   shape=(k, n), dtype=w.dtype)

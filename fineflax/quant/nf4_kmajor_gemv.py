@@ -1,0 +1,178 @@
+"""y = x @ W for a K-major NF4 kernel W [K, N] (`NF4KMajor`): one Pallas (Triton) kernel for M = 1 to 64 rows.
+
+Grid (N / bn, S): program (j, s) owns outputs [j bn, (j + 1) bn) and the K range s of S = K / (2 bkb iters)
+equal splits; it loops `iters` times over [64, bkb] code tiles of each of its bn / 64 output groups (each
+output's bytes contiguous, so the sum over k stays in a thread's registers) and writes an f32 partial;
+XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's scales se, so [1, bkb]:
+
+  "fma" (M <= FMA_MAX_ROWS):  y[m, n] += sum_j NF4[hi] (se xe[m]) + NF4[lo] (so xo[m])      (f32; W's own
+                               rounding to `dtype` is skipped: within dtype's rounding of W)
+  "dot" (M <= 64, rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
+                               (W exactly `dequantize(dtype)`'s values; f32 accumulation)
+
+Decode: "gather" reads NF4[q] from a 16-entry f32 table (L1-resident), "select" is a 15-select tree.
+
+Measured on one H200 (RESULTS.md, section nf4_kmajor; products timed inside one jit over weight copies):
+M = 1 on the 8B MLP products 45-46 us against the bnb-layout kernel's 64-83 us and XLA's 129-137 us; the
+default configuration below is that sweep's winner per path (gather, bn 64; fma bkb 64 x 4 iterations,
+dot bkb 128 x 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fineflax.quant.nf4 import NF4_CODE
+from fineflax.quant.nf4_kmajor import NF4KMajor
+from fineflax.quant.nf4_layer import NF4Layer
+
+FMA_MAX_ROWS = 4   # H200: at M = 4 the FMA path took 0.83-0.95x bf16's time, the dot path is the better above
+DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.8-0.85x XLA's time
+
+
+@dataclasses.dataclass(frozen=True)
+class KMajorConfig:
+  """path "fma" | "dot"; decode "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
+  along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
+  path: str = "fma"
+  decode: str = "gather"
+  bn: int = 64
+  bkb: int = 64
+  iters: int = 4
+  num_warps: int = 4
+
+  def name(self) -> str:
+    return f"kmajor {self.decode}/{self.path} bn{self.bn} bkb{self.bkb} x{self.iters} w{self.num_warps}"
+
+
+def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
+  """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; None (XLA) for m > 64 or
+  when no tile of >= 16 bytes divides K / 2."""
+  if m < 1 or m > DOT_MAX_ROWS:
+    return None
+  cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=1)
+  while (k // 2) % (cfg.bkb * cfg.iters):
+    cfg = dataclasses.replace(cfg, iters=cfg.iters // 2) if cfg.iters > 1 else dataclasses.replace(cfg, bkb=cfg.bkb // 2)
+    if cfg.bkb < 16:
+      return None
+  return cfg
+
+
+def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
+  """None when `kmajor_matmul(x, w, cfg=cfg)` applies, else a one-line reason naming the value at fault."""
+  if isinstance(w, NF4Layer):
+    w = jax.eval_shape(w.sliced)
+  if not isinstance(w, NF4KMajor) or w.lead_shape:
+    return f"W is a {type(w).__name__} with leading axes {getattr(w, 'lead_shape', None)}: one NF4KMajor [K, N] needed"
+  k, n = w.shape
+  if len(x_shape) != 2 or x_shape[1] != k or x_shape[0] < 1:
+    return f"x of shape {tuple(x_shape)} for W [K={k}, N={n}]: [M >= 1, {k}] needed"
+  if cfg.path not in ("fma", "dot") or cfg.decode not in ("gather", "select"):
+    return f"{cfg}: path fma | dot, decode gather | select"
+  if n % cfg.bn or cfg.bn % 64:
+    return f"N={n} is not a multiple of bn={cfg.bn} (a multiple of 64)"
+  if cfg.bkb < 16 or cfg.bkb & (cfg.bkb - 1) or (k // 2) % (cfg.bkb * cfg.iters):
+    return f"K/2={k // 2} is not a multiple of bkb * iters = {cfg.bkb} * {cfg.iters} (bkb a power of 2 >= 16)"
+  if cfg.path == "fma" and x_shape[0] > 8:
+    return f"M={x_shape[0]} rows on the fma path (at most 8)"
+  return None
+
+
+def _select(q):
+  level = [jnp.float32(float(v)) for v in np.asarray(NF4_CODE, np.float32)]
+  for bit in (1, 2, 4, 8):
+    level = [jnp.where((q & bit) != 0, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+  return level[0]
+
+
+def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cfg: KMajorConfig, rows: int,
+            operand_dtype, interpret: bool):
+  from jax.experimental import pallas as pl
+
+  groups, bkb = cfg.bn // 64, cfg.bkb
+  precision = jax.lax.Precision.HIGHEST if operand_dtype == jnp.float32 else None
+  nf4 = (lambda q: table_ref[q]) if cfg.decode == "gather" else _select
+
+  def at(i):
+    return i * bkb if isinstance(i, int) else pl.multiple_of(i * bkb, bkb)
+
+  def step(i, accs):
+    j0 = at(i)
+    out = list(accs)
+    if cfg.path == "dot":
+      xe, xo = xe_ref[:, pl.ds(j0, bkb)], xo_ref[:, pl.ds(j0, bkb)]
+    else:
+      xe = [xe_ref[pl.ds(m, 1), pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
+      xo = [xo_ref[pl.ds(m, 1), pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
+    for g in range(groups):
+      c = codes_ref[pl.ds(g * 64, 64), pl.ds(j0, bkb)].astype(jnp.int32)  # [64, bkb]
+      hi, lo = nf4(c >> 4), nf4(c & 15)
+      se, so = se_ref[pl.ds(g, 1), pl.ds(j0, bkb)], so_ref[pl.ds(g, 1), pl.ds(j0, bkb)]  # [1, bkb]
+      if cfg.path == "dot":
+        we, wo = (hi * se).astype(operand_dtype), (lo * so).astype(operand_dtype)
+        if interpret and operand_dtype == jnp.bfloat16:  # XLA:CPU may keep the f32 values of a bf16 cast
+          we, wo = (jax.lax.reduce_precision(v.astype(jnp.float32), 8, 7).astype(jnp.bfloat16) for v in (we, wo))
+        dot = lambda a, b: jnp.dot(a.astype(operand_dtype), b.T, preferred_element_type=jnp.float32,
+                                   precision=precision)
+        out[g] = out[g] + dot(xe, we) + dot(xo, wo)
+        continue
+      for m in range(rows):
+        p = hi * (se * xe[m]) + lo * (so * xo[m])
+        out[g * rows + m] = out[g * rows + m] + p.sum(-1, keepdims=True)
+    return tuple(out)
+
+  if cfg.path == "dot":
+    zeros = tuple(jnp.zeros((rows, 64), jnp.float32) for _ in range(groups))
+  else:
+    zeros = tuple(jnp.zeros((64, 1), jnp.float32) for _ in range(groups * rows))
+  accs = step(0, zeros) if cfg.iters == 1 else jax.lax.fori_loop(0, cfg.iters, step, zeros)
+  for g in range(groups):
+    if cfg.path == "dot":
+      out_ref[:, pl.ds(g * 64, 64)] = accs[g]
+      continue
+    for m in range(rows):
+      out_ref[pl.ds(m, 1), pl.ds(g * 64, 64)] = accs[g * rows + m].reshape(1, 64)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
+def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorConfig | None = None,
+                  interpret: bool = False) -> jnp.ndarray:
+  """x [M, K] (bf16 or f32) @ w.dequantize(dtype) -> [M, N] of result_type(x, dtype) (module docstring).
+
+  w: an NF4KMajor [K, N], or an `NF4Layer` view of a stacked one (layer i read in place). cfg: default
+  `default_config(M, K, N)`; a product outside `unsupported_reason` raises ValueError. interpret=True runs
+  Pallas' interpreter (any backend; for tests).
+  """
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+
+  m = x.shape[0] if x.ndim == 2 else 0
+  k, n = w.shape
+  cfg = default_config(m, k, n) if cfg is None else cfg
+  reason = "no configuration" if cfg is None else unsupported_reason(x.shape, w, cfg)
+  if reason:
+    raise ValueError(f"kmajor_matmul: {reason}")
+  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
+  out_dtype = jnp.result_type(x.dtype, dtype)
+  operand_dtype = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
+  rows = max(16, 1 << (m - 1).bit_length()) if cfg.path == "dot" else m
+  xp = jnp.pad(x, ((0, rows - m), (0, 0)))
+  xe, xo = xp[:, 0::2], xp[:, 1::2]
+  span = cfg.bkb * cfg.iters
+  splits = k // 2 // span
+  kernel = functools.partial(_kernel, cfg=cfg, rows=rows, operand_dtype=operand_dtype, interpret=interpret)
+  x_spec = pl.BlockSpec((rows, span), lambda j, s: (0, s))
+  scale_spec = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
+  params = None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)
+  partials = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((splits, rows, n), jnp.float32), grid=(n // cfg.bn, splits),
+      in_specs=[x_spec, x_spec, pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s)), scale_spec,
+                scale_spec, pl.BlockSpec((16,), lambda j, s: (0,))],
+      out_specs=pl.BlockSpec((None, rows, cfg.bn), lambda j, s: (s, 0, j)),
+      interpret=interpret, compiler_params=params,
+  )(xe, xo, stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE))
+  return partials.sum(0)[:m].astype(out_dtype)

@@ -1,0 +1,135 @@
+"""The K-major NF4 layout (`fineflax.quant.nf4_kmajor`) and its kernel (`nf4_kmajor_gemv`, Pallas' interpreter
+on CPU): the layout dequantises to the bitsandbytes-layout values bit for bit, products equal x @ W.dequantize()
+to the output's rounding on both paths, odd shapes and layer views, bad input is a clear error, and the
+unrolled decoder's greedy tokens through the kernel equal the dequantised weights'."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fineflax.quant import nf4_kmajor_gemv as km
+from fineflax.quant import quantize_nf4
+from fineflax.quant.matmul import decode_layout, quantized_matmul
+from fineflax.quant.nf4_kmajor import NF4KMajor, from_nf4
+from fineflax.quant.nf4_layer import NF4Layer
+
+
+def _weights(shape, double_quant=True, seed=0):
+  rng = np.random.default_rng(seed)
+  return quantize_nf4(jnp.asarray(rng.standard_normal(shape) * 0.02, jnp.float32), 64, double_quant,
+                      lead_dims=len(shape) - 2)
+
+
+def _close(got, want, dtype):
+  """Within one rounding of a bf16 output (or of W's bf16 rounding on the fma path); f32: f32 sums in another order."""
+  rtol = 2 ** -7 if dtype == jnp.bfloat16 else 1e-5
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+def _reference(x, w, dtype):
+  return np.asarray(jnp.matmul(x.astype(jnp.float32), w.dequantize(dtype).astype(jnp.float32),
+                               precision=jax.lax.Precision.HIGHEST))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_the_kmajor_layout_dequantises_bit_for_bit(double_quant):
+  w = _weights((2, 448, 192), double_quant)  # stacked, K / 2 = 7 x 32
+  kmaj = from_nf4(w)
+  assert kmaj.codes.shape == (2, 192, 224) and kmaj.scale_even.shape == (2, 3, 224) and kmaj.shape == (448, 192)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    want = np.asarray(w.dequantize(dtype).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(kmaj.dequantize(dtype).astype(jnp.float32)), want)
+    np.testing.assert_array_equal(np.asarray(NF4Layer(kmaj, 1).dequantize(dtype).astype(jnp.float32)), want[1])
+
+
+PRODUCTS = [(1, 256, 128, jnp.bfloat16), (3, 448, 192, jnp.float32), (17, 448, 192, jnp.bfloat16),
+            (64, 256, 128, jnp.float32), (5, 576, 128, jnp.float32)]
+
+
+@pytest.mark.parametrize("m,k,n,dtype", [pytest.param(*PRODUCTS[0], marks=pytest.mark.fast), *PRODUCTS[1:]])
+def test_products_equal_the_dequantised_product(m, k, n, dtype):
+  w = _weights((k, n), seed=m)
+  kmaj = from_nf4(w)
+  x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), dtype)
+  cfg = km.default_config(m, k, n)
+  assert cfg.path == ("fma" if m <= km.FMA_MAX_ROWS else "dot")
+  _close(km.kmajor_matmul(x, kmaj, dtype, interpret=True), _reference(x, w, dtype), dtype)
+  for other in (KMajorVariants := [km.KMajorConfig(path=cfg.path, decode="select", bkb=16, iters=2),
+                                   km.KMajorConfig(path=cfg.path, bn=128 if n % 128 == 0 else 64, bkb=32, iters=1)]):
+    _close(km.kmajor_matmul(x, kmaj, dtype, other, interpret=True), _reference(x, w, dtype), dtype)
+  assert len(KMajorVariants) == 2
+
+
+@pytest.mark.fast
+def test_a_layer_view_is_read_in_place_and_quantized_matmul_dispatches(monkeypatch):
+  """An NF4Layer of a stacked NF4KMajor equals the sliced layer's product; quantized_matmul runs the kernel
+  under FINEFLAX_NF4_KERNEL=pallas (its gradient dequantises) and XLA for rows past DOT_MAX_ROWS."""
+  w = _weights((3, 256, 128))
+  view = NF4Layer(from_nf4(w), 2)
+  sliced = jax.tree.map(lambda a: a[2], w)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 256)), jnp.float32)
+  _close(km.kmajor_matmul(x, view, jnp.float32, interpret=True), _reference(x, sliced, jnp.float32), jnp.float32)
+  calls = []
+  kernel = km.kmajor_matmul
+  monkeypatch.setattr(km, "kmajor_matmul", lambda *a, **kw: calls.append(a[0].shape) or kernel(*a, **kw))
+  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
+  y, grad = jax.value_and_grad(lambda x: quantized_matmul(x, view, jnp.float32).sum())(x)
+  _close(y, _reference(x, sliced, jnp.float32).sum(), jnp.float32)
+  np.testing.assert_allclose(grad, np.broadcast_to(np.asarray(sliced.dequantize(jnp.float32)).sum(1), x.shape),
+                             rtol=1e-5, atol=1e-6)
+  big = jnp.ones((km.DOT_MAX_ROWS + 1, 256), jnp.float32)
+  _close(quantized_matmul(big, view, jnp.float32), _reference(big, sliced, jnp.float32), jnp.float32)
+  assert calls == [(2, 256)]
+  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "xla")
+  quantized_matmul(x, view, jnp.float32)
+  assert calls == [(2, 256)]
+
+
+@pytest.mark.fast
+def test_bad_input_is_a_clear_error(monkeypatch):
+  with pytest.raises(ValueError, match=r"N % 64 == 0"):
+    from_nf4(quantize_nf4(jnp.ones((64, 96)), 64))
+  with pytest.raises(ValueError, match=r"K/2=224 is not a multiple of bkb \* iters = 64 \* 4"):
+    km.kmajor_matmul(jnp.ones((1, 448)), from_nf4(_weights((448, 128))), cfg=km.KMajorConfig(), interpret=True)
+  with pytest.raises(ValueError, match=r"x of shape \(1, 100\) for W \[K=448, N=128\]"):
+    km.kmajor_matmul(jnp.ones((1, 100)), from_nf4(_weights((448, 128))), interpret=True)
+  assert km.default_config(65, 256, 128) is None and km.default_config(1, 2 * 8, 64) is None
+  monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "nibbles")
+  with pytest.raises(ValueError, match=r"FINEFLAX_NF4_LAYOUT='nibbles'; expected one of \('auto', 'kmajor', 'bnb'\)"):
+    decode_layout()
+  monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "auto")
+  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "auto")
+  assert decode_layout() == "bnb"  # CPU: XLA's products, no copy
+  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
+  assert decode_layout() == "kmajor"
+
+
+def test_greedy_decode_through_the_kmajor_kernel_equals_the_dequantised_forward(monkeypatch):
+  """A tiny random NF4 Llama (f32, unrolled decoder): greedy tokens with every linear through the K-major
+  kernel (FINEFLAX_NF4_KERNEL=pallas, interpreted) equal those decoding the dequantised weights."""
+  from fineflax.models import ModelConfig, init_params
+  from fineflax.models.quantize import quantize_params
+  from fineflax.sampling import SamplerSession
+  config = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=64)
+  params = quantize_params(init_params(config, jax.random.key(1), jnp.float32, std=0.2), kind="nf4")
+  prompts = np.random.default_rng(0).integers(0, 256, (2, 5)).tolist()
+  calls = []
+  kernel = km.kmajor_matmul
+  monkeypatch.setattr(km, "kmajor_matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
+  monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
+
+  def greedy(dense_base):
+    s = SamplerSession(params, config, max_total_len=16, temperature=0.0, eos_ids=(), dtype=jnp.float32,
+                       impl="unrolled", dense_base=dense_base)
+    assert dense_base or isinstance(s.params["quantized"]["down"]["kernel"], NF4KMajor)
+    s.start(prompts)
+    s.decode(6)
+    return np.asarray(s.result(width=6).tokens)
+
+  want = greedy(True)
+  assert not calls
+  got = greedy(False)
+  assert {(128, 128), (128, 64), (128, 256), (256, 128)} <= set(calls)
+  np.testing.assert_array_equal(got, want)
