@@ -19,6 +19,7 @@ spec["shape"]["arch"] = "qwen2": q/k/v biases (Qwen2's `attention_bias`), RMSNor
 """
 from __future__ import annotations
 
+import os
 import time
 
 from benchmarks import _rl_common as C
@@ -33,6 +34,7 @@ def run(spec: dict) -> dict:
   from configs import common
   from fineflax import lora as lora_lib
   from fineflax.models import ModelConfig, init_params
+  from fineflax.models.quantize import quantize_params
   from fineflax.rl import rows as R
   from fineflax.engine.decode import decode_impl
   from fineflax.rl.config import RLConfig
@@ -69,6 +71,8 @@ def run(spec: dict) -> dict:
 
   base = init_params(mc, jax.random.PRNGKey(0), dtype=dtype)
   full = spec.get("params", "lora") == "full"
+  if spec.get("quant", "none") == "nf4" and not full:  # QLoRA: the frozen base in NF4 (rollouts and update)
+    base = quantize_params(base, kind="nf4")
   lora_cfg = lora_lib.LoraConfig.from_mapping(cfg.lora)
   scale = 0.0 if full else lora_lib.lora_scale(lora_cfg)
   optimizer = make_optimizer(cfg.optimizer)
@@ -126,5 +130,7 @@ def run(spec: dict) -> dict:
                       f"agg={rl.agg_mode}, decoder {impl} (paged attention {spec.get('paged_attention', 'auto')}), "
                       "old log-probs "
                       + ("the step's own (stop_gradient, one step per batch)" if on_policy else "recomputed")
-                      + (", all parameters trained (bf16, f32 AdamW moments)" if full else ""),
+                      + (", all parameters trained (bf16, f32 AdamW moments)" if full else "")
+                      + (", NF4 base (QLoRA), FINEFLAX_NF4_LAYOUT=" + os.environ.get("FINEFLAX_NF4_LAYOUT", "auto")
+                         if spec.get("quant") == "nf4" and not full else ""),
           "versions": {"jax": jax.__version__}}

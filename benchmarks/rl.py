@@ -42,7 +42,7 @@ def cases(args) -> list[dict]:
   base = dict(prompts=2 if args.smoke else 32, group=2 if args.smoke else 8, prompt_len=8 if args.smoke else 64,
               new_tokens=8 if args.smoke else 256, warmup=args.warmup, steps=args.steps, agg_mode="token-mean",
               trl_loss="dapo", remat="full", logits_chunk=16 if args.smoke else 32,
-              trl_micro=2 if args.smoke else args.trl_micro, tunix_remat=args.tunix_remat)
+              trl_micro=2 if args.smoke else args.trl_micro, tunix_remat=args.tunix_remat, quant=args.quant)
   out = []
   for group in (("fineflax", "trl"), ("tunix",)):
     for model, shape in shapes.items():
@@ -194,6 +194,8 @@ def main(argv=None) -> int:
   p.add_argument("--trl-micro", type=int, default=32, help="TRL per-device micro-batch (rows)")
   p.add_argument("--tunix-remat", default="NONE", choices=("NONE", "BLOCK", "DECODER"),
                  help="tunix Llama3 RematConfig (DECODER fails in tunix 0.1.7's sampler with flax 0.12.8)")
+  p.add_argument("--quant", default="none", choices=("none", "nf4"), help="fineflax's frozen base: bf16 or NF4 "
+                 "(QLoRA; FINEFLAX_NF4_LAYOUT picks its decode layout)")
   p.add_argument("--timeout", type=float, default=200.0, help="seconds per case")
   p.add_argument("--budget", type=float, default=340.0, help="seconds for all cases; later cases get what is left")
   p.add_argument("--out", default=os.environ.get("OUT", str(pathlib.Path(__file__).with_name("out"))))
