@@ -69,7 +69,7 @@ def decode_worker(spec: dict) -> dict:
   return out
 
 
-def run_decode(args, env: dict, table: str, out) -> str:
+def run_decode(args, env: dict, table: str, out, kmajor_table: str = "") -> str:
   """Runs the decode workers (one process each), writes nf4_decode.json / .md under `out`, returns the md."""
   import numpy as np
   wanted = [w for w in decode_weights(args.weights) if w != "nf4-auto" or table]
@@ -81,7 +81,8 @@ def run_decode(args, env: dict, table: str, out) -> str:
       quant, mode, layout = WEIGHTS[weights]
       spec = {"part": "decode", "smoke": args.smoke, "model": model, "quant": quant, "weights": weights,
               "batches": batches, "new_tokens": 8 if args.smoke else 64}
-      wenv = dict(env, FINEFLAX_NF4_KERNEL=mode, FINEFLAX_NF4_LAYOUT=layout, **({"FINEFLAX_NF4_TABLE": table} if table else {}))
+      tables = {"FINEFLAX_NF4_TABLE": table, "FINEFLAX_NF4_KMAJOR_TABLE": kmajor_table}
+      wenv = dict(env, FINEFLAX_NF4_KERNEL=mode, FINEFLAX_NF4_LAYOUT=layout, **{k: v for k, v in tables.items() if v})
       results[(model, weights)] = gpu.run_worker([*gpu.worker_argv("benchmarks.nf4_gemv"), "--worker",
                                                   json.dumps(spec)], env=wenv, timeout=900)
       (out / "nf4_decode.json").write_text(json.dumps({f"{m} {w}": r for (m, w), r in results.items()}))

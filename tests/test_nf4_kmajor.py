@@ -133,3 +133,28 @@ def test_greedy_decode_through_the_kmajor_kernel_equals_the_dequantised_forward(
   got = greedy(False)
   assert {(128, 128), (128, 64), (128, 256), (256, 128)} <= set(calls)
   np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.fast
+def test_the_measured_table_picks_per_bucket_and_falls_back():
+  """kmajor_choice: the entry of m's bucket or the nearest smaller one; an fma entry only up to FMA_MAX_ROWS;
+  an "xla" entry or m past DOT_MAX_ROWS: None; no entry: the default configuration. The committed table
+  names a valid configuration for every entry."""
+  from fineflax.quant.nf4_kernel_table import KMAJOR_TABLE_PATH, _read, kmajor_choice
+  table = {"256x128/1": {"path": "fma", "bn": 128, "bkb": 32, "iters": 2},
+           "256x128/16": {"path": "dot", "bn": 64, "bkb": 64, "iters": 2, "num_warps": 8},
+           "256x128/64": {"path": "xla"}}
+  assert kmajor_choice(256, 128, 1, table) == km.KMajorConfig(bn=128, bkb=32, iters=2)
+  assert kmajor_choice(256, 128, 3, table) == km.KMajorConfig(bn=128, bkb=32, iters=2)
+  assert kmajor_choice(256, 128, 5, table) == km.default_config(5, 256, 128)  # the fma entry stops at 4 rows
+  assert kmajor_choice(256, 128, 20, table) == km.KMajorConfig(path="dot", bkb=64, iters=2, num_warps=8)
+  assert kmajor_choice(256, 128, 33, table) is None and kmajor_choice(256, 128, 65, table) is None
+  assert kmajor_choice(512, 128, 1, table) == km.default_config(1, 512, 128)
+  committed = _read(KMAJOR_TABLE_PATH)
+  assert committed, "the committed nf4_kmajor_table.json is missing"
+  for entry_key in committed:
+    k, n = map(int, entry_key.split("/")[0].split("x"))
+    m = int(entry_key.split("/")[1])
+    cfg = kmajor_choice(k, n, m, committed)
+    if cfg is not None:
+      assert cfg.path in km.PATHS and (n % cfg.bn == 0) and (k // 2) % (cfg.bkb * cfg.iters) == 0, (entry_key, cfg)

@@ -81,7 +81,8 @@ def _kmajor_config(rows: int, w, x_dtype, dtype):
     return None
   if mode == "auto" and (jax.default_backend() != "gpu" or jax.device_count() != 1):
     return None
-  cfg = km.default_config(rows, *w.shape)
+  from fineflax.quant.nf4_kernel_table import kmajor_choice
+  cfg = kmajor_choice(*w.shape, rows) if mode == "auto" else km.default_config(rows, *w.shape)
   return cfg if cfg is not None and km.unsupported_reason((rows, w.shape[0]), w, cfg) is None else None
 
 

@@ -4,7 +4,9 @@ The table is measured, not assumed: `python -m benchmarks.nf4_gemv` times XLA's 
 every kernel variant per (K, N) product and M, and writes `nf4_kernel_table.json` (this folder) with the
 fastest kernel variant of each (K, N, M bucket) where it beats XLA. A missing file or entry means XLA.
 
-FINEFLAX_NF4_TABLE names another table file (the benchmark's fresh one).
+FINEFLAX_NF4_TABLE names another table file (the benchmark's fresh one). The K-major kernel
+(`nf4_kmajor_gemv`) has its own table, `nf4_kmajor_table.json` (FINEFLAX_NF4_KMAJOR_TABLE), same keys, its
+`KMajorConfig` fields as values (`kmajor_choice`).
 
   key "K x N / M bucket": M bucket = the least of BUCKETS >= M (M > 256: none, XLA)
   value: the `KernelConfig` fields of the winning variant, plus "us" and "xla_us" as measured.
@@ -22,6 +24,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FMA_MAX_ROWS = 4  # an FMA entry serves at most this many rows (H200, 8B products: at M = 4 it took 0.70-0.81x
                   # XLA's time, at M = 8 1.6-1.9x; RESULTS.md session_2026_11_28d)
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "nf4_kernel_table.json")
+KMAJOR_TABLE_PATH = os.path.join(os.path.dirname(__file__), "nf4_kmajor_table.json")
 
 
 def bucket(m: int) -> int | None:
@@ -37,6 +40,11 @@ def key(k: int, n: int, m_bucket: int) -> str:
 def load_table(path: str | None = None) -> dict:
   """{key: entry} from the JSON table (default FINEFLAX_NF4_TABLE, else TABLE_PATH); {} when it does not exist."""
   path = path or os.environ.get("FINEFLAX_NF4_TABLE") or TABLE_PATH
+  return _read(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: str) -> dict:
   if not os.path.exists(path):
     return {}
   with open(path) as f:
@@ -61,3 +69,22 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
     return None
   rows = min(1 << (m - 1).bit_length(), FMA_MAX_ROWS if cfg.path == "fma" else 128)
   return dataclasses.replace(cfg, bm=max(cfg.bm, rows))
+
+
+def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
+  """The measured `KMajorConfig` for x [m, k] @ NF4KMajor [k, n]: the entry of m's bucket, else of the nearest
+  smaller bucket that has one (an "fma" entry only for m <= its FMA_MAX_ROWS; an "xla" entry: None); no usable
+  entry: `nf4_kmajor_gemv.default_config`. None (XLA) for m outside 1 .. DOT_MAX_ROWS."""
+  from fineflax.quant import nf4_kmajor_gemv as km
+  if table is None:
+    table = _read(os.environ.get("FINEFLAX_NF4_KMAJOR_TABLE") or KMAJOR_TABLE_PATH)
+  b = bucket(m)
+  if b is None or m > km.DOT_MAX_ROWS:
+    return None
+  for c in reversed(BUCKETS):
+    entry = table.get(key(k, n, c)) if c <= b else None
+    if entry is not None and entry.get("path") == "xla":
+      return None
+    if entry is not None and (entry.get("path") != "fma" or m <= km.FMA_MAX_ROWS):
+      return km.KMajorConfig(**{f: entry[f] for f in km.KMajorConfig.__dataclass_fields__ if f in entry})
+  return km.default_config(m, k, n)

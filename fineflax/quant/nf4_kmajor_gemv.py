@@ -9,13 +9,16 @@ XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's sc
                                rounding to `dtype` is skipped: within dtype's rounding of W)
   "dot" (M <= 64, rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
                                (W exactly `dequantize(dtype)`'s values; f32 accumulation)
+  "dot_t" (the same values):  y^T += dtype(NF4[hi] se) @ xe^T + dtype(NF4[lo] so) @ xo^T: the decoded tile is
+                               the MMA's left operand as it lies (x arrives transposed; y^T transposed by XLA)
 
 Decode: "gather" reads NF4[q] from a 16-entry f32 table (L1-resident), "select" is a 15-select tree.
 
 Measured on one H200 (RESULTS.md, section nf4_kmajor; products timed inside one jit over weight copies):
-M = 1 on the 8B MLP products 45-46 us against the bnb-layout kernel's 64-83 us and XLA's 129-137 us; the
-default configuration below is that sweep's winner per path (gather, bn 64; fma bkb 64 x 4 iterations,
-dot bkb 128 x 1).
+M = 1 on the 8B MLP products 37-38 us against XLA's 125-127 us; M = 16 74-76 us, M = 64 111-113 us. Under
+FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table (`nf4_kernel_table.kmajor_choice`,
+`nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`); `default_config` (that sweep's winner per path:
+gather, bn 64; fma bkb 64 x 4 tiles, dot bkb 128 x 1) serves shapes without an entry and FINEFLAX_NF4_KERNEL=pallas.
 """
 from __future__ import annotations
 
@@ -30,13 +33,14 @@ from fineflax.quant.nf4 import NF4_CODE
 from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
+PATHS = ("fma", "dot", "dot_t")
 FMA_MAX_ROWS = 4   # H200: at M = 4 the FMA path took 0.83-0.95x bf16's time, the dot path is the better above
 DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.8-0.85x XLA's time
 
 
 @dataclasses.dataclass(frozen=True)
 class KMajorConfig:
-  """path "fma" | "dot"; decode "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
+  """path "fma" | "dot" | "dot_t"; decode "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
   along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
   path: str = "fma"
   decode: str = "gather"
@@ -71,8 +75,8 @@ def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
   k, n = w.shape
   if len(x_shape) != 2 or x_shape[1] != k or x_shape[0] < 1:
     return f"x of shape {tuple(x_shape)} for W [K={k}, N={n}]: [M >= 1, {k}] needed"
-  if cfg.path not in ("fma", "dot") or cfg.decode not in ("gather", "select"):
-    return f"{cfg}: path fma | dot, decode gather | select"
+  if cfg.path not in PATHS or cfg.decode not in ("gather", "select"):
+    return f"{cfg}: path one of {PATHS}, decode gather | select"
   if n % cfg.bn or cfg.bn % 64:
     return f"N={n} is not a multiple of bn={cfg.bn} (a multiple of 64)"
   if cfg.bkb < 16 or cfg.bkb & (cfg.bkb - 1) or (k // 2) % (cfg.bkb * cfg.iters):
@@ -103,7 +107,9 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
   def step(i, accs):
     j0 = at(i)
     out = list(accs)
-    if cfg.path == "dot":
+    if cfg.path == "dot_t":
+      xe, xo = xe_ref[pl.ds(j0, bkb), :], xo_ref[pl.ds(j0, bkb), :]  # [bkb, rows]
+    elif cfg.path == "dot":
       xe, xo = xe_ref[:, pl.ds(j0, bkb)], xo_ref[:, pl.ds(j0, bkb)]
     else:
       xe = [xe_ref[pl.ds(m, 1), pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
@@ -112,13 +118,16 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
       c = codes_ref[pl.ds(g * 64, 64), pl.ds(j0, bkb)].astype(jnp.int32)  # [64, bkb]
       hi, lo = nf4(c >> 4), nf4(c & 15)
       se, so = se_ref[pl.ds(g, 1), pl.ds(j0, bkb)], so_ref[pl.ds(g, 1), pl.ds(j0, bkb)]  # [1, bkb]
-      if cfg.path == "dot":
+      if cfg.path != "fma":
         we, wo = (hi * se).astype(operand_dtype), (lo * so).astype(operand_dtype)
         if interpret and operand_dtype == jnp.bfloat16:  # XLA:CPU may keep the f32 values of a bf16 cast
           we, wo = (jax.lax.reduce_precision(v.astype(jnp.float32), 8, 7).astype(jnp.bfloat16) for v in (we, wo))
-        dot = lambda a, b: jnp.dot(a.astype(operand_dtype), b.T, preferred_element_type=jnp.float32,
-                                   precision=precision)
-        out[g] = out[g] + dot(xe, we) + dot(xo, wo)
+        mm = lambda a, b: jnp.dot(a.astype(operand_dtype), b.astype(operand_dtype),
+                                  preferred_element_type=jnp.float32, precision=precision)
+        if cfg.path == "dot_t":
+          out[g] = out[g] + mm(we, xe) + mm(wo, xo)  # [64, rows]
+        else:
+          out[g] = out[g] + mm(xe, we.T) + mm(xo, wo.T)
         continue
       for m in range(rows):
         p = hi * (se * xe[m]) + lo * (so * xo[m])
@@ -127,12 +136,17 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
 
   if cfg.path == "dot":
     zeros = tuple(jnp.zeros((rows, 64), jnp.float32) for _ in range(groups))
+  elif cfg.path == "dot_t":
+    zeros = tuple(jnp.zeros((64, rows), jnp.float32) for _ in range(groups))
   else:
     zeros = tuple(jnp.zeros((64, 1), jnp.float32) for _ in range(groups * rows))
   accs = step(0, zeros) if cfg.iters == 1 else jax.lax.fori_loop(0, cfg.iters, step, zeros)
   for g in range(groups):
     if cfg.path == "dot":
       out_ref[:, pl.ds(g * 64, 64)] = accs[g]
+      continue
+    if cfg.path == "dot_t":
+      out_ref[pl.ds(g * 64, 64), :] = accs[g]
       continue
     for m in range(rows):
       out_ref[pl.ds(m, 1), pl.ds(g * 64, 64)] = accs[g * rows + m].reshape(1, 64)
@@ -159,20 +173,27 @@ def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, c
   stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
   out_dtype = jnp.result_type(x.dtype, dtype)
   operand_dtype = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
-  rows = max(16, 1 << (m - 1).bit_length()) if cfg.path == "dot" else m
+  rows = max(16, 1 << (m - 1).bit_length()) if cfg.path != "fma" else m
   xp = jnp.pad(x, ((0, rows - m), (0, 0)))
   xe, xo = xp[:, 0::2], xp[:, 1::2]
   span = cfg.bkb * cfg.iters
   splits = k // 2 // span
   kernel = functools.partial(_kernel, cfg=cfg, rows=rows, operand_dtype=operand_dtype, interpret=interpret)
-  x_spec = pl.BlockSpec((rows, span), lambda j, s: (0, s))
+  transposed = cfg.path == "dot_t"
+  if transposed:  # x^T [K/2, rows] in, y^T [N, rows] partials out
+    xe, xo = xe.T, xo.T
+    x_spec = pl.BlockSpec((span, rows), lambda j, s: (s, 0))
+    out_shape, out_spec = (splits, n, rows), pl.BlockSpec((None, cfg.bn, rows), lambda j, s: (s, j, 0))
+  else:
+    x_spec = pl.BlockSpec((rows, span), lambda j, s: (0, s))
+    out_shape, out_spec = (splits, rows, n), pl.BlockSpec((None, rows, cfg.bn), lambda j, s: (s, 0, j))
   scale_spec = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
   params = None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)
   partials = pl.pallas_call(
-      kernel, out_shape=jax.ShapeDtypeStruct((splits, rows, n), jnp.float32), grid=(n // cfg.bn, splits),
+      kernel, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32), grid=(n // cfg.bn, splits),
       in_specs=[x_spec, x_spec, pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s)), scale_spec,
                 scale_spec, pl.BlockSpec((16,), lambda j, s: (0,))],
-      out_specs=pl.BlockSpec((None, rows, cfg.bn), lambda j, s: (s, 0, j)),
-      interpret=interpret, compiler_params=params,
+      out_specs=out_spec, interpret=interpret, compiler_params=params,
   )(xe, xo, stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE))
-  return partials.sum(0)[:m].astype(out_dtype)
+  y = partials.sum(0)
+  return (y.T if transposed else y)[:m].astype(out_dtype)
