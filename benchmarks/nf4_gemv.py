@@ -65,7 +65,7 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   if base is None:
     return []
   if base.path == "fma":
-    more = [dict(bkb=128, iters=2), dict(bn=128), dict(num_warps=8, bkb=128, iters=1)]
+    more = [dict(bkb=128, iters=2), dict(bn=128), dict(num_warps=8, bkb=128, iters=1), dict(bkb=64, iters=1)]
   else:
     more = [dict(path="dot_t", bkb=128, iters=1), dict(path="dot_t", bkb=64, iters=2), dict(path="dot_t", bn=128),
             dict(path="dot_t", num_warps=8), dict(bn=128)]

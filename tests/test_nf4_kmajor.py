@@ -95,6 +95,8 @@ def test_bad_input_is_a_clear_error(monkeypatch):
   with pytest.raises(ValueError, match=r"x of shape \(1, 100\) for W \[K=448, N=128\]"):
     km.kmajor_matmul(jnp.ones((1, 100)), from_nf4(_weights((448, 128))), interpret=True)
   assert km.default_config(65, 256, 128) is None and km.default_config(1, 2 * 8, 64) is None
+  # fma: fewer tiles a program while the grid is under MIN_PROGRAMS (8B k/v: 16 x 8 = 128 programs at 4 tiles)
+  assert km.default_config(1, 4096, 14336).iters == 4 and km.default_config(1, 4096, 1024).iters == 1
   monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "nibbles")
   with pytest.raises(ValueError, match=r"FINEFLAX_NF4_LAYOUT='nibbles'; expected one of \('auto', 'kmajor', 'bnb'\)"):
     decode_layout()

@@ -35,6 +35,7 @@ from fineflax.quant.nf4_layer import NF4Layer
 
 PATHS = ("fma", "dot", "dot_t")
 FMA_MAX_ROWS = 4   # H200: at M = 4 the FMA path took 0.83-0.95x bf16's time, the dot path is the better above
+MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
 DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.8-0.85x XLA's time
 
 
@@ -54,8 +55,10 @@ class KMajorConfig:
 
 
 def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
-  """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; None (XLA) for m > 64 or
-  when no tile of >= 16 bytes divides K / 2."""
+  """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; on the fma path fewer tiles
+  a program (iters) while the grid has fewer than MIN_PROGRAMS programs (narrow products; H200, 8B k/v at M = 1:
+  7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four 64-byte tiles). None (XLA) for m > 64 or when no tile of >= 16 bytes
+  divides K / 2."""
   if m < 1 or m > DOT_MAX_ROWS:
     return None
   cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=1)
@@ -63,6 +66,9 @@ def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
     cfg = dataclasses.replace(cfg, iters=cfg.iters // 2) if cfg.iters > 1 else dataclasses.replace(cfg, bkb=cfg.bkb // 2)
     if cfg.bkb < 16:
       return None
+  programs = lambda c: n // c.bn * (k // 2 // (c.bkb * c.iters))
+  while cfg.path == "fma" and programs(cfg) < MIN_PROGRAMS and cfg.iters > 1:
+    cfg = dataclasses.replace(cfg, iters=cfg.iters // 2)
   return cfg
 
 
