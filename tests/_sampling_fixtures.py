@@ -86,3 +86,26 @@ def random_params(config, seed=0):
   if not c.tie_word_embeddings:
     params["lm_head"] = {"kernel": normal(c.hidden_size, c.vocab_size)}
   return params
+
+
+def nf4_greedy_case(impl: str):
+  """A tiny random NF4 Llama (f32) and greedy(dense_base) -> [2, 6] tokens of two 5-token prompts decoded by
+  `SamplerSession(impl=impl)`: dense_base=True decodes the dequantised weights (the reference)."""
+  import jax
+  from fineflax.models import init_params
+  from fineflax.models.quantize import quantize_params
+  from fineflax.sampling import SamplerSession
+  config = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=64)
+  params = quantize_params(init_params(config, jax.random.key(1), jnp.float32, std=0.2), kind="nf4")
+  prompts = np.random.default_rng(0).integers(0, 256, (2, 5)).tolist()
+
+  def greedy(dense_base: bool, check=None) -> np.ndarray:
+    s = SamplerSession(params, config, max_total_len=16, temperature=0.0, eos_ids=(), dtype=jnp.float32,
+                       impl=impl, dense_base=dense_base)
+    if check is not None:
+      check(s)
+    s.start(prompts)
+    s.decode(6)
+    return np.asarray(s.result(width=6).tokens)
+  return greedy

@@ -203,26 +203,13 @@ def test_greedy_nf4_decode_through_the_kernel_equals_the_dequantised_forward(mon
   """A tiny random NF4 Llama (f32): greedy tokens decoded with every linear product through the kernel
   (FINEFLAX_NF4_KERNEL=pallas, interpreted; unrolled: layer views read in place, scan: sliced layers) equal
   those of the same session decoding the dequantised weights (dense_base=True), and the kernel ran."""
-  from fineflax.models import ModelConfig, init_params
-  from fineflax.models.quantize import quantize_params
-  from fineflax.sampling import SamplerSession
-  config = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=64)
-  params = quantize_params(init_params(config, jax.random.key(1), jnp.float32, std=0.2), kind="nf4")
-  prompts = np.random.default_rng(0).integers(0, 256, (2, 5)).tolist()
+  from tests._sampling_fixtures import nf4_greedy_case
+  greedy = nf4_greedy_case(impl)
   calls = []
   kernel = nf4_gemv.nf4_matmul
   monkeypatch.setattr(nf4_gemv, "nf4_matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
   monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
   monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "bnb")  # the bnb-layout kernel (tests/test_nf4_kmajor.py: K-major)
-
-  def greedy(dense_base):
-    s = SamplerSession(params, config, max_total_len=16, temperature=0.0, eos_ids=(), dtype=jnp.float32,
-                       impl=impl, dense_base=dense_base)
-    s.start(prompts)
-    s.decode(6)
-    return np.asarray(s.result(width=6).tokens)
-
   want = greedy(True)
   assert not calls
   got = greedy(False)

@@ -110,29 +110,16 @@ def test_bad_input_is_a_clear_error(monkeypatch):
 def test_greedy_decode_through_the_kmajor_kernel_equals_the_dequantised_forward(monkeypatch):
   """A tiny random NF4 Llama (f32, unrolled decoder): greedy tokens with every linear through the K-major
   kernel (FINEFLAX_NF4_KERNEL=pallas, interpreted) equal those decoding the dequantised weights."""
-  from fineflax.models import ModelConfig, init_params
-  from fineflax.models.quantize import quantize_params
-  from fineflax.sampling import SamplerSession
-  config = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=64)
-  params = quantize_params(init_params(config, jax.random.key(1), jnp.float32, std=0.2), kind="nf4")
-  prompts = np.random.default_rng(0).integers(0, 256, (2, 5)).tolist()
+  from tests._sampling_fixtures import nf4_greedy_case
+  greedy = nf4_greedy_case("unrolled")
   calls = []
   kernel = km.kmajor_matmul
   monkeypatch.setattr(km, "kmajor_matmul", lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw))
   monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "pallas")
-
-  def greedy(dense_base):
-    s = SamplerSession(params, config, max_total_len=16, temperature=0.0, eos_ids=(), dtype=jnp.float32,
-                       impl="unrolled", dense_base=dense_base)
-    assert dense_base or isinstance(s.params["quantized"]["down"]["kernel"], NF4KMajor)
-    s.start(prompts)
-    s.decode(6)
-    return np.asarray(s.result(width=6).tokens)
-
   want = greedy(True)
   assert not calls
-  got = greedy(False)
+  got = greedy(False, check=lambda s: isinstance(s.params["quantized"]["down"]["kernel"], NF4KMajor) or
+               pytest.fail("the unrolled decoder kept the bnb layout"))
   assert {(128, 128), (128, 64), (128, 256), (256, 128)} <= set(calls)
   np.testing.assert_array_equal(got, want)
 

@@ -104,7 +104,7 @@ def unsupported_reason(x_shape, w, cfg: KernelConfig) -> str | None:
   return None
 
 
-def _nf4_select(q):
+def nf4_select(q):
   """NF4[q] for int32 codes q in [0, 16) as a select tree on q's bits."""
   level = [jnp.float32(float(v)) for v in np.asarray(NF4_CODE, np.float32)]
   for bit in (1, 2, 4, 8):
@@ -123,7 +123,7 @@ def _kernel(x_ref, codes_ref, qabs_ref, absmax2_ref, offset_ref, nf4_ref, code8_
   operand_dtype = acc_dtype if cfg.path == "dot" else jnp.float32  # FMA: f32 products of the exact operands
 
   def nf4(q):
-    return nf4_ref[q] if cfg.decode == "gather" else _nf4_select(q)
+    return nf4_ref[q] if cfg.decode == "gather" else nf4_select(q)
 
   def scale(k0, g):  # [bk, 1] f32 scales of column group g for rows k0 .. k0 + bk of this split
     if cfg.scales == "f32":

@@ -27,9 +27,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fineflax.quant.nf4 import NF4_CODE
+from fineflax.quant.nf4_gemv import nf4_select
 from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
@@ -92,20 +92,13 @@ def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
   return None
 
 
-def _select(q):
-  level = [jnp.float32(float(v)) for v in np.asarray(NF4_CODE, np.float32)]
-  for bit in (1, 2, 4, 8):
-    level = [jnp.where((q & bit) != 0, level[i + 1], level[i]) for i in range(0, len(level), 2)]
-  return level[0]
-
-
 def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cfg: KMajorConfig, rows: int,
             operand_dtype, interpret: bool):
   from jax.experimental import pallas as pl
 
   groups, bkb = cfg.bn // 64, cfg.bkb
   precision = jax.lax.Precision.HIGHEST if operand_dtype == jnp.float32 else None
-  nf4 = (lambda q: table_ref[q]) if cfg.decode == "gather" else _select
+  nf4 = (lambda q: table_ref[q]) if cfg.decode == "gather" else nf4_select
 
   def at(i):
     return i * bkb if isinstance(i, int) else pl.multiple_of(i * bkb, bkb)
