@@ -332,7 +332,8 @@ def worker_tp(spec: dict) -> dict:
          "device_weight_bytes": max(per_device.values()), "read_ms": read_ms,
          "read_kv_ms": read_ms + 1e3 * live_kv / bw, "init_s": init_s, "rows": []}
   gpu.print_result(out)
-  mode = os.environ.get("FINEFLAX_NF4_KERNEL", "auto") if spec["quant"] == "nf4" else None  # one a process
+  mode = (os.environ.get("FINEFLAX_NF4_KERNEL", "auto") + ("+kmajor" if os.environ.get("FINEFLAX_NF4_LAYOUT") ==
+          "kmajor" else "")) if spec["quant"] == "nf4" else None  # one a process
   for attention in spec["attentions"]:
     try:
       engine = Engine(params, config, max_rows=rows, page_size=spec["page_size"], chunk_size=spec["chunk_size"],
@@ -365,7 +366,8 @@ def main(argv=None) -> int:
   ap.add_argument("--tp", type=int, default=None, help="devices of the model axis (case tp; default 4, --tiny 2)")
   ap.add_argument("--tp-quant", default="nf4", choices=("nf4", "none"), help="linears of case tp: NF4 or bf16")
   ap.add_argument("--tp-nf4-kernel", default="auto", help="case tp, NF4: FINEFLAX_NF4_KERNEL modes to time, "
-                  "comma-separated (auto, pallas: the fused kernel on each device's shard; xla)")
+                  "comma-separated (auto, pallas: the fused kernel on each device's shard; xla; kmajor: the K-major layout's "
+                  "shards and kernel, FINEFLAX_NF4_LAYOUT=kmajor)")
   ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
   ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
   ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")
@@ -394,8 +396,8 @@ def main(argv=None) -> int:
     ap.error(f"--only {args.only}: unknown case(s) {bad}; choose from a, b, c, tp")
   attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
   nf4_kernels = [m.strip() for m in args.tp_nf4_kernel.split(",") if m.strip()]
-  if not nf4_kernels or set(nf4_kernels) - {"auto", "pallas", "xla"}:
-    ap.error(f"--tp-nf4-kernel {args.tp_nf4_kernel!r}: modes of auto, pallas, xla, comma-separated")
+  if not nf4_kernels or set(nf4_kernels) - {"auto", "pallas", "xla", "kmajor"}:
+    ap.error(f"--tp-nf4-kernel {args.tp_nf4_kernel!r}: modes of auto, pallas, xla, kmajor, comma-separated")
   b_runs = {}  # case b's (admission, pool pages) pairs, when given
   if args.admission or args.pool_pages:
     admissions = (args.admission or "reserve,watermark").split(",")
@@ -422,7 +424,9 @@ def main(argv=None) -> int:
     if case == "tp" and args.tp_quant == "nf4":  # a worker per FINEFLAX_NF4_KERNEL (read while tracing)
       res = {}
       for mode in nf4_kernels:
-        one = run(case, spec, FINEFLAX_NF4_KERNEL=mode)
+        layout = {"FINEFLAX_NF4_KERNEL": "auto", "FINEFLAX_NF4_LAYOUT": "kmajor"} if mode == "kmajor" else {
+            "FINEFLAX_NF4_KERNEL": mode, "FINEFLAX_NF4_LAYOUT": "bnb"}
+        one = run(case, spec, **layout)
         res = {**one, **res, "rows": res.get("rows", []) + one.get("rows", [])}
         if "error" in one and not one.get("rows"):
           res["rows"].append({"attention": ",".join(attentions), "nf4_kernel": mode, "error": one["error"]})

@@ -92,10 +92,11 @@ for stage in "$@"; do
               --model "$GGUF" --out /root/work/apo ${APO_ARGS:-} ;;
     serve)  python3 -m pip install -q --no-index --no-deps --target /root/site .whl2/*.whl
             python3 -m benchmarks.serve --model "$GGUF" --out "$OUT/serve" --results --rounds ${SERVE_ROUNDS:-1} ;;
-    tp44)   # issue 44 (nvidia-h200-x2): 70B-shaped decoding over a model axis of 2, NF4 products through XLA and
-            # through the fused kernel on each device's shard (one worker each), and bf16 linears for the ratio
+    tp44)   # issue 44 (nvidia-h200-x2): 70B-shaped decoding over a model axis of 2, NF4 products through the K-major
+            # layout's kernel and the bnb-layout kernel on each device's shard (one worker each; XLA's was 12.25x the
+            # read), and bf16 linears for the ratio
             timeout -s TERM 560 python3 -m benchmarks.engine --only tp --tp 2 --attention gather \
-              --tp-nf4-kernel xla,pallas --timeout 270 --write-results
+              --tp-nf4-kernel kmajor,pallas --timeout 270 --write-results
             timeout -s TERM 300 python3 -m benchmarks.engine --only tp --tp 2 --attention gather --tp-quant none \
               --write-results; cp benchmarks/RESULTS.md "$OUT/" ;;
     kmajor) # issue 44 (one H200, ~9 min): the K-major NF4 kernel's variants per product (writes a fresh

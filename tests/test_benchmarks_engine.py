@@ -42,13 +42,14 @@ def test_tiny_run_writes_every_case(tmp_path):
 def test_tiny_tp_case_splits_the_weights_and_times_a_decode(tmp_path):
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-m", "benchmarks.engine", "--tiny", "--only", "tp", "--attention", "gather",
-                      "--tp-nf4-kernel", "xla,pallas", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                      "--tp-nf4-kernel", "xla,pallas,kmajor", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
                      timeout=600)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   res = json.loads((out / "engine_tp_gather_nf4.json").read_text())["result"]
   assert res["devices"] == 2 and res["quant"] == "nf4"
   assert res["device_weight_bytes"] < 0.6 * res["weight_bytes"]  # split, not replicated (norms are)
-  assert [row.get("nf4_kernel") for row in res["rows"]] == ["xla", "pallas"]  # both NF4 product paths, one call
+  # every NF4 product path, one call (kmajor: the K-major layout's shards; on CPU auto multiplies them by XLA)
+  assert [row.get("nf4_kernel") for row in res["rows"]] == ["xla", "pallas", "auto+kmajor"]
   for row in res["rows"]:
     assert "error" not in row, row
     assert row["steps"] == 16 and row["ms_step"] > 0 and len(row["peak_gib"]) == 2

@@ -2,7 +2,8 @@
 CPU devices (the kernel interpreted), a column kernel's and a row kernel's products equal x @ W.dequantize()
 (f32; bf16 to bf16 rounding), stacked layers read in place; a row split that cuts the nested scale groups
 falls back to XLA's product; the tensor-parallel engine with the kernel forced gives the one-device engine's
-greedy tokens, keeps one all-reduce per attention and MLP block, and gathers no weight.
+greedy tokens, keeps one all-reduce per attention and MLP block, and gathers no weight; so does the K-major
+layout (FINEFLAX_NF4_LAYOUT=kmajor), its shards through the K-major kernel.
 
 One subprocess: XLA_FLAGS must force the devices before jax is imported.
 """
@@ -16,6 +17,7 @@ import pytest
 from fineflax.quant import quantize_nf4
 from fineflax.quant.column_blocks import column_blocks
 from fineflax.quant.matmul import quantized_matmul
+from fineflax.quant.nf4_kmajor import from_nf4
 from fineflax.quant.sharded import ShardedNF4
 from fineflax.testing.devices import run_script
 
@@ -32,7 +34,9 @@ def test_sharded_nf4_on_one_device_is_the_plain_product_and_bad_input_is_a_clear
   row = quantize_nf4(jax.random.normal(key, (2, 128, 128)), lead_dims=1)  # 256 blocks: one nested group
   col = quantize_nf4(jax.random.normal(key, (128, 128)))
   for w, ref in ((ShardedNF4(row, mesh, "row").at_layer(1), jax.tree.map(lambda a: a[1], row)),
-                 (ShardedNF4(column_blocks(col, 1), mesh, "column"), col)):
+                 (ShardedNF4(column_blocks(col, 1), mesh, "column"), col),
+                 (ShardedNF4(from_nf4(row), mesh, "row").at_layer(1), jax.tree.map(lambda a: a[1], row)),
+                 (ShardedNF4(from_nf4(col), mesh, "column"), col)):
     assert w.local() is not None and w.shape == (128, 128) and w.lead_shape == ()
     x = jax.random.normal(key, (3, 128), jnp.float32)
     text = str(jax.make_jaxpr(lambda x, w: quantized_matmul(x, w, jnp.float32))(x, w))
@@ -42,7 +46,7 @@ def test_sharded_nf4_on_one_device_is_the_plain_product_and_bad_input_is_a_clear
     np.testing.assert_array_equal(w.dequantize(jnp.float32), ref.dequantize(jnp.float32))
   with pytest.raises(ValueError, match="kind='rows'"):
     ShardedNF4(row, mesh, "rows")
-  with pytest.raises(ValueError, match="must be a ColumnBlocks, got NF4Tensor"):
+  with pytest.raises(ValueError, match="must be a ColumnBlocks or an NF4KMajor, got NF4Tensor"):
     ShardedNF4(col, mesh, "column")
   with pytest.raises(ValueError, match="one leading"):
     ShardedNF4(col, mesh, "row").at_layer(0)
@@ -135,10 +139,29 @@ SCRIPT = textwrap.dedent("""
     assert sum(re.match(rf"f32\\[2,{c.hidden_size}\\]", s) is not None for s in reduced) == 2 * c.num_layers, reduced
     assert sum(re.match(rf"f32\\[2,1,{c.hidden_size}\\]", s) is not None for s in reduced) == 1, reduced
     print("ENGINE-OK")
+
+    # the K-major layout (FINEFLAX_NF4_LAYOUT=kmajor): every NF4 kernel K-major, split over out or in, its
+    # shards through nf4_kmajor_gemv; the same greedy tokens, no codes gathered
+    from fineflax.quant import nf4_kmajor_gemv as km
+    from fineflax.quant.nf4_kmajor import NF4KMajor
+    calls = []
+    kernel = km.kmajor_matmul
+    km.kmajor_matmul = lambda *a, **kw: calls.append(a[1].shape) or kernel(*a, **kw)
+    os.environ["FINEFLAX_NF4_LAYOUT"] = "kmajor"
+    e, kmaj = run(mesh, "pallas")
+    assert kmaj == one, (one, kmaj)
+    kernels = [k for k in jax.tree.leaves(e.params, is_leaf=lambda x: isinstance(x, ShardedNF4))
+               if isinstance(k, ShardedNF4)]
+    assert len(kernels) == 7 and all(isinstance(k.w, NF4KMajor) and k.local() is not None for k in kernels)
+    assert set(calls) >= {(128, 128), (128, 64)}, calls  # each device's shard [in, out]: q, o, gate, up, down; k, v
+    (program,) = [k for k in e.programs]
+    gathered = re.findall(r"= (\\S+) all-gather(?:-start)?\\(", _PROGRAMS[program].as_text())
+    assert not [g for g in gathered if g.startswith("u8")], gathered
+    print("KMAJOR-OK")
 """)
 
 
 @pytest.mark.slow
 def test_nf4_kernel_on_tensor_parallel_shards():
   r = run_script(SCRIPT, devices=2, timeout=1200)
-  assert r.returncode == 0 and "ENGINE-OK" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]
+  assert r.returncode == 0 and "KMAJOR-OK" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]

@@ -29,7 +29,9 @@ device's columns then one contiguous range. Nested (double-quantised) scale grou
 replicated (a few bytes a block group). int8 kernels are not split (a clear error). Placed, each NF4 kernel
 is wrapped as a `fineflax.quant.sharded.ShardedNF4` (the mesh and its column / row split): its products run
 the fused NF4 kernel on each device's shard under shard_map where `quant.matmul` picks the kernel, and
-dequantise through GSPMD as before otherwise.
+dequantise through GSPMD as before otherwise. With FINEFLAX_NF4_LAYOUT=kmajor (`quant.matmul.decode_layout`)
+every NF4 kernel is instead laid out K-major (`quant.nf4_kmajor`, exact): codes [.., out, in / 2] and scales
+[.., out / 64, in / 2] split over out (columns) or over in (rows), its shards multiplied by `nf4_kmajor_gemv`.
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fineflax.mesh import put
 from fineflax.models.paged import init_paged_cache
 from fineflax.quant.column_blocks import ColumnBlocks, column_blocks
+from fineflax.quant.matmul import decode_layout
 from fineflax.quant.nf4 import NF4Tensor
+from fineflax.quant.nf4_kmajor import NF4KMajor, from_nf4, kmajor_reason
 from fineflax.quant.sharded import ShardedNF4
 
 MODEL_AXIS = "model"
@@ -84,31 +88,37 @@ def tp_layout(params, n: int, mesh: Mesh | None = None):
         raise ValueError(f"tensor parallelism over {n} devices: the NF4 kernel of {_linear(_keys(path))!r} is "
                          f"already split over {x.n}")
       return x
-    if not _quantized(x) or (isinstance(x, ColumnBlocks) and x.blocks.shape[0] == n):  # done already
-      return x
+    if not _quantized(x) or isinstance(x, NF4KMajor) or (isinstance(x, ColumnBlocks) and x.blocks.shape[0] == n):
+      return x  # done already
     name = _linear(_keys(path))
     if not isinstance(x, NF4Tensor):
       raise ValueError(f"tensor parallelism: the {type(x).__name__} kernel of {name!r} is not split over the "
                        "model axis (NF4 and dense are); decode a dense base (dense_base=True)")
+    if kmajor and name in COLUMN + ROW:
+      if kmajor_reason(x):
+        raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {kmajor_reason(x)}")
+      return _made_on(from_nf4, x, n, mesh, -2 if name in COLUMN else -1)
     if name not in COLUMN or n == 1:
       return x
     try:
-      return _column_blocks_on(x, n, mesh)
+      return _made_on(functools.partial(column_blocks, n=n), x, n, mesh, -1)
     except ValueError as e:
       raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {e}") from None
+  kmajor = decode_layout(tensor_parallel=True) == "kmajor"
   return jax.tree_util.tree_map_with_path(convert, params, is_leaf=_quantized)
 
 
-def _column_blocks_on(w: NF4Tensor, n: int, mesh: Mesh | None) -> ColumnBlocks:
-  """column_blocks(w, n); with a mesh (one process), made split over its "model" axis by one jitted call."""
-  make = functools.partial(column_blocks, n=n)
+def _made_on(make, w: NF4Tensor, n: int, mesh: Mesh | None, axis: int):
+  """make(w) (`column_blocks` or `from_nf4`); with a mesh (one process), made by one jitted call whose every
+  output leaf is split over the "model" axis along `axis` (w's own leaves moved there first, split along their
+  last axis, when they live elsewhere)."""
   if mesh is None or jax.process_count() > 1:
     return make(w)
-  split = lambda x: NamedSharding(mesh, _spec(np.shape(x), -1, n))
+  split = lambda axis: lambda x: NamedSharding(mesh, _spec(np.shape(x), axis, n))
   mesh_devices = set(mesh.devices.flat)
   if any(getattr(x, "sharding", None) is None or x.sharding.device_set != mesh_devices for x in jax.tree.leaves(w)):
-    w = jax.tree.map(lambda x: put(x, split(x)), w)  # other devices (e.g. the update's whole mesh): move first
-  return jax.jit(make, out_shardings=jax.tree.map(split, jax.eval_shape(make, w)))(w)
+    w = jax.tree.map(lambda x: put(x, split(-1)(x)), w)  # other devices (e.g. the update's whole mesh): move first
+  return jax.jit(make, out_shardings=jax.tree.map(split(axis), jax.eval_shape(make, w)))(w)
 
 
 def _linear(path: tuple[str, ...]) -> str | None:
@@ -148,10 +158,17 @@ def _keys(path) -> tuple[str, ...]:
 
 
 def decode_param_specs(params, config, n: int):
-  """PartitionSpec of every leaf of decode params (stacked `decoder` layout or unfused `prepare_unrolled`)."""
+  """PartitionSpec of every leaf of decode params (stacked `decoder` layout or unfused `prepare_unrolled`); a
+  K-major NF4 kernel's leaves split over out (column linears: axis -2) or in (row linears: axis -1)."""
   vocab_split = config.vocab_size % n == 0
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: _spec(np.shape(x), _leaf_axis(_keys(path), vocab_split), n), params)
+
+  def spec(path, x):
+    keys = _keys(path)
+    if isinstance(x, NF4KMajor):
+      axis = -2 if _linear(keys) in COLUMN else -1
+      return jax.tree.map(lambda leaf: _spec(np.shape(leaf), axis, n), x)
+    return _spec(np.shape(x), _leaf_axis(keys, vocab_split), n)
+  return jax.tree_util.tree_map_with_path(spec, params, is_leaf=lambda x: isinstance(x, NF4KMajor))
 
 
 def lora_specs(lora, n: int):
@@ -202,7 +219,8 @@ def shard_decode_params(params, config, mesh: Mesh):
 
 def wrap_sharded(params, mesh: Mesh):
   """Placed decode params with each split NF4 kernel as a `ShardedNF4` (column blocks of q / k / v / gate /
-  up: "column"; NF4 o / down: "row"); other leaves, and kernels already wrapped, unchanged."""
+  up: "column"; NF4 o / down: "row"; K-major kernels by their linear); other leaves, and kernels already
+  wrapped, unchanged."""
   n = tp_size(mesh)
 
   def wrap(path, x):
@@ -211,6 +229,8 @@ def wrap_sharded(params, mesh: Mesh):
       return ShardedNF4(x, mesh, "column", MODEL_AXIS)
     if isinstance(x, NF4Tensor) and name in ROW:
       return ShardedNF4(x, mesh, "row", MODEL_AXIS)
+    if isinstance(x, NF4KMajor) and name in COLUMN + ROW:
+      return ShardedNF4(x, mesh, "column" if name in COLUMN else "row", MODEL_AXIS)
     return x
   return jax.tree_util.tree_map_with_path(wrap, params, is_leaf=_quantized)
 

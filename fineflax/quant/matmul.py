@@ -57,29 +57,32 @@ def kernel_mode() -> str:
 LAYOUTS = ("auto", "kmajor", "bnb")
 
 
-def decode_layout() -> str:
+def decode_layout(tensor_parallel: bool = False) -> str:
   """FINEFLAX_NF4_LAYOUT (default auto): the layout the unrolled decoder keeps its NF4 kernels in.
   "kmajor": a K-major copy (`NF4KMajor`, 4.5 bits a weight, made at sampler setup) for its faster kernel;
   "bnb": the NF4Tensors as they are (no copy); "auto": kmajor where that kernel runs (FINEFLAX_NF4_KERNEL
-  pallas, or auto on a one-device GPU backend), else bnb. ValueError naming a value outside LAYOUTS."""
+  pallas, or auto on a one-device GPU backend), else bnb; under tensor parallelism (`engine.tensor_parallel`
+  lays the kernels out) auto is bnb: the K-major shards are not measured on GPUs yet. ValueError naming a
+  value outside LAYOUTS."""
   layout = os.environ.get("FINEFLAX_NF4_LAYOUT", "auto")
   if layout not in LAYOUTS:
     raise ValueError(f"FINEFLAX_NF4_LAYOUT={layout!r}; expected one of {LAYOUTS}")
-  if layout != "auto":
-    return layout
+  if layout != "auto" or tensor_parallel:
+    return "bnb" if layout == "auto" else layout
   mode = kernel_mode()
   gpu = jax.default_backend() == "gpu" and jax.device_count() == 1
   return "kmajor" if mode == "pallas" or (mode == "auto" and gpu) else "bnb"
 
 
-def _kmajor_config(rows: int, w, x_dtype, dtype):
-  """The `nf4_kmajor_gemv.KMajorConfig` for x [rows, K] @ an NF4KMajor w (or its layer view), or None (XLA)."""
+def _kmajor_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
+  """The `nf4_kmajor_gemv.KMajorConfig` for x [rows, K] @ an NF4KMajor w (its layer view, or one device's shard
+  of a `ShardedNF4`: sharded), or None (XLA)."""
   from fineflax.quant import nf4_kmajor_gemv as km
   mode = kernel_mode()
   floats = (jnp.bfloat16, jnp.float32)
   if mode == "xla" or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats:
     return None
-  if mode == "auto" and (jax.default_backend() != "gpu" or jax.device_count() != 1):
+  if mode == "auto" and (jax.default_backend() != "gpu" or (jax.device_count() != 1 and not sharded)):
     return None
   from fineflax.quant.nf4_kernel_table import kmajor_choice
   cfg = kmajor_choice(*w.shape, rows) if mode == "auto" else km.default_config(rows, *w.shape)
@@ -108,24 +111,22 @@ def kernel_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
 
 
 def _product(x, w, dtype):
-  """x @ w.dequantize(dtype), through the fused NF4 kernel where `kernel_config` picks it."""
+  """x @ w.dequantize(dtype), through a fused NF4 kernel where `kernel_config` / `_kmajor_config` picks one."""
   from fineflax.quant import nf4_gemv, nf4_kmajor_gemv
   from fineflax.quant.nf4_kmajor import NF4KMajor
   from fineflax.quant.sharded import ShardedNF4
   rows = math.prod(x.shape[:-1])
   interpret = jax.default_backend() != "gpu"
-  if isinstance(w, NF4KMajor) or isinstance(getattr(w, "stacked", None), NF4KMajor):
-    cfg = _kmajor_config(rows, w, x.dtype, dtype) if rows else None
-    if cfg is None:
-      return x @ w.dequantize(dtype)
-    y = nf4_kmajor_gemv.kmajor_matmul(x.reshape(rows, x.shape[-1]), w, dtype, cfg, interpret=interpret)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
   sharded = isinstance(w, ShardedNF4)
   local = w.local() if sharded else w
-  cfg = kernel_config(rows, local, x.dtype, dtype, sharded) if rows and local is not None else None
+  if isinstance(w.w if sharded else getattr(w, "stacked", w), NF4KMajor):
+    cfg = _kmajor_config(rows, local, x.dtype, dtype, sharded) if rows and local is not None else None
+    run = lambda x2, w2: nf4_kmajor_gemv.kmajor_matmul(x2, w2, dtype, cfg, interpret=interpret)
+  else:
+    cfg = kernel_config(rows, local, x.dtype, dtype, sharded) if rows and local is not None else None
+    run = lambda x2, w2: nf4_gemv.nf4_matmul(x2, w2, dtype, cfg, interpret=interpret)
   if cfg is None:
     return x @ w.dequantize(dtype)
-  run = lambda x2, w2: nf4_gemv.nf4_matmul(x2, w2, dtype, cfg, interpret=interpret)
   x2 = x.reshape(rows, x.shape[-1])
   y = w.product(x2, run) if sharded else run(x2, w)
   return y.reshape(*x.shape[:-1], y.shape[-1])

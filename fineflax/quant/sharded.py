@@ -11,6 +11,10 @@ Megatron layout):
                  s in/n : (s + 1) in/n (codes, block scales); nested scale groups / offsets replicated
                    y = sum_s x[:, s in/n : (s + 1) in/n] @ W_s     (x split over its columns; one psum)
 
+or, either kind, w an `NF4KMajor` (`quant.nf4_kmajor`: codes [.., out, in / 2], scales [.., out / 64, in / 2]),
+its leaves split over out (column: axis -2) or over in (row: axis -1): the same products, each device's shard
+an NF4KMajor read by `nf4_kmajor_gemv`.
+
 `layer`: leaves stacked over layers [L, ...] and read at layer `layer` in place (`NF4Layer`), not sliced.
 A row kernel keeps its double-quantised scales when each device's blocks are whole nested groups of 256
 (in out / (64 n) % 256 == 0, every real shape); otherwise, or when its scales are not split, `local` is
@@ -29,6 +33,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from fineflax.quant.column_blocks import ColumnBlocks
 from fineflax.quant.nf4 import ABSMAX_BLOCKSIZE, NF4Tensor
+from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
 KINDS = ("column", "row")
@@ -46,9 +51,10 @@ class ShardedNF4:
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"ShardedNF4: kind={self.kind!r}; expected one of {KINDS}")
-    want = ColumnBlocks if self.kind == "column" else NF4Tensor
+    want = (ColumnBlocks if self.kind == "column" else NF4Tensor, NF4KMajor)
     if not isinstance(self.w, want):
-      raise ValueError(f"ShardedNF4(kind={self.kind!r}): w must be a {want.__name__}, got {type(self.w).__name__}")
+      raise ValueError(f"ShardedNF4(kind={self.kind!r}): w must be a {want[0].__name__} or an NF4KMajor, got "
+                       f"{type(self.w).__name__}")
 
   @property
   def n(self) -> int:
@@ -80,12 +86,23 @@ class ShardedNF4:
   def dequantize(self, dtype=None) -> jnp.ndarray:
     return self._one().dequantize(dtype)
 
-  def _nf4(self) -> NF4Tensor:
-    return self.w.blocks if self.kind == "column" else self.w
+  def _nf4(self) -> NF4Tensor | NF4KMajor:
+    return self.w.blocks if isinstance(self.w, ColumnBlocks) else self.w
 
-  def local(self) -> NF4Tensor | None:
-    """One device's shard as an abstract unstacked NF4Tensor (shapes only), or None where the kernel cannot
-    read it in place (module docstring)."""
+  def _kmajor_local(self) -> NF4KMajor | None:
+    n, (k, out) = self.n, self.shape
+    if (self.kind == "column" and out % (64 * n)) or (self.kind == "row" and k % (2 * n)):
+      return None
+    k, out = (k, out // n) if self.kind == "column" else (k // n, out)
+    leaf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    return NF4KMajor(codes=jax.ShapeDtypeStruct((out, k // 2), jnp.uint8), scale_even=leaf(out // 64, k // 2),
+                     scale_odd=leaf(out // 64, k // 2), shape=(k, out), dtype=self.w.dtype)
+
+  def local(self) -> NF4Tensor | NF4KMajor | None:
+    """One device's shard as an abstract unstacked NF4Tensor (or NF4KMajor; shapes only), or None where the
+    kernel cannot read it in place (module docstring)."""
+    if isinstance(self.w, NF4KMajor):
+      return self._kmajor_local()
     w, n = self._nf4(), self.n
     k, out = self.shape
     if self.kind == "column":
@@ -112,22 +129,25 @@ class ShardedNF4:
     """PartitionSpecs of the NF4 leaves: codes and block scales split along their last axis, the rest whole."""
     w = self._nf4()
     lead = [None] * len(w.lead_shape)
+    if isinstance(w, NF4KMajor):  # column: over out (axis -2); row: over in (axis -1)
+      split = P(*lead, self.axis, None) if self.kind == "column" else P(*lead, None, self.axis)
+      return w.replace(codes=split, scale_even=split, scale_odd=split)
     split = P(*lead, self.axis)
     return w.replace(codes=split, absmax=split,
                      absmax_scale=None if w.absmax_scale is None else P(),
                      absmax_offset=None if w.absmax_offset is None else P())
 
   def product(self, x: jnp.ndarray, local_product: Callable) -> jnp.ndarray:
-    """x [M, in] @ W -> [M, out], each device calling local_product(x_s, W_s) on its shard (an NF4Tensor,
-    or an NF4Layer view of stacked leaves); requires `local()` not None."""
+    """x [M, in] @ W -> [M, out], each device calling local_product(x_s, W_s) on its shard (an NF4Tensor or
+    NF4KMajor, or an NF4Layer view of stacked leaves); requires `local()` not None."""
     shard = self.local()
     if shard is None:
       raise ValueError(f"ShardedNF4.product: this {self.kind} kernel of shape {self.shape} cannot be read in "
                        f"place on {self.n} devices; use dequantize")
     layer, axis = self.layer, self.axis
 
-    def view(w: NF4Tensor):
-      if self.kind == "row" and w.double_quant:  # this device's nested groups: whole groups (local() checked)
+    def view(w):
+      if self.kind == "row" and isinstance(w, NF4Tensor) and w.double_quant:  # this device's nested groups: whole groups (local() checked)
         groups = shard.absmax_scale.shape[0]
         start = jax.lax.axis_index(axis) * groups
         w = w.replace(absmax_scale=jax.lax.dynamic_slice_in_dim(w.absmax_scale, start, groups, axis=-1))
