@@ -366,8 +366,8 @@ def main(argv=None) -> int:
   ap.add_argument("--tp", type=int, default=None, help="devices of the model axis (case tp; default 4, --tiny 2)")
   ap.add_argument("--tp-quant", default="nf4", choices=("nf4", "none"), help="linears of case tp: NF4 or bf16")
   ap.add_argument("--tp-nf4-kernel", default="auto", help="case tp, NF4: FINEFLAX_NF4_KERNEL modes to time, "
-                  "comma-separated (auto, pallas: the fused kernel on each device's shard; xla; kmajor: the K-major layout's "
-                  "shards and kernel, FINEFLAX_NF4_LAYOUT=kmajor)")
+                  "comma-separated (auto, pallas: the fused kernel on each device's shard; xla; kmajor: the "
+                  "K-major layout's shards and kernel, FINEFLAX_NF4_LAYOUT=kmajor)")
   ap.add_argument("--out", default="benchmarks/out/engine", help="folder for one Markdown table per case")
   ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a check of the script)")
   ap.add_argument("--baseline-path", default=None, help="folder holding the old fineflax/ (case b baseline)")

@@ -59,7 +59,7 @@ def kmajor_bytes(k: int, n: int) -> int:
 
 def kmajor_candidates(m: int, k: int, n: int) -> list:
   """K-major kernel variants tried for one (M, K, N): the default and a few neighbours that fit the shape."""
-  from fineflax.quant.nf4_kmajor_gemv import KMajorConfig, default_config, unsupported_reason
+  from fineflax.quant.nf4_kmajor_gemv import default_config, unsupported_reason
   from fineflax.quant.nf4_kmajor import NF4KMajor
   base = default_config(m, k, n)
   if base is None:
@@ -206,7 +206,8 @@ def products_worker(spec: dict) -> dict:
         if name.startswith("kmajor") and row.get("max_rel_err", 1.0) < 2 ** -6 and (
             kbest is None or row["us"] < kbest[0]["us"]):
           kbest = (row, cfg)
-        if cfg is not None and not name.startswith("kmajor") and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
+        bnb_kernel = cfg is not None and not name.startswith("kmajor")
+        if bnb_kernel and row.get("max_rel_err", 1.0) < 2 ** -6 and (best is None or row["us"] < best[0]["us"]):
           best = (row, cfg)
       except Exception as e:  # one failing variant keeps the others
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"

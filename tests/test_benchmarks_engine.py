@@ -42,8 +42,8 @@ def test_tiny_run_writes_every_case(tmp_path):
 def test_tiny_tp_case_splits_the_weights_and_times_a_decode(tmp_path):
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-m", "benchmarks.engine", "--tiny", "--only", "tp", "--attention", "gather",
-                      "--tp-nf4-kernel", "xla,pallas,kmajor", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                     timeout=600)
+                      "--tp-nf4-kernel", "xla,pallas,kmajor", "--out", str(out)], cwd=ROOT, capture_output=True,
+                     text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   res = json.loads((out / "engine_tp_gather_nf4.json").read_text())["result"]
   assert res["devices"] == 2 and res["quant"] == "nf4"

@@ -21,10 +21,10 @@ FINEFLAX_NF4_KERNEL:
   pallas          the kernel wherever its shape rules hold (interpreted off GPU: slow, for tests)
   xla             never the kernel
 An `NF4KMajor` W (the K-major copy the unrolled decoder makes, `decode_layout`) runs its own kernel
-(`fineflax.quant.nf4_kmajor_gemv`) for 1 to 64 rows under the same modes (auto: one GPU device), else
-XLA's dequantise + dot. The backward pass always dequantises (dx = dy @ W^T). The choice is made while a product is traced: JAX
-keeps a traced function by its argument shapes, so a program traced before FINEFLAX_NF4_KERNEL changed keeps
-its choice; compare choices in separate processes (the benchmarks do).
+(`fineflax.quant.nf4_kmajor_gemv`) for 1 to 64 rows under the same modes (auto: one GPU device, or a
+shard), else XLA's dequantise + dot. The backward pass always dequantises (dx = dy @ W^T). The choice is made
+while a product is traced: JAX keeps a traced function by its argument shapes, so a program traced before
+FINEFLAX_NF4_KERNEL changed keeps its choice; compare choices in separate processes (the benchmarks do).
 """
 from __future__ import annotations
 

@@ -57,13 +57,14 @@ class KMajorConfig:
 def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
   """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; on the fma path fewer tiles
   a program (iters) while the grid has fewer than MIN_PROGRAMS programs (narrow products; H200, 8B k/v at M = 1:
-  7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four 64-byte tiles). None (XLA) for m > 64 or when no tile of >= 16 bytes
-  divides K / 2."""
+  7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four 64-byte tiles). None (XLA) for
+  m > 64 or when no tile of >= 16 bytes divides K / 2."""
   if m < 1 or m > DOT_MAX_ROWS:
     return None
   cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=1)
   while (k // 2) % (cfg.bkb * cfg.iters):
-    cfg = dataclasses.replace(cfg, iters=cfg.iters // 2) if cfg.iters > 1 else dataclasses.replace(cfg, bkb=cfg.bkb // 2)
+    smaller = dict(iters=cfg.iters // 2) if cfg.iters > 1 else dict(bkb=cfg.bkb // 2)
+    cfg = dataclasses.replace(cfg, **smaller)
     if cfg.bkb < 16:
       return None
   programs = lambda c: n // c.bn * (k // 2 // (c.bkb * c.iters))

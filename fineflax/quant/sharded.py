@@ -147,7 +147,8 @@ class ShardedNF4:
     layer, axis = self.layer, self.axis
 
     def view(w):
-      if self.kind == "row" and isinstance(w, NF4Tensor) and w.double_quant:  # this device's nested groups: whole groups (local() checked)
+      if self.kind == "row" and isinstance(w, NF4Tensor) and w.double_quant:
+        # this device's nested groups: whole groups (local() checked)
         groups = shard.absmax_scale.shape[0]
         start = jax.lax.axis_index(axis) * groups
         w = w.replace(absmax_scale=jax.lax.dynamic_slice_in_dim(w.absmax_scale, start, groups, axis=-1))
