@@ -10,11 +10,12 @@ XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's sc
   "dot" (M <= 64, rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
                                (W exactly `dequantize(dtype)`'s values; f32 accumulation)
   "dot_t" (the same values):  y^T += dtype(NF4[hi] se) @ xe^T + dtype(NF4[lo] so) @ xo^T: the decoded tile is
-                               the MMA's left operand as it lies (x arrives transposed; y^T transposed by XLA)
+                               the MMA's left operand as it lies (x arrives transposed; y^T transposed by XLA;
+                               measured 1.05-1.15x slower than "dot")
 
 Decode: "gather" reads NF4[q] from a 16-entry f32 table (L1-resident), "select" is a 15-select tree.
 
-Measured on one H200 (RESULTS.md, section nf4_kmajor; products timed inside one jit over weight copies):
+Measured on one H200 (benchmarks/RESULTS.md, section session_2026_11_29; products timed inside one jit over weight copies):
 M = 1 on the 8B MLP products 37-38 us against XLA's 125-127 us; M = 16 74-76 us, M = 64 111-113 us. Under
 FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table (`nf4_kernel_table.kmajor_choice`,
 `nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`); `default_config` (that sweep's winner per path:
@@ -34,9 +35,9 @@ from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
 PATHS = ("fma", "dot", "dot_t")
-FMA_MAX_ROWS = 4   # H200: at M = 4 the FMA path took 0.83-0.95x bf16's time, the dot path is the better above
+FMA_MAX_ROWS = 4   # H200 probe: at M = 4 the fma path ran at 0.8-1.2x bf16's speed; above, "dot" (rows padded to 16)
 MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
-DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.8-0.85x XLA's time
+DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.73-0.88x XLA's time
 
 
 @dataclasses.dataclass(frozen=True)
