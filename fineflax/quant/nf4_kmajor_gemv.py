@@ -16,10 +16,11 @@ XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's sc
 Decode: "gather" reads NF4[q] from a 16-entry f32 table (L1-resident), "select" is a 15-select tree.
 
 Measured on one H200 (benchmarks/RESULTS.md, section session_2026_11_29; products timed inside one jit over
-weight copies): M = 1 on the 8B MLP products 37-38 us against XLA's 125-127 us; M = 16 74-76 us, M = 64
-111-113 us. Under FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table (`nf4_kernel_table.kmajor_choice`,
-`nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`); `default_config` (that sweep's winner per path:
-gather, bn 64; fma bkb 64 x 4 tiles, dot bkb 128 x 1) serves shapes without an entry and FINEFLAX_NF4_KERNEL=pallas.
+weight copies): M = 1 on the 8B MLP products 37-38 us against XLA's 125-127 us; M = 16 74-76 us, M = 64 111-113
+us. Under FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table
+(`nf4_kernel_table.kmajor_choice`, `nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`);
+`default_config` (that sweep's winner per path: gather, bn 64; fma bkb 64 x 4 tiles, dot bkb 128 x 1) serves
+shapes without an entry and FINEFLAX_NF4_KERNEL=pallas.
 """
 from __future__ import annotations
 
