@@ -69,11 +69,7 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   else:
     more = [dict(path="dot_t", bkb=128, iters=1), dict(path="dot_t", bkb=64, iters=2), dict(path="dot_t", bn=128),
             dict(path="dot_t", num_warps=8), dict(bn=128)]
-  import jax
-  import numpy as np
-  leaf = lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)
-  w = NF4KMajor(codes=leaf(n, k // 2), scale_even=leaf(n // 64, k // 2), scale_odd=leaf(n // 64, k // 2), shape=(k, n),
-                dtype=np.float32)
+  w = NF4KMajor.abstract(k, n)
   fits = lambda c: unsupported_reason((m, k), w, c) is None
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]
   return list(dict.fromkeys(out))

@@ -95,8 +95,8 @@ def tp_layout(params, n: int, mesh: Mesh | None = None):
       raise ValueError(f"tensor parallelism: the {type(x).__name__} kernel of {name!r} is not split over the "
                        "model axis (NF4 and dense are); decode a dense base (dense_base=True)")
     if kmajor and name in COLUMN + ROW:
-      if kmajor_reason(x):
-        raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {kmajor_reason(x)}")
+      if reason := kmajor_reason(x):
+        raise ValueError(f"tensor parallelism, NF4 kernel of {name!r}: {reason}")
       return _made_on(from_nf4, x, n, mesh, -2 if name in COLUMN else -1)
     if name not in COLUMN or n == 1:
       return x

@@ -57,6 +57,19 @@ def kernel_mode() -> str:
 LAYOUTS = ("auto", "kmajor", "bnb")
 
 
+def _kernel_mode(x_dtype, dtype, sharded: bool = False) -> str | None:
+  """FINEFLAX_NF4_KERNEL where a fused kernel may run for x of x_dtype and W dequantised to dtype: "pallas",
+  "auto" (a GPU backend with one device, or one device's shard under shard_map: GSPMD would gather split
+  leaves in front of a custom call), else None (XLA)."""
+  mode = kernel_mode()
+  floats = (jnp.bfloat16, jnp.float32)
+  if mode == "xla" or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats:
+    return None
+  if mode == "auto" and (jax.default_backend() != "gpu" or (jax.device_count() != 1 and not sharded)):
+    return None
+  return mode
+
+
 def decode_layout(tensor_parallel: bool = False) -> str:
   """FINEFLAX_NF4_LAYOUT (default auto): the layout the unrolled decoder keeps its NF4 kernels in.
   "kmajor": a K-major copy (`NF4KMajor`, 4.5 bits a weight, made at sampler setup) for its faster kernel;
@@ -69,22 +82,17 @@ def decode_layout(tensor_parallel: bool = False) -> str:
     raise ValueError(f"FINEFLAX_NF4_LAYOUT={layout!r}; expected one of {LAYOUTS}")
   if layout != "auto" or tensor_parallel:
     return "bnb" if layout == "auto" else layout
-  mode = kernel_mode()
-  gpu = jax.default_backend() == "gpu" and jax.device_count() == 1
-  return "kmajor" if mode == "pallas" or (mode == "auto" and gpu) else "bnb"
+  return "kmajor" if _kernel_mode(jnp.float32, jnp.float32) else "bnb"
 
 
 def _kmajor_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
   """The `nf4_kmajor_gemv.KMajorConfig` for x [rows, K] @ an NF4KMajor w (its layer view, or one device's shard
   of a `ShardedNF4`: sharded), or None (XLA)."""
   from fineflax.quant import nf4_kmajor_gemv as km
-  mode = kernel_mode()
-  floats = (jnp.bfloat16, jnp.float32)
-  if mode == "xla" or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats:
-    return None
-  if mode == "auto" and (jax.default_backend() != "gpu" or (jax.device_count() != 1 and not sharded)):
-    return None
   from fineflax.quant.nf4_kernel_table import kmajor_choice
+  mode = _kernel_mode(x_dtype, dtype, sharded)
+  if mode is None:
+    return None
   cfg = kmajor_choice(*w.shape, rows) if mode == "auto" else km.default_config(rows, *w.shape)
   return cfg if cfg is not None and km.unsupported_reason((rows, w.shape[0]), w, cfg) is None else None
 
@@ -93,15 +101,10 @@ def kernel_config(rows: int, w, x_dtype, dtype, sharded: bool = False):
   """The `nf4_gemv.KernelConfig` the forward product x [rows, K] @ w uses, or None for XLA (docstring).
   sharded: w is one device's shard of a `ShardedNF4` (run under shard_map)."""
   from fineflax.quant import nf4_gemv, nf4_kernel_table
-  mode = kernel_mode()
-  floats = (jnp.bfloat16, jnp.float32)
-  if (mode == "xla" or not isinstance(w, (nf4_gemv.NF4Tensor, nf4_gemv.NF4Layer))
-      or jnp.dtype(x_dtype) not in floats or jnp.dtype(dtype) not in floats or len(w.shape) != 2):
+  mode = _kernel_mode(x_dtype, dtype, sharded)
+  if mode is None or not isinstance(w, (nf4_gemv.NF4Tensor, nf4_gemv.NF4Layer)) or len(w.shape) != 2:
     return None
   if mode == "auto":
-    # several devices: only shards under shard_map (GSPMD would gather split leaves in front of a custom call)
-    if jax.default_backend() != "gpu" or (jax.device_count() != 1 and not sharded):
-      return None
     cfg = nf4_kernel_table.kernel_choice(w.shape[0], w.shape[1], rows)
   else:
     cfg = nf4_gemv.default_config(rows)

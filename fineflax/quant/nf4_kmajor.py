@@ -36,6 +36,13 @@ class NF4KMajor:
   def lead_shape(self) -> tuple[int, ...]:
     return tuple(self.codes.shape[:-2])
 
+  @classmethod
+  def abstract(cls, k: int, n: int, dtype=jnp.bfloat16) -> "NF4KMajor":
+    """An unstacked W [k, n] of shapes only (`jax.ShapeDtypeStruct` leaves), for shape rules and eval_shape."""
+    scales = jax.ShapeDtypeStruct((n // 64, k // 2), jnp.float32)
+    return cls(codes=jax.ShapeDtypeStruct((n, k // 2), jnp.uint8), scale_even=scales, scale_odd=scales,
+               shape=(k, n), dtype=dtype)
+
   def dequantize(self, dtype=None) -> jnp.ndarray:
     """Dense [..., K, N] of `dtype` (default: the dtype it was quantised from)."""
     dtype = self.dtype if dtype is None else dtype
@@ -66,9 +73,8 @@ def from_nf4(w: NF4Tensor) -> NF4KMajor:
     raise ValueError(f"from_nf4: {reason}")
   if w.lead_shape:
     return jax.lax.map(from_nf4, w)
-  lead, (k, n) = w.lead_shape, w.shape
-  q = jnp.stack([w.codes >> 4, w.codes & 15], axis=-1).reshape(*lead, k // 2, 2, n)  # q[2j + e, n]
-  codes = (q[..., 0, :] << 4) | q[..., 1, :]                                          # [..., K/2, N]
-  scales = jnp.swapaxes(w.absmax_f32().reshape(*lead, k // 2, 2, n // 64), -1, -3)    # [..., N/64, 2, K/2]
-  return NF4KMajor(codes=jnp.swapaxes(codes, -1, -2), scale_even=scales[..., 0, :], scale_odd=scales[..., 1, :],
-                   shape=(k, n), dtype=w.dtype)
+  k, n = w.shape
+  q = jnp.stack([w.codes >> 4, w.codes & 15], axis=-1).reshape(k // 2, 2, n)  # q[2j + e, n]
+  codes = (q[:, 0] << 4) | q[:, 1]                                            # [K/2, N]
+  scales = jnp.swapaxes(w.absmax_f32().reshape(k // 2, 2, n // 64), 0, 2)    # [N/64, 2, K/2]
+  return NF4KMajor(codes=codes.T, scale_even=scales[:, 0], scale_odd=scales[:, 1], shape=(k, n), dtype=w.dtype)

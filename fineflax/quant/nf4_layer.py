@@ -20,7 +20,7 @@ from fineflax.quant.nf4_kmajor import NF4KMajor
 @struct.dataclass
 class NF4Layer:
   """Layer `layer` of `stacked`, an NF4Tensor (or its K-major layout, `NF4KMajor`) with one leading (layer) axis."""
-  stacked: NF4Tensor
+  stacked: NF4Tensor | NF4KMajor
   layer: int = struct.field(pytree_node=False)
 
   def __post_init__(self):
@@ -45,7 +45,7 @@ class NF4Layer:
   def double_quant(self) -> bool:
     return getattr(self.stacked, "double_quant", False)
 
-  def sliced(self) -> NF4Tensor:
+  def sliced(self) -> NF4Tensor | NF4KMajor:
     return jax.tree.map(lambda a: a[self.layer], self.stacked)
 
   def dequantize(self, dtype=None):

@@ -94,9 +94,7 @@ class ShardedNF4:
     if (self.kind == "column" and out % (64 * n)) or (self.kind == "row" and k % (2 * n)):
       return None
     k, out = (k, out // n) if self.kind == "column" else (k // n, out)
-    leaf = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    return NF4KMajor(codes=jax.ShapeDtypeStruct((out, k // 2), jnp.uint8), scale_even=leaf(out // 64, k // 2),
-                     scale_odd=leaf(out // 64, k // 2), shape=(k, out), dtype=self.w.dtype)
+    return NF4KMajor.abstract(k, out, self.w.dtype)
 
   def local(self) -> NF4Tensor | NF4KMajor | None:
     """One device's shard as an abstract unstacked NF4Tensor (or NF4KMajor; shapes only), or None where the
