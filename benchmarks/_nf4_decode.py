@@ -38,7 +38,7 @@ def decode_worker(spec: dict) -> dict:
   import numpy as np
 
   from benchmarks._random_weights import random_params
-  from benchmarks.engine import SHAPES, _config
+  from benchmarks._engine_common import SHAPES, _config
   from fineflax.sampling import SamplerSession
 
   shape = dict(SHAPES["tiny"], num_layers=2) if spec["smoke"] else SHAPES[MODELS[spec["model"]]]

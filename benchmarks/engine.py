@@ -43,10 +43,14 @@ output projection, read whole each step).
     pages holding prompt positions (after the samples' first token: full pages shared, the partial last
     page copied on write), prefill wall time. Target: 128 x 1023 tokens prefilled, about 1/8 the pages.
 (tp) tensor-parallel decoding: Llama-3.1-70B shape (`fineflax.models.hub_shapes`), linears NF4 (QLoRA
-    base; --tp-quant none: bf16), weights and pages split over a "model" mesh axis of --tp devices (`fineflax.engine.tensor_parallel`; random weights made
-    directly in the split layout, never whole on one device), 32 rows of a 128-token prompt, 256 new
-    tokens. ms/step as (a); per-device weight-read ms = the bytes of one device's weight shards / BW
-    (BW of device 0). Target: ms/step <= 3x the per-device weight-read time. Peak memory per device.
+    base; --tp-quant none: bf16), weights and pages split over a "model" mesh axis of --tp devices
+    (`fineflax.engine.tensor_parallel`; random weights made directly in the split layout, never whole on one
+    device), 32 rows of a 128-token prompt, 256 new tokens. ms/step as (a); per-device weight-read ms = the
+    bytes of one device's weight shards / BW (BW of device 0). Target: ms/step <= 3x the per-device
+    weight-read time. Peak memory per device.
+
+Layout: the shapes and the workers' shared setup in benchmarks/_engine_common.py, case tp's worker in
+benchmarks/_engine_tp.py, the tables in benchmarks/_engine_tables.py; cases a, b, c and the CLI here.
 """
 from __future__ import annotations
 
@@ -54,7 +58,6 @@ import argparse
 import gc
 import json
 import logging
-import os
 import pathlib
 import sys
 import time
@@ -62,25 +65,12 @@ import time
 
 from benchmarks import gpu
 from benchmarks._decode_timing import time_decode, time_static
+from benchmarks._engine_common import _engine, _prompts, _setup, response_lengths
 from benchmarks._engine_tables import table_a, table_b, table_c, table_tp
+from benchmarks._engine_tp import run_nf4_kernels, worker_tp
 from benchmarks._results import write_section
-from benchmarks.sampler import SHAPES as SAMPLER_SHAPES
 from fineflax.io import atomic_write_json, atomic_write_text
 
-LLAMA3_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-               ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
-SHAPES = {
-    "Llama-3.1-8B": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                         num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE),
-    "Llama-3.2-1B": SAMPLER_SHAPES["Llama-3.2-1B"],
-    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",  # fineflax.models.hub_shapes
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                 num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
-    "tiny_tp": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
-                    num_kv_heads=2, head_dim=64, tie_word_embeddings=True),  # blocks: out / 2 a multiple of 64;
-    # every linear's shard fits the fused NF4 kernel (K a multiple of 128, row shards whole nested scale groups)
-}
 FULL = {
     "a": dict(shape="Llama-3.1-8B", rows=64, prompt_len=32, new_tokens=1024, rooms=[4096, 1024]),
     "b": dict(shape="Llama-3.2-1B", rows=256, prompt_len=128, median=512, cap=4096, admissions=["reserve", "watermark"],
@@ -98,54 +88,6 @@ TINY = {
 TITLES = {"a": "(a) cost follows the live tokens", "b": "(b) long-tail rollouts", "c": "(c) shared prompts",
           "tp": "(tp) tensor-parallel decoding"}
 TINY_DEVICES = 4  # forced CPU devices of --tiny (case tp splits over --tp of them)
-
-
-# ----------------------------------------------------------------------------- worker helpers
-
-def _config(shape: dict | str):
-  from fineflax.models import ModelConfig
-  if isinstance(shape, str):  # a hub name: its config.json fields from fineflax.models.hub_shapes
-    from fineflax.models.estimate import load_config
-    return load_config(shape)
-  shape = dict(shape)
-  if shape.get("rope_scaling"):  # JSON made the tuples lists; the config must stay hashable
-    shape["rope_scaling"] = tuple(tuple(kv) for kv in shape["rope_scaling"])
-  return ModelConfig(**shape, max_position_embeddings=131072)
-
-
-def _setup(spec: dict):
-  """(config, bf16 random params, weight bytes, kv bytes per token, copy bandwidth B/s)."""
-  import jax
-  import jax.numpy as jnp
-  from benchmarks._random_weights import random_params
-  config = _config(SHAPES[spec["shape"]])
-  bw = gpu.jax_copy_bandwidth(spec["copy_bytes"])
-  params = random_params(config, "none", jax.random.key(0), jnp.bfloat16)
-  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
-  return config, params, weight_bytes, kv_bytes, bw
-
-
-def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-  import numpy as np
-  return np.random.default_rng(seed).integers(3, vocab, (n, length)).tolist()
-
-
-def response_lengths(rows: int, median: int, cap: int, sigma: float, seed: int = 0) -> list[int]:
-  """min(cap, max(1, round(exp(N(ln median, sigma^2))))) per row."""
-  import numpy as np
-  draws = np.exp(np.random.default_rng(seed).normal(np.log(median), sigma, rows))
-  return np.clip(np.round(draws), 1, cap).astype(int).tolist()
-
-
-def _engine(params, config, spec, *, max_rows, lengths, attention, prepared, num_pages=0, **kw):
-  """An engine of these rows; num_pages 0: a pool holding every row's whole length (`engine_pool_pages`)."""
-  import jax.numpy as jnp
-  from fineflax.engine import Engine
-  from fineflax.sampling.session import engine_pool_pages
-  return Engine(params, config, max_rows=max_rows, num_pages=num_pages or engine_pool_pages(lengths, spec["page_size"]),
-                page_size=spec["page_size"], chunk_size=spec["chunk_size"], eos_ids=(), dtype=jnp.bfloat16,
-                attention=attention, prepared=prepared, impl=spec.get("impl", "auto"), **kw)
 
 
 # ----------------------------------------------------------------------------- case workers
@@ -306,55 +248,6 @@ def worker_c(spec: dict) -> dict:
   return out
 
 
-def worker_tp(spec: dict) -> dict:
-  import jax
-  import jax.numpy as jnp
-  from fineflax.engine import Engine, tensor_parallel as tp
-  from fineflax.engine.decode import decode_impl
-  from fineflax.mesh import make_mesh
-  from fineflax.sampling.session import engine_pool_pages
-  config = _config(SHAPES[spec["shape"]])
-  n, impl = spec["tp"], decode_impl(spec.get("impl", "auto"))
-  bw = gpu.jax_copy_bandwidth(spec["copy_bytes"])
-  mesh = make_mesh(data=1, model=n, devices=jax.devices()[:n])
-  t = time.perf_counter()
-  params = tp.random_decode_params(config, mesh, jnp.bfloat16, impl, quant=spec["quant"])
-  jax.block_until_ready(params)
-  init_s = time.perf_counter() - t
-  per_device = tp.bytes_per_device(params)
-  whole = sum(x.nbytes for x in jax.tree.leaves(params))
-  rows, plen, new = spec["rows"], spec["prompt_len"], spec["new_tokens"]
-  kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2 // n  # bytes a token, one device
-  live_kv = rows * kv * (plen + (new - 1) / 2)
-  read_ms = 1e3 * max(per_device.values()) / bw
-  out = {"device": gpu.jax_device_name(), "devices": n, "impl": impl, "quant": spec["quant"], "bw": bw,
-         "weight_bytes": whole,
-         "device_weight_bytes": max(per_device.values()), "read_ms": read_ms,
-         "read_kv_ms": read_ms + 1e3 * live_kv / bw, "init_s": init_s, "rows": []}
-  gpu.print_result(out)
-  mode = (os.environ.get("FINEFLAX_NF4_KERNEL", "auto") + ("+kmajor" if os.environ.get("FINEFLAX_NF4_LAYOUT") ==
-          "kmajor" else "")) if spec["quant"] == "nf4" else None  # one a process
-  for attention in spec["attentions"]:
-    try:
-      engine = Engine(params, config, max_rows=rows, page_size=spec["page_size"], chunk_size=spec["chunk_size"],
-                      num_pages=engine_pool_pages([plen + new] * rows, spec["page_size"]), eos_ids=(),
-                      dtype=jnp.bfloat16, attention=attention, impl=impl, prepared=True, mesh=mesh)
-      t = time.perf_counter()
-      compiled = engine.precompile([rows], plen + new)
-      compile_s = time.perf_counter() - t
-      dt, steps = time_decode(engine, _prompts(rows, plen, config.vocab_size), new, new)
-      peaks = [int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)) for d in mesh.devices.flat]
-      pool = tp.bytes_per_device(engine.pool)
-      out["rows"].append({"attention": attention, "nf4_kernel": mode, "ms_step": 1e3 * dt / steps, "steps": steps,
-                          "programs": compiled, "compile_s": compile_s, "peak_gib": [p / gpu.GIB for p in peaks],
-                          "pool_gib_device": max(pool.values()) / gpu.GIB})
-      del engine
-    except Exception as e:  # noqa: BLE001 - reported in the table
-      out["rows"].append({"attention": attention, "nf4_kernel": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-    gpu.print_result(out)
-  return out
-
-
 WORKERS = {"a": worker_a, "b": worker_b, "c": worker_c, "tp": worker_tp, "baseline": worker_baseline}
 
 
@@ -422,14 +315,7 @@ def main(argv=None) -> int:
         timeout=args.timeout)
     t = time.perf_counter()
     if case == "tp" and args.tp_quant == "nf4":  # a worker per FINEFLAX_NF4_KERNEL (read while tracing)
-      res = {}
-      for mode in nf4_kernels:
-        layout = {"FINEFLAX_NF4_KERNEL": "auto", "FINEFLAX_NF4_LAYOUT": "kmajor"} if mode == "kmajor" else {
-            "FINEFLAX_NF4_KERNEL": mode, "FINEFLAX_NF4_LAYOUT": "bnb"}
-        one = run(case, spec, **layout)
-        res = {**one, **res, "rows": res.get("rows", []) + one.get("rows", [])}
-        if "error" in one and not one.get("rows"):
-          res["rows"].append({"attention": ",".join(attentions), "nf4_kernel": mode, "error": one["error"]})
+      res = run_nf4_kernels(run, spec, nf4_kernels, attentions)
     else:
       res = run(case, spec)
     base = None

@@ -50,7 +50,7 @@ def compiled_text(mc, quant: str, remat: str, b: int, t: int, chunk: int) -> tup
   import jax.numpy as jnp
   import numpy as np
 
-  from benchmarks.sft import _lora_params
+  from benchmarks._sft_fineflax import _lora_params
   from fineflax.models import init_params
   from fineflax.models.quantize import quantize_params
   from fineflax.train.optim import make_optimizer

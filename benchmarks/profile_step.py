@@ -198,7 +198,8 @@ def build_step(args):
   import jax.numpy as jnp
   import numpy as np
 
-  from benchmarks.sft import SHAPES, SMOKE_SHAPES, _lora_params, model_config
+  from benchmarks._sft_fineflax import _lora_params
+  from benchmarks.sft import SHAPES, SMOKE_SHAPES, model_config
   from fineflax.models import init_params
   from fineflax.models.flops import lora_step_flops
   from fineflax.models.quantize import quantize_params

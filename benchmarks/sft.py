@@ -13,16 +13,17 @@ Both sides: random bf16 weights of the model's shape (tied embeddings), random t
 token, LoRA r=16 alpha=32 on q,k,v,o,gate,up,down (fp32 adapters, bf16 compute), AdamW + global-norm clip 1.
 fineflax: `make_sft_fns` train step (jit) over a [A=1, B, T] batch of one sequence a row
 (`causal_prefix=True`: plain causal attention, cuDNN's causal kernel on GPUs), remat none and full
-(`--sweep`: also dots, logits chunk 1024, and the masked-attention path that packed batches take). torch: `AutoModelForCausalLM.from_config` (sdpa attention) +
-peft `get_peft_model`, autocast bf16, fused AdamW, gradient checkpointing off / on.
+(`--sweep`: also dots, logits chunk 1024, and the masked-attention path that packed batches take).
+torch: `AutoModelForCausalLM.from_config` (sdpa attention) + peft `get_peft_model`, autocast bf16, fused
+AdamW, gradient checkpointing off / on.
 Every case runs in a fresh subprocess (separate memory peaks; JAX with XLA_PYTHON_CLIENT_PREALLOCATE=false).
 tokens/s = B * T * steps / time of `steps` timed steps after `warmup` untimed ones (the first compiles).
 ratio = tokens/s over the torch case with matching recomputation (remat none <-> checkpointing off,
 remat dots/full <-> checkpointing on). `--layer-loop` picks `model.layer_loop` (default auto, as the configs:
 unrolled on GPUs with remat none, else scan; scan: `lax.scan` over the stacked layers; unrolled: a Python
-loop over per-layer slices; both: every fineflax case once each with scan and unrolled). MFU = `fineflax.models.flops.lora_step_flops` / step time / the
-GPU's dense bf16 peak (`peak_bf16_flops`; formula printed under the table), the same model FLOPs for both
-frameworks.
+loop over per-layer slices; both: every fineflax case once each with scan and unrolled).
+MFU = `fineflax.models.flops.lora_step_flops` / step time / the GPU's dense bf16 peak (`peak_bf16_flops`;
+formula printed under the table), the same model FLOPs for both frameworks.
 
 `--params full` (or `both`): full-parameter training instead of LoRA, RESULTS.md section `sft_full`
 (`--section X`: X_full). fineflax: the same `make_sft_fns` step with `config.train.params="full"`'s state
@@ -34,12 +35,14 @@ parameter trainable (no peft), the same autocast step (`gpu.time_torch_lora_step
 option for f32 moments of bf16 parameters), so torch reads and writes half the optimizer bytes fineflax
 does. Gradient checkpointing off / on against remat none / full as for LoRA; `--torch-compile` adds the
 torch.compile case (checkpointing off). MFU of a full step: `full_step_flops`.
+
+Layout: the fineflax worker (and the LoRA / AdamW recipe) in benchmarks/_sft_fineflax.py, the torch worker in
+benchmarks/_sft_torch.py; the cases, the model FLOPs, the report and the CLI here.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import shlex
@@ -49,11 +52,11 @@ import time
 
 from benchmarks import gpu
 from benchmarks._results import markdown_table, write_section
+from benchmarks._sft_fineflax import LORA_R, fineflax_worker, model_config
+from benchmarks._sft_torch import torch_worker
 from fineflax.io import atomic_write_json
 from fineflax.models.flops import lora_step_flops, mfu, peak_bf16_flops
 
-LORA_R, LORA_ALPHA, LR = 16, 32.0, 1e-4
-HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SHAPES = {  # name: (model shape, batch); head_dim 64 for all
     "SmolLM2-135M": (dict(vocab=49152, hidden=576, inter=1536, layers=30, heads=9, kv_heads=3, head_dim=64,
                           rope_theta=100000.0), 8),
@@ -66,123 +69,7 @@ SMOKE_SHAPES = {"tiny": (dict(vocab=512, hidden=64, inter=128, layers=2, heads=4
 DEFAULT_CHUNK = 256  # configs/quickstart.py: model.logits_chunk
 
 
-# ----------------------------------------------------------------------------- fineflax worker
-
-def _lora_params(params, model_config, key):
-  """LoRA pytree {name: {"a": [L,in,r], "b": [L,r,out]}} and its scale; fineflax.lora when present."""
-  import jax
-  import jax.numpy as jnp
-  try:
-    from fineflax import lora as lora_lib
-    cfg = lora_lib.LoraConfig(r=LORA_R, alpha=LORA_ALPHA, dropout=0.0,
-                              target_modules=("q", "k", "v", "o", "gate", "up", "down"), use_rslora=False)
-    return lora_lib.init_lora(params, model_config, cfg, key), lora_lib.lora_scale(cfg), "fineflax.lora"
-  except (ImportError, AttributeError):
-    pass
-  from fineflax.models import LINEAR_NAMES
-  lora = {}
-  for name, k in zip(LINEAR_NAMES, jax.random.split(key, len(LINEAR_NAMES))):
-    n_layers, d_in, d_out = params["layers"][name]["kernel"].shape
-    lora[name] = {"a": jax.random.normal(k, (n_layers, d_in, LORA_R), jnp.float32) / math.sqrt(d_in),
-                  "b": jnp.zeros((n_layers, LORA_R, d_out), jnp.float32)}
-  return lora, LORA_ALPHA / LORA_R, "benchmark (fineflax.lora missing)"
-
-
-def fineflax_worker(spec: dict) -> dict:
-  import types
-
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from fineflax.models import init_params
-  from fineflax.models.layer_loop import resolve_layer_loop
-  from fineflax.train.optim import make_optimizer
-  from fineflax.train.sft_step import make_sft_fns
-  from fineflax.train.state import init_state
-
-  b, t = spec["batch"], spec["seq"]
-  loop = resolve_layer_loop(spec.get("layer_loop", "scan"), spec["remat"])  # "auto" -> this backend's choice
-  mc = model_config(dict(spec, layer_loop=loop))
-  params = init_params(mc, jax.random.PRNGKey(0), dtype=jnp.bfloat16)
-  full = spec.get("params", "lora") == "full"
-  if full:  # train.params="full": the whole bf16 model is the trainable pytree, no base (trainable.py)
-    lora, scale, lora_source, params = params, 0.0, "n/a (full parameters)", None
-  else:
-    lora, scale, lora_source = _lora_params(params, mc, jax.random.PRNGKey(1))
-  opt_cfg = types.SimpleNamespace(learning_rate=LR, warmup_steps=0, num_steps=10_000, end_lr_ratio=1.0,
-                                  weight_decay=0.0, b1=0.9, b2=0.999, grad_clip=1.0)
-  optimizer = make_optimizer(opt_cfg, spec.get("moment_dtype", "float32"))
-  train, _ = make_sft_fns(optimizer, donate=full, model_config=mc, lora_scale=scale, lora_dropout=0.0,
-                          remat=spec["remat"], dtype=jnp.bfloat16, logits_chunk=spec["logits_chunk"],
-                          causal_prefix=spec.get("causal_prefix", True), loss_head=spec.get("loss_head", "chunked"))
-  state = init_state(lora, optimizer, seed=0)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, mc.vocab_size, size=(1, b, t + 1), dtype=np.int32)
-  batch = {"tokens": tokens[..., :-1], "targets": tokens[..., 1:],
-           "loss_mask": np.ones((1, b, t), np.float32), "attention_mask": np.ones((1, b, t), np.int32),
-           "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (1, b, t)).copy(),
-           "segment_ids": np.ones((1, b, t), np.int32)}  # ignored with causal_prefix (one sequence a row)
-  batch = jax.device_put(batch)
-
-  t0 = time.perf_counter()
-  compiled = train.lower(state, params, batch).compile()
-  compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  xla_bytes = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                                        - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  dt, loss = gpu.time_jax_steps(compiled, state, params, batch, warmup=spec["warmup"],
-                                 steps=spec["steps"])
-  n_trainable = sum(x.size for x in jax.tree.leaves(state["params"]))
-  return {"trainable_params": int(n_trainable), "seconds": dt, "compile_s": compile_s, "loss": loss,
-          "peak_bytes": gpu.jax_peak_bytes(),
-          "xla_bytes": xla_bytes, "device": gpu.jax_device_name(), "lora_init": lora_source, "layer_loop": loop,
-          "versions": {"jax": jax.__version__}}
-
-
-# ----------------------------------------------------------------------------- torch worker
-
-def torch_worker(spec: dict) -> dict:
-  import peft
-  import torch
-  import transformers
-
-  s, b, t = spec["shape"], spec["batch"], spec["seq"]
-  cuda = torch.cuda.is_available()
-  device = torch.device("cuda" if cuda else "cpu")
-  torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(
-      vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-      num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-      head_dim=s["head_dim"], rope_parameters={"rope_type": "default", "rope_theta": s["rope_theta"]},
-      tie_word_embeddings=True, max_position_embeddings=max(t, 2048), rms_norm_eps=1e-5, use_cache=False)
-  with device:
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
-  if spec["ckpt"]:
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-  if spec.get("params", "lora") == "lora":
-    model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
-                                                       target_modules=list(HF_TARGETS), task_type="CAUSAL_LM"))
-  model.train()
-  forward = torch.compile(model) if spec["compile"] else model
-  tokens = torch.randint(0, s["vocab"], (b, t), device=device)
-  result = gpu.time_torch_lora_steps(model, forward, tokens, lr=LR, warmup=spec["warmup"],
-                                      steps=spec["steps"], reset_peak_after_warmup=True)
-  trainable = [p for p in model.parameters() if p.requires_grad]
-  return dict(result, xla_bytes=None, trainable_params=sum(p.numel() for p in trainable),
-              optimizer_state_dtype=str(trainable[0].dtype).replace("torch.", ""))
-
-
 # ----------------------------------------------------------------------------- orchestration
-
-def model_config(spec: dict):
-  from fineflax.models import ModelConfig
-  s, t = spec["shape"], spec["seq"]
-  return ModelConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-                     num_layers=s["layers"], num_heads=s["heads"], num_kv_heads=s["kv_heads"],
-                     head_dim=s["head_dim"], rope_theta=s["rope_theta"], tie_word_embeddings=True,
-                     max_position_embeddings=max(t, 2048), layer_loop=spec.get("layer_loop", "scan"))
-
 
 def full_step_flops(config, batch: int, seq: int) -> float:
   """Model FLOPs of one full-parameter step: 6 N (P_lin + H V) + 6 B T^2 Hq D L, i.e. `lora_step_flops`
