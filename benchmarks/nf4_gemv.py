@@ -59,16 +59,18 @@ def kmajor_bytes(k: int, n: int) -> int:
 
 def kmajor_candidates(m: int, k: int, n: int) -> list:
   """K-major kernel variants tried for one (M, K, N): the default and a few neighbours that fit the shape."""
-  from fineflax.quant.nf4_kmajor_gemv import default_config, unsupported_reason
+  from fineflax.quant.nf4_kmajor_gemv import DEFAULT_MAX_ROWS, DOT_MAX_ROWS, default_config, unsupported_reason
   from fineflax.quant.nf4_kmajor import NF4KMajor
-  base = default_config(m, k, n)
+  base = default_config(min(m, DEFAULT_MAX_ROWS), k, n) if m <= DOT_MAX_ROWS else None
   if base is None:
     return []
+  old = dict(decode="gather", bkb=64, iters=4) if base.path == "fma" else dict(decode="gather")  # last default
   if base.path == "fma":
-    more = [dict(bkb=128, iters=2), dict(bn=128), dict(num_warps=8, bkb=128, iters=1), dict(bkb=64, iters=1)]
-  else:
-    more = [dict(path="dot_t", bkb=128, iters=1), dict(path="dot_t", bkb=64, iters=2), dict(path="dot_t", bn=128),
-            dict(path="dot_t", num_warps=8), dict(bn=128)]
+    more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old]
+  elif m <= DEFAULT_MAX_ROWS:
+    more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old]
+  else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator
+    more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8)]
   w = NF4KMajor.abstract(k, n)
   fits = lambda c: unsupported_reason((m, k), w, c) is None
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]

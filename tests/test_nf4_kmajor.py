@@ -64,7 +64,7 @@ def test_products_equal_the_dequantised_product(m, k, n, dtype):
 @pytest.mark.fast
 def test_a_layer_view_is_read_in_place_and_quantized_matmul_dispatches(monkeypatch):
   """An NF4Layer of a stacked NF4KMajor equals the sliced layer's product; quantized_matmul runs the kernel
-  under FINEFLAX_NF4_KERNEL=pallas (its gradient dequantises) and XLA for rows past DOT_MAX_ROWS."""
+  under FINEFLAX_NF4_KERNEL=pallas (its gradient dequantises) and XLA for rows past DEFAULT_MAX_ROWS."""
   w = _weights((3, 256, 128))
   view = NF4Layer(from_nf4(w), 2)
   sliced = jax.tree.map(lambda a: a[2], w)
@@ -78,7 +78,7 @@ def test_a_layer_view_is_read_in_place_and_quantized_matmul_dispatches(monkeypat
   _close(y, _reference(x, sliced, jnp.float32).sum(), jnp.float32)
   np.testing.assert_allclose(grad, np.broadcast_to(np.asarray(sliced.dequantize(jnp.float32)).sum(1), x.shape),
                              rtol=1e-5, atol=1e-6)
-  big = jnp.ones((km.DOT_MAX_ROWS + 1, 256), jnp.float32)
+  big = jnp.ones((km.DEFAULT_MAX_ROWS + 1, 256), jnp.float32)
   _close(quantized_matmul(big, view, jnp.float32), _reference(big, sliced, jnp.float32), jnp.float32)
   assert calls == [(2, 256)]
   monkeypatch.setenv("FINEFLAX_NF4_KERNEL", "xla")
@@ -90,13 +90,13 @@ def test_a_layer_view_is_read_in_place_and_quantized_matmul_dispatches(monkeypat
 def test_bad_input_is_a_clear_error(monkeypatch):
   with pytest.raises(ValueError, match=r"N % 64 == 0"):
     from_nf4(quantize_nf4(jnp.ones((64, 96)), 64))
-  with pytest.raises(ValueError, match=r"K/2=224 is not a multiple of bkb \* iters = 64 \* 4"):
+  with pytest.raises(ValueError, match=r"K/2=224 is not a multiple of bkb \* iters = 128 \* 2"):
     km.kmajor_matmul(jnp.ones((1, 448)), from_nf4(_weights((448, 128))), cfg=km.KMajorConfig(), interpret=True)
   with pytest.raises(ValueError, match=r"x of shape \(1, 100\) for W \[K=448, N=128\]"):
     km.kmajor_matmul(jnp.ones((1, 100)), from_nf4(_weights((448, 128))), interpret=True)
   assert km.default_config(65, 256, 128) is None and km.default_config(1, 2 * 8, 64) is None
   # fma: fewer tiles a program while the grid is under MIN_PROGRAMS (8B k/v: 16 x 8 = 128 programs at 4 tiles)
-  assert km.default_config(1, 4096, 14336).iters == 4 and km.default_config(1, 4096, 1024).iters == 1
+  assert km.default_config(1, 4096, 14336).iters == 2 and km.default_config(1, 4096, 1024).iters == 1
   monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "nibbles")
   with pytest.raises(ValueError, match=r"FINEFLAX_NF4_LAYOUT='nibbles'; expected one of \('auto', 'kmajor', 'bnb'\)"):
     decode_layout()
@@ -127,7 +127,8 @@ def test_greedy_decode_through_the_kmajor_kernel_equals_the_dequantised_forward(
 @pytest.mark.fast
 def test_the_measured_table_picks_per_bucket_and_falls_back():
   """kmajor_choice: the entry of m's bucket or the nearest smaller one; an fma entry only up to FMA_MAX_ROWS;
-  an "xla" entry or m past DOT_MAX_ROWS: None; no entry: the default configuration. The committed table
+  an "xla" entry or m past DOT_MAX_ROWS: None; no entry: the default configuration; past DEFAULT_MAX_ROWS only
+  an entry of a bucket past it. The committed table
   names a valid configuration for every entry."""
   from fineflax.quant.nf4_kernel_table import KMAJOR_TABLE_PATH, _read, kmajor_choice
   table = {"256x128/1": {"path": "fma", "bn": 128, "bkb": 32, "iters": 2},
@@ -139,6 +140,12 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
   assert kmajor_choice(256, 128, 20, table) == km.KMajorConfig(path="dot", bkb=64, iters=2, num_warps=8)
   assert kmajor_choice(256, 128, 33, table) is None and kmajor_choice(256, 128, 65, table) is None
   assert kmajor_choice(512, 128, 1, table) == km.default_config(1, 512, 128)
+  rollout = {"256x128/16": {"path": "dot", "bkb": 64}, "256x128/128": {"path": "dot", "bkb": 32, "num_warps": 8}}
+  assert kmajor_choice(256, 128, 100, rollout) == km.KMajorConfig(path="dot", bkb=32, num_warps=8)
+  assert kmajor_choice(256, 128, 200, rollout) == km.KMajorConfig(path="dot", bkb=32, num_warps=8)
+  assert kmajor_choice(256, 128, 60, rollout) == km.KMajorConfig(path="dot", bkb=64)
+  assert kmajor_choice(256, 128, 100, {"256x128/16": {"path": "dot"}}) is None  # 16 rows' entry: not for 100
+  assert kmajor_choice(256, 128, km.DOT_MAX_ROWS + 1, rollout) is None
   committed = _read(KMAJOR_TABLE_PATH)
   assert committed, "the committed nf4_kmajor_table.json is missing"
   for entry_key in committed:

@@ -74,7 +74,8 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
 def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
   """The measured `KMajorConfig` for x [m, k] @ NF4KMajor [k, n]: the entry of m's bucket, else of the nearest
   smaller bucket that has one (an "fma" entry only for m <= its FMA_MAX_ROWS; an "xla" entry: None); no usable
-  entry: `nf4_kmajor_gemv.default_config`. None (XLA) for m outside 1 .. DOT_MAX_ROWS."""
+  entry: `nf4_kmajor_gemv.default_config`. None (XLA) for m outside 1 .. DOT_MAX_ROWS. Past DEFAULT_MAX_ROWS
+  only an entry of a bucket past it serves (a configuration measured at 64 rows is not assumed for 200)."""
   from fineflax.quant import nf4_kmajor_gemv as km
   if table is None:
     table = _read(os.environ.get("FINEFLAX_NF4_KMAJOR_TABLE") or KMAJOR_TABLE_PATH)
@@ -82,7 +83,8 @@ def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
   if b is None or m > km.DOT_MAX_ROWS:
     return None
   for c in reversed(BUCKETS):
-    entry = table.get(key(k, n, c)) if c <= b else None
+    usable = c <= b and (m <= km.DEFAULT_MAX_ROWS or c > km.DEFAULT_MAX_ROWS)
+    entry = table.get(key(k, n, c)) if usable else None
     if entry is not None and entry.get("path") == "xla":
       return None
     if entry is not None and (entry.get("path") != "fma" or m <= km.FMA_MAX_ROWS):

@@ -36,20 +36,22 @@ from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
 PATHS = ("fma", "dot", "dot_t")
+DECODES = ("shfl", "gather", "select")
 FMA_MAX_ROWS = 4   # H200 probe: at M = 4 the fma path ran at 0.8-1.2x bf16's speed; above, "dot" (rows padded to 16)
 MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
-DOT_MAX_ROWS = 64  # above: XLA's dequantise + dot (prefill); at M = 64 the dot path took 0.73-0.88x XLA's time
+DEFAULT_MAX_ROWS = 64  # rows served without a measured entry (at M = 64 the dot path took 0.73-0.88x XLA's time)
+DOT_MAX_ROWS = 256  # rows a measured table entry may serve (rollouts of 32 x 8 rows); above: XLA (prefill)
 
 
 @dataclasses.dataclass(frozen=True)
 class KMajorConfig:
-  """path "fma" | "dot" | "dot_t"; decode "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
+  """path "fma" | "dot" | "dot_t"; decode "shfl" | "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
   along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
   path: str = "fma"
-  decode: str = "gather"
+  decode: str = "shfl"
   bn: int = 64
-  bkb: int = 64
-  iters: int = 4
+  bkb: int = 128
+  iters: int = 2
   num_warps: int = 4
 
   def name(self) -> str:
@@ -60,8 +62,8 @@ def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
   """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; on the fma path fewer tiles
   a program (iters) while the grid has fewer than MIN_PROGRAMS programs (narrow products; H200, 8B k/v at M = 1:
   7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four 64-byte tiles). None (XLA) for
-  m > 64 or when no tile of >= 16 bytes divides K / 2."""
-  if m < 1 or m > DOT_MAX_ROWS:
+  m > DEFAULT_MAX_ROWS or when no tile of >= 16 bytes divides K / 2."""
+  if m < 1 or m > DEFAULT_MAX_ROWS:
     return None
   cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=1)
   while (k // 2) % (cfg.bkb * cfg.iters):
@@ -84,15 +86,38 @@ def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
   k, n = w.shape
   if len(x_shape) != 2 or x_shape[1] != k or x_shape[0] < 1:
     return f"x of shape {tuple(x_shape)} for W [K={k}, N={n}]: [M >= 1, {k}] needed"
-  if cfg.path not in PATHS or cfg.decode not in ("gather", "select"):
-    return f"{cfg}: path one of {PATHS}, decode gather | select"
+  if cfg.path not in PATHS or cfg.decode not in DECODES:
+    return f"{cfg}: path one of {PATHS}, decode one of {DECODES}"
   if n % cfg.bn or cfg.bn % 64:
     return f"N={n} is not a multiple of bn={cfg.bn} (a multiple of 64)"
   if cfg.bkb < 16 or cfg.bkb & (cfg.bkb - 1) or (k // 2) % (cfg.bkb * cfg.iters):
     return f"K/2={k // 2} is not a multiple of bkb * iters = {cfg.bkb} * {cfg.iters} (bkb a power of 2 >= 16)"
   if cfg.path == "fma" and x_shape[0] > 8:
     return f"M={x_shape[0]} rows on the fma path (at most 8)"
+  if x_shape[0] > DOT_MAX_ROWS:
+    return f"M={x_shape[0]} rows (at most DOT_MAX_ROWS={DOT_MAX_ROWS})"
   return None
+
+
+def _decoder(decode: str, table_ref, shape, interpret: bool):
+  """q -> NF4[q] for int32 codes in [0, 16) of `shape` (module docstring). "shfl": lane l of each warp holds
+  NF4[l % 16] in one register, made once a program; code q reads lane q's register (`shfl.sync.idx`), one warp
+  shuffle a code (H200, 8B MLP products at M = 1: 1.5x faster than the gather; RESULTS.md session_2026_11_29b).
+  Interpreted, "shfl" is the table gather: the same values."""
+  if decode == "select":
+    return nf4_select
+  if decode == "gather" or interpret:
+    return lambda q: table_ref[q]
+  from jax.experimental.pallas import triton as plgpu
+  i32 = jax.ShapeDtypeStruct(shape, jnp.int32)
+  asm = lambda code, *args: plgpu.elementwise_inline_asm(code, args=list(args), constraints="=r" + ",r" * len(args),
+                                                         pack=1, result_shape_dtypes=[i32])[0]
+  lane = asm("mov.u32 $0, %laneid;", jnp.zeros(shape, jnp.int32)) & 15
+  reg = jnp.full(shape, table_ref[15])  # selects of scalars, not a gather: Triton remakes elementwise values in
+  for e in range(15):                    # any layout it moves them to, where a moved load would carry another
+    reg = jnp.where(lane == e, table_ref[e], reg)  # lane's entry (seen in a Triton probe: wrong values)
+  reg = jax.lax.bitcast_convert_type(reg, jnp.int32)
+  return lambda q: jax.lax.bitcast_convert_type(asm("shfl.sync.idx.b32 $0, $1, $2, 31, -1;", reg, q), jnp.float32)
 
 
 def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cfg: KMajorConfig, rows: int,
@@ -101,7 +126,7 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
 
   groups, bkb = cfg.bn // 64, cfg.bkb
   precision = jax.lax.Precision.HIGHEST if operand_dtype == jnp.float32 else None
-  nf4 = (lambda q: table_ref[q]) if cfg.decode == "gather" else nf4_select
+  nf4 = _decoder(cfg.decode, table_ref, (64, bkb), interpret)
 
   def at(i):
     return i * bkb if isinstance(i, int) else pl.multiple_of(i * bkb, bkb)
@@ -113,15 +138,15 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
       xe, xo = xe_ref[pl.ds(j0, bkb), :], xo_ref[pl.ds(j0, bkb), :]  # [bkb, rows]
     elif cfg.path == "dot":
       xe, xo = xe_ref[:, pl.ds(j0, bkb)], xo_ref[:, pl.ds(j0, bkb)]
-    else:
-      xe = [xe_ref[pl.ds(m, 1), pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
-      xo = [xo_ref[pl.ds(m, 1), pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
+    else:  # vectors [bkb]: broadcast over a tile's 64 outputs in the tile's own layout (no conversion)
+      xe = [xe_ref[m, pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
+      xo = [xo_ref[m, pl.ds(j0, bkb)].astype(jnp.float32) for m in range(rows)]
     for g in range(groups):
       c = codes_ref[pl.ds(g * 64, 64), pl.ds(j0, bkb)].astype(jnp.int32)  # [64, bkb]
       hi, lo = nf4(c >> 4), nf4(c & 15)
-      se, so = se_ref[pl.ds(g, 1), pl.ds(j0, bkb)], so_ref[pl.ds(g, 1), pl.ds(j0, bkb)]  # [1, bkb]
+      se, so = se_ref[g, pl.ds(j0, bkb)], so_ref[g, pl.ds(j0, bkb)]  # [bkb]
       if cfg.path != "fma":
-        we, wo = (hi * se).astype(operand_dtype), (lo * so).astype(operand_dtype)
+        we, wo = (hi * se[None, :]).astype(operand_dtype), (lo * so[None, :]).astype(operand_dtype)
         if interpret and operand_dtype == jnp.bfloat16:  # XLA:CPU may keep the f32 values of a bf16 cast
           we, wo = (jax.lax.reduce_precision(v.astype(jnp.float32), 8, 7).astype(jnp.bfloat16) for v in (we, wo))
         mm = lambda a, b: jnp.dot(a.astype(operand_dtype), b.astype(operand_dtype),
@@ -132,8 +157,8 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
           out[g] = out[g] + mm(xe, we.T) + mm(xo, wo.T)
         continue
       for m in range(rows):
-        p = hi * (se * xe[m]) + lo * (so * xo[m])
-        out[g * rows + m] = out[g * rows + m] + p.sum(-1, keepdims=True)
+        p = hi * (se * xe[m])[None, :] + lo * (so * xo[m])[None, :]
+        out[g * rows + m] = out[g * rows + m] + p.sum(-1)
     return tuple(out)
 
   if cfg.path == "dot":
@@ -141,7 +166,7 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
   elif cfg.path == "dot_t":
     zeros = tuple(jnp.zeros((64, rows), jnp.float32) for _ in range(groups))
   else:
-    zeros = tuple(jnp.zeros((64, 1), jnp.float32) for _ in range(groups * rows))
+    zeros = tuple(jnp.zeros((64,), jnp.float32) for _ in range(groups * rows))
   accs = step(0, zeros) if cfg.iters == 1 else jax.lax.fori_loop(0, cfg.iters, step, zeros)
   for g in range(groups):
     if cfg.path == "dot":
@@ -151,7 +176,7 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
       out_ref[pl.ds(g * 64, 64), :] = accs[g]
       continue
     for m in range(rows):
-      out_ref[pl.ds(m, 1), pl.ds(g * 64, 64)] = accs[g * rows + m].reshape(1, 64)
+      out_ref[m, pl.ds(g * 64, 64)] = accs[g * rows + m]
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
