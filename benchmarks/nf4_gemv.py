@@ -13,8 +13,10 @@ of the copy bandwidth measured in the same process (`gpu.jax_copy_bandwidth`). V
 (`x @ W.dequantize(bf16)`) and the kernel variants of `candidates(M, K, N)`; each is compiled and checked
 against XLA's product (max rel err); a failing one is recorded and the rest go on. The fastest kernel of
 each (K, N, M) that beats XLA becomes an entry of nf4_kernel_table.json under --out (copy it to
-fineflax/quant/ to commit it; `fineflax.quant.nf4_kernel_table`). Results stream to --out as they arrive:
-nf4_gemv.json, nf4_gemv.md, nf4_kernel_table.json.
+fineflax/quant/ to commit it; `fineflax.quant.nf4_kernel_table`); the K-major kernel's best of each, or "xla"
+where XLA's product was faster, an entry of nf4_kmajor_table.json. A table an earlier run (same device) left in
+--out keeps its other entries, so runs over different rows / shapes add up to one table. Results stream to --out
+as they arrive: nf4_gemv.json, nf4_gemv.md (this run's), nf4_kernel_table.json, nf4_kmajor_table.json.
 
 Decode (`benchmarks/_nf4_decode.py`): ms per decode step through `SamplerSession` for bf16 linears, NF4 via
 XLA and NF4 with FINEFLAX_NF4_KERNEL=auto reading the table just written (FINEFLAX_NF4_TABLE), at 1B / 8B
@@ -75,6 +77,14 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   fits = lambda c: unsupported_reason((m, k), w, c) is None
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]
   return list(dict.fromkeys(out))
+
+
+def _entries(path: pathlib.Path, device: str) -> dict:
+  """The entries of a table an earlier run wrote on the same device kind; {} if none (or another device)."""
+  if not path.exists():
+    return {}
+  old = json.loads(path.read_text())
+  return old.get("entries", {}) if old.get("device") == device else {}
 
 
 def _split_for(programs: int, k: int, bk: int) -> int:
@@ -144,8 +154,10 @@ def products_worker(spec: dict) -> dict:
   interpret, smoke = spec["smoke"], spec["smoke"]
   copy_bw = 0.0 if smoke else gpu.jax_copy_bandwidth(1 << 30)
   result = {"device": gpu.jax_device_name(), "jax": jax.__version__, "copy_gb_s": copy_bw / 1e9, "rows": []}
-  table = {"device": result["device"], "jax": jax.__version__, "entries": {}}
-  ktable = {"device": result["device"], "jax": jax.__version__, "entries": {}}
+  # the tables of an earlier run into the same --out keep their entries (this run's replace the same keys)
+  table, ktable = ({"device": result["device"], "jax": jax.__version__,
+                    "entries": _entries(out / name, result["device"])}
+                   for name in ("nf4_kernel_table.json", "nf4_kmajor_table.json"))
   wanted = spec.get("variants")
   t_start = time.perf_counter()
 

@@ -99,15 +99,22 @@ for stage in "$@"; do
               --tp-nf4-kernel kmajor,pallas --timeout 270 --write-results
             timeout -s TERM 300 python3 -m benchmarks.engine --only tp --tp 2 --attention gather --tp-quant none \
               --write-results; cp benchmarks/RESULTS.md "$OUT/" ;;
-    kmajor) # issue 44 (one H200, ~9 min): the K-major NF4 kernel's variants per product (writes a fresh
-            # nf4_kmajor_table.json under $OUT/kmajor; copy it to fineflax/quant/), the decode steps reading it, and
-            # the QLoRA GRPO step with the bnb vs the K-major decode layout (RESULTS.md session_2026_11_29)
-            timeout -s TERM 250 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --shapes 8B,1B \
-              --variants kmajor,"bf16 W" --budget-s 200 --out "$OUT/kmajor"
-            timeout -s TERM 200 python3 -m benchmarks.nf4_gemv --only decode --models 1B,8B --batches 1,16,64 \
-              --weights bf16,nf4-kmajor --out "$OUT/kmajor"
-            for lay in bnb kmajor; do FINEFLAX_NF4_LAYOUT=$lay timeout -s TERM 150 python3 -m benchmarks.rl \
-              --models Llama-3.2-1B --frameworks fineflax --quant nf4 --timeout 140 --out "$OUT/rl_$lay"; done ;;
+    kmajor) # issue 44 (one H200, two calls of ~7 min: KM=products, then KM=steps): the K-major NF4 kernel's
+            # variants per product, the 8B rows, then the 1B rows (rollouts: 256) into one fresh
+            # nf4_kmajor_table.json under $OUT/kmajor (copy it to fineflax/quant/); the decode steps reading it and
+            # the QLoRA GRPO step with the K-major vs the bnb decode layout (RESULTS.md session_2026_11_29b)
+            if [ "${KM:-products}" = products ]; then
+              timeout -s TERM 165 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --shapes 8B \
+                --variants kmajor,"bf16 W" --budget-s 135 --out "$OUT/kmajor"
+              cp "$OUT/kmajor/nf4_gemv.md" "$OUT/kmajor/nf4_gemv_8B.md"
+              timeout -s TERM 165 python3 -m benchmarks.nf4_gemv --only products --rows 1,256,16,64 --shapes 1B \
+                --variants kmajor,"bf16 W" --budget-s 135 --out "$OUT/kmajor"
+            else
+              timeout -s TERM 300 python3 -m benchmarks.nf4_gemv --only decode --models 8B,1B --batches 1,16,64 \
+                --weights bf16,nf4-kmajor --out "$OUT/kmajor"
+              for lay in kmajor bnb; do FINEFLAX_NF4_LAYOUT=$lay timeout -s TERM 115 python3 -m benchmarks.rl \
+                --models Llama-3.2-1B --frameworks fineflax --quant nf4 --timeout 105 --out "$OUT/rl_$lay"; done
+            fi ;;
     serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s

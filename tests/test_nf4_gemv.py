@@ -177,6 +177,10 @@ def test_table_json_round_trip(tmp_path):
   assert nf4_kernel_table.FMA_MAX_ROWS == 4
   assert nf4_kernel_table.kernel_choice(512, 256, 3, fma) == KernelConfig(path="fma", bm=4, bn=64, bk=64)
   assert nf4_kernel_table.kernel_choice(512, 256, 5, fma) is None
+  # benchmarks/nf4_gemv: a later run into the same --out keeps an earlier run's entries of the same device only
+  from benchmarks.nf4_gemv import _entries
+  assert _entries(path, "test") == entries and _entries(path, "gpu: other") == {}
+  assert _entries(tmp_path / "missing.json", "test") == {}
 
 
 @pytest.mark.fast

@@ -154,3 +154,22 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
     cfg = kmajor_choice(k, n, m, committed)
     if cfg is not None:
       assert cfg.path in km.PATHS and (n % cfg.bn == 0) and (k // 2) % (cfg.bkb * cfg.iters) == 0, (entry_key, cfg)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("path", ["fma", "dot"])
+def test_the_shuffle_decode_lowers_for_cuda_and_the_gather_does_not_shuffle(path):
+  """No GPU here: the kernel is lowered for CUDA (jax.export) and its Triton IR must hold the lane-id and
+  warp-shuffle PTX of the "shfl" decode (interpreted, "shfl" runs the table gather), and none for "gather"."""
+  from jax import export
+  w = from_nf4(_weights((512, 128)))
+  x = jnp.ones((1 if path == "fma" else 16, 512), jnp.bfloat16)
+  texts = {}
+  for decode in ("shfl", "gather"):
+    cfg = km.KMajorConfig(path=path, decode=decode, bkb=64, iters=2)
+    f = jax.jit(lambda x, w, cfg=cfg: km.kmajor_matmul(x, w, jnp.bfloat16, cfg))
+    lowered = export.export(f, platforms=["cuda"], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(x, w)
+    texts[decode] = lowered.mlir_module()
+  assert "shfl.sync.idx.b32" in texts["shfl"] and "%laneid" in texts["shfl"]
+  assert "shfl.sync" not in texts["gather"] and "xla.gpu.triton" in texts["gather"]

@@ -1,26 +1,28 @@
-"""y = x @ W for a K-major NF4 kernel W [K, N] (`NF4KMajor`): one Pallas (Triton) kernel for M = 1 to 64 rows.
+"""y = x @ W for a K-major NF4 kernel W [K, N] (`NF4KMajor`): one Pallas (Triton) kernel for M = 1 to 256 rows.
 
 Grid (N / bn, S): program (j, s) owns outputs [j bn, (j + 1) bn) and the K range s of S = K / (2 bkb iters)
 equal splits; it loops `iters` times over [64, bkb] code tiles of each of its bn / 64 output groups (each
 output's bytes contiguous, so the sum over k stays in a thread's registers) and writes an f32 partial;
-XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's scales se, so [1, bkb]:
+XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's scales se, so [bkb] (vectors,
+broadcast over the tile's 64 outputs):
 
   "fma" (M <= FMA_MAX_ROWS):  y[m, n] += sum_j NF4[hi] (se xe[m]) + NF4[lo] (so xo[m])      (f32; W's own
                                rounding to `dtype` is skipped: within dtype's rounding of W)
-  "dot" (M <= 64, rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
+  "dot" (rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
                                (W exactly `dequantize(dtype)`'s values; f32 accumulation)
   "dot_t" (the same values):  y^T += dtype(NF4[hi] se) @ xe^T + dtype(NF4[lo] so) @ xo^T: the decoded tile is
                                the MMA's left operand as it lies (x arrives transposed; y^T transposed by XLA;
                                measured 1.05-1.15x slower than "dot")
 
-Decode: "gather" reads NF4[q] from a 16-entry f32 table (L1-resident), "select" is a 15-select tree.
+Decode (`_decoder`): "shfl" reads NF4[q] from lane q's register by a warp shuffle, "gather" from a 16-entry f32
+table (L1), "select" is a 15-select tree.
 
-Measured on one H200 (benchmarks/RESULTS.md, section session_2026_11_29; products timed inside one jit over
-weight copies): M = 1 on the 8B MLP products 37-38 us against XLA's 125-127 us; M = 16 74-76 us, M = 64 111-113
-us. Under FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table
-(`nf4_kernel_table.kmajor_choice`, `nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`);
-`default_config` (that sweep's winner per path: gather, bn 64; fma bkb 64 x 4 tiles, dot bkb 128 x 1) serves
-shapes without an entry and FINEFLAX_NF4_KERNEL=pallas.
+Measured on one H200 (benchmarks/RESULTS.md, section session_2026_11_29b; products timed inside one jit over
+weight copies): on the 8B MLP products, M = 1 24-27 us (bf16 W 35-37, XLA 126-127), M = 16 54 us, M = 64 85 us.
+Under FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table (`nf4_kernel_table.kmajor_choice`,
+`nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`); its entries serve up to DOT_MAX_ROWS rows.
+`default_config` (shfl, bn 64; fma bkb 128 x 2 tiles, dot bkb 128 x 1) serves shapes without an entry up to
+DEFAULT_MAX_ROWS rows, and FINEFLAX_NF4_KERNEL=pallas.
 """
 from __future__ import annotations
 
@@ -39,14 +41,14 @@ PATHS = ("fma", "dot", "dot_t")
 DECODES = ("shfl", "gather", "select")
 FMA_MAX_ROWS = 4   # H200 probe: at M = 4 the fma path ran at 0.8-1.2x bf16's speed; above, "dot" (rows padded to 16)
 MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
-DEFAULT_MAX_ROWS = 64  # rows served without a measured entry (at M = 64 the dot path took 0.73-0.88x XLA's time)
+DEFAULT_MAX_ROWS = 64  # rows served without a measured entry (H200, M = 64: 0.46-0.66x XLA's time; M = 256: 0.8-1.4x)
 DOT_MAX_ROWS = 256  # rows a measured table entry may serve (rollouts of 32 x 8 rows); above: XLA (prefill)
 
 
 @dataclasses.dataclass(frozen=True)
 class KMajorConfig:
-  """path "fma" | "dot" | "dot_t"; decode "shfl" | "gather" | "select"; bn outputs a program (multiple of 64); bkb code bytes
-  along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
+  """path "fma" | "dot" | "dot_t"; decode "shfl" | "gather" | "select"; bn outputs a program (multiple of 64);
+  bkb code bytes along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
   path: str = "fma"
   decode: str = "shfl"
   bn: int = 64
