@@ -69,8 +69,9 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   old = dict(decode="gather", bkb=64, iters=4) if base.path == "fma" else dict(decode="gather")  # last default
   if base.path == "fma":
     more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old]
-  elif m <= DEFAULT_MAX_ROWS:
-    more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old]
+  elif m <= DEFAULT_MAX_ROWS:  # dot_t: last measured (1.05-1.15x slower) before the scales came in as vectors
+    more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old, dict(path="dot_t"),
+            dict(path="dot_t", bn=128)]
   else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator
     more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8)]
   w = NF4KMajor.abstract(k, n)

@@ -157,7 +157,7 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("path", ["fma", "dot"])
+@pytest.mark.parametrize("path", ["fma", "dot", "dot_t"])
 def test_the_shuffle_decode_lowers_for_cuda_and_the_gather_does_not_shuffle(path):
   """No GPU here: the kernel is lowered for CUDA (jax.export) and its Triton IR must hold the lane-id and
   warp-shuffle PTX of the "shfl" decode (interpreted, "shfl" runs the table gather), and none for "gather"."""
