@@ -72,6 +72,8 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   elif m <= DEFAULT_MAX_ROWS:  # dot_t: last measured (1.05-1.15x slower) before the scales came in as vectors
     more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old, dict(path="dot_t"),
             dict(path="dot_t", bn=128)]
+    if m <= 8:  # the fma path up to its 8 rows: the shuffle decode left it a row's FMAs (no tile padded to 16)
+      more += [dict(path="fma"), dict(path="fma", bkb=64, iters=2)]
   else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator
     more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8)]
   w = NF4KMajor.abstract(k, n)

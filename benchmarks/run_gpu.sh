@@ -104,8 +104,8 @@ for stage in "$@"; do
             # nf4_kmajor_table.json under $OUT/kmajor (copy it to fineflax/quant/); the decode steps reading it and
             # the QLoRA GRPO step with the K-major vs the bnb decode layout (RESULTS.md session_2026_11_29b)
             if [ "${KM:-products}" = products ]; then
-              timeout -s TERM 165 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --shapes 8B \
-                --variants kmajor,"bf16 W" --budget-s 135 --out "$OUT/kmajor"
+              timeout -s TERM 210 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64,8 --shapes 8B \
+                --variants kmajor,"bf16 W" --budget-s 180 --out "$OUT/kmajor"
               cp "$OUT/kmajor/nf4_gemv.md" "$OUT/kmajor/nf4_gemv_8B.md"
               timeout -s TERM 165 python3 -m benchmarks.nf4_gemv --only products --rows 1,256,16,64 --shapes 1B \
                 --variants kmajor,"bf16 W" --budget-s 135 --out "$OUT/kmajor"

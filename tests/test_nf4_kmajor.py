@@ -145,6 +145,9 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
   assert kmajor_choice(256, 128, 200, rollout) == km.KMajorConfig(path="dot", bkb=32, num_warps=8)
   assert kmajor_choice(256, 128, 60, rollout) == km.KMajorConfig(path="dot", bkb=64)
   assert kmajor_choice(256, 128, 100, {"256x128/16": {"path": "dot"}}) is None  # 16 rows' entry: not for 100
+  eight = {"256x128/8": {"path": "fma", "bkb": 64, "iters": 1}}  # an fma entry measured at 8 rows serves 5-8
+  assert kmajor_choice(256, 128, 7, eight) == km.KMajorConfig(bkb=64, iters=1)
+  assert kmajor_choice(256, 128, 9, eight) == km.default_config(9, 256, 128)
   assert kmajor_choice(256, 128, km.DOT_MAX_ROWS + 1, rollout) is None
   committed = _read(KMAJOR_TABLE_PATH)
   assert committed, "the committed nf4_kmajor_table.json is missing"

@@ -73,7 +73,8 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
 
 def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
   """The measured `KMajorConfig` for x [m, k] @ NF4KMajor [k, n]: the entry of m's bucket, else of the nearest
-  smaller bucket that has one (an "fma" entry only for m <= its FMA_MAX_ROWS; an "xla" entry: None); no usable
+  smaller bucket that has one (an "fma" entry only for m <= max(its FMA_MAX_ROWS, the entry's bucket): one
+  measured at 8 rows serves 5-8; an "xla" entry: None); no usable
   entry: `nf4_kmajor_gemv.default_config`. None (XLA) for m outside 1 .. DOT_MAX_ROWS. Past DEFAULT_MAX_ROWS
   only an entry of a bucket past it serves (a configuration measured at 64 rows is not assumed for 200)."""
   from fineflax.quant import nf4_kmajor_gemv as km
@@ -87,6 +88,6 @@ def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
     entry = table.get(key(k, n, c)) if usable else None
     if entry is not None and entry.get("path") == "xla":
       return None
-    if entry is not None and (entry.get("path") != "fma" or m <= km.FMA_MAX_ROWS):
+    if entry is not None and (entry.get("path") != "fma" or m <= max(km.FMA_MAX_ROWS, c)):
       return km.KMajorConfig(**{f: entry[f] for f in km.KMajorConfig.__dataclass_fields__ if f in entry})
   return km.default_config(m, k, n)

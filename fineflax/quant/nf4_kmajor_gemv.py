@@ -6,7 +6,7 @@ output's bytes contiguous, so the sum over k stays in a thread's registers) and 
 XLA sums the S partials. With xe = x[:, 0::2], xo = x[:, 1::2] and the tile's scales se, so [bkb] (vectors,
 broadcast over the tile's 64 outputs):
 
-  "fma" (M <= FMA_MAX_ROWS):  y[m, n] += sum_j NF4[hi] (se xe[m]) + NF4[lo] (so xo[m])      (f32; W's own
+  "fma" (M <= 8):             y[m, n] += sum_j NF4[hi] (se xe[m]) + NF4[lo] (so xo[m])      (f32; W's own
                                rounding to `dtype` is skipped: within dtype's rounding of W)
   "dot" (rows padded to pow2 >= 16):  y += xe @ dtype(NF4[hi] se)^T + xo @ dtype(NF4[lo] so)^T
                                (W exactly `dequantize(dtype)`'s values; f32 accumulation)
@@ -39,7 +39,7 @@ from fineflax.quant.nf4_layer import NF4Layer
 
 PATHS = ("fma", "dot", "dot_t")
 DECODES = ("shfl", "gather", "select")
-FMA_MAX_ROWS = 4   # H200 probe: at M = 4 the fma path ran at 0.8-1.2x bf16's speed; above, "dot" (rows padded to 16)
+FMA_MAX_ROWS = 4   # default fma rows (H200: at M = 4 0.8-1.2x bf16's speed); to 8 where a table entry says
 MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
 DEFAULT_MAX_ROWS = 64  # rows served without a measured entry (H200, M = 64: 0.46-0.66x XLA's time; M = 256: 0.8-1.4x)
 DOT_MAX_ROWS = 256  # rows a measured table entry may serve (rollouts of 32 x 8 rows); above: XLA (prefill)
