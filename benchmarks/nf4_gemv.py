@@ -71,11 +71,13 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
     more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old]
   elif m <= DEFAULT_MAX_ROWS:  # dot_t: last measured (1.05-1.15x slower) before the scales came in as vectors
     more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old, dict(path="dot_t"),
-            dict(path="dot_t", bn=128)]
+            dict(path="dot_t", bn=128), dict(path="deq")]
     if m <= 8:  # the fma path up to its 8 rows: the shuffle decode left it a row's FMAs (no tile padded to 16)
       more += [dict(path="fma"), dict(path="fma", bkb=64, iters=2)]
-  else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator
-    more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8)]
+  else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator;
+    # deq: the planes written once, then cuBLAS
+    more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8),
+            dict(path="deq"), dict(path="deq", bn=128), dict(path="deq", bkb=64, iters=4)]
   w = NF4KMajor.abstract(k, n)
   fits = lambda c: unsupported_reason((m, k), w, c) is None
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]

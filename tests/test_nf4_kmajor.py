@@ -2,6 +2,8 @@
 on CPU): the layout dequantises to the bitsandbytes-layout values bit for bit, products equal x @ W.dequantize()
 to the output's rounding on both paths, odd shapes and layer views, bad input is a clear error, and the
 unrolled decoder's greedy tokens through the kernel equal the dequantised weights'."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +61,30 @@ def test_products_equal_the_dequantised_product(m, k, n, dtype):
                                    km.KMajorConfig(path=cfg.path, bn=128 if n % 128 == 0 else 64, bkb=32, iters=1)]):
     _close(km.kmajor_matmul(x, kmaj, dtype, other, interpret=True), _reference(x, w, dtype), dtype)
   assert len(KMajorVariants) == 2
+
+
+@pytest.mark.fast
+def test_the_dequantised_planes_are_the_kernels_rows_bit_for_bit_and_deq_products_match():
+  """deq path: dequantize_planes gives W[0::2]^T and W[1::2]^T of dequantize(dtype) exactly (stacked layer view,
+  several tiles and groups a program); its products (M = 1, 3, 257 > DOT_MAX_ROWS) equal the dequantised one."""
+  w = _weights((2, 448, 256), seed=3)  # K / 2 = 224 = 7 x 32
+  view = NF4Layer(from_nf4(w), 1)
+  sliced = jax.tree.map(lambda a: a[1], w)
+  cfg = km.KMajorConfig(path="deq", bn=128, bkb=32, iters=7, decode="select")
+  for dtype in (jnp.bfloat16, jnp.float32):
+    we, wo = km.dequantize_planes(view, dtype, cfg, interpret=True)
+    dense = np.asarray(sliced.dequantize(dtype).astype(jnp.float32))
+    assert we.dtype == dtype and we.shape == (256, 224)
+    np.testing.assert_array_equal(np.asarray(we.astype(jnp.float32)), dense[0::2].T)
+    np.testing.assert_array_equal(np.asarray(wo.astype(jnp.float32)), dense[1::2].T)
+  rng = np.random.default_rng(0)
+  for m, dtype in ((1, jnp.float32), (3, jnp.bfloat16), (km.DOT_MAX_ROWS + 1, jnp.bfloat16)):
+    x = jnp.asarray(rng.standard_normal((m, 448)), dtype)
+    got = km.kmajor_matmul(x, view, dtype, dataclasses.replace(cfg, decode="shfl", bkb=16, iters=2), interpret=True)
+    assert got.shape == (m, 256) and got.dtype == dtype
+    _close(got, _reference(x, sliced, dtype), dtype)
+  with pytest.raises(ValueError, match=r"M=257 rows on the dot path"):
+    km.kmajor_matmul(jnp.ones((257, 448)), view, cfg=km.KMajorConfig(path="dot", bkb=32, iters=1), interpret=True)
 
 
 @pytest.mark.fast
@@ -149,6 +175,10 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
   assert kmajor_choice(256, 128, 7, eight) == km.KMajorConfig(bkb=64, iters=1)
   assert kmajor_choice(256, 128, 9, eight) == km.default_config(9, 256, 128)
   assert kmajor_choice(256, 128, km.DOT_MAX_ROWS + 1, rollout) is None
+  prefill = {"256x128/256": {"path": "deq", "bn": 128}}  # past the largest bucket: only a deq entry serves
+  assert kmajor_choice(256, 128, 4096, prefill) == km.KMajorConfig(path="deq", bn=128)
+  assert kmajor_choice(256, 128, 200, prefill) == km.KMajorConfig(path="deq", bn=128)
+  assert kmajor_choice(256, 128, 0, prefill) is None
   committed = _read(KMAJOR_TABLE_PATH)
   assert committed, "the committed nf4_kmajor_table.json is missing"
   for entry_key in committed:
@@ -160,7 +190,7 @@ def test_the_measured_table_picks_per_bucket_and_falls_back():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("path", ["fma", "dot", "dot_t"])
+@pytest.mark.parametrize("path", ["fma", "dot", "dot_t", "deq"])
 def test_the_shuffle_decode_lowers_for_cuda_and_the_gather_does_not_shuffle(path):
   """No GPU here: the kernel is lowered for CUDA (jax.export) and its Triton IR must hold the lane-id and
   warp-shuffle PTX of the "shfl" decode (interpreted, "shfl" runs the table gather), and none for "gather"."""

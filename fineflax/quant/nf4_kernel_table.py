@@ -73,21 +73,23 @@ def kernel_choice(k: int, n: int, m: int, table: dict | None = None) -> KernelCo
 
 def kmajor_choice(k: int, n: int, m: int, table: dict | None = None):
   """The measured `KMajorConfig` for x [m, k] @ NF4KMajor [k, n]: the entry of m's bucket, else of the nearest
-  smaller bucket that has one (an "fma" entry only for m <= max(its FMA_MAX_ROWS, the entry's bucket): one
-  measured at 8 rows serves 5-8; an "xla" entry: None); no usable
-  entry: `nf4_kmajor_gemv.default_config`. None (XLA) for m outside 1 .. DOT_MAX_ROWS. Past DEFAULT_MAX_ROWS
-  only an entry of a bucket past it serves (a configuration measured at 64 rows is not assumed for 200)."""
+  smaller bucket that has one (an "fma" entry only for m <= max(FMA_MAX_ROWS, the entry's bucket): one measured
+  at 8 rows serves 5-8; an "xla" entry: None); no usable entry: `nf4_kmajor_gemv.default_config`. Past
+  DEFAULT_MAX_ROWS only an entry of a bucket past it serves (a configuration measured at 64 rows is not assumed
+  for 200); past the largest bucket (prefill) only its entry, and only a "deq" one (any rows); else None (XLA)."""
   from fineflax.quant import nf4_kmajor_gemv as km
   if table is None:
     table = _read(os.environ.get("FINEFLAX_NF4_KMAJOR_TABLE") or KMAJOR_TABLE_PATH)
+  config = lambda e: km.KMajorConfig(**{f: e[f] for f in km.KMajorConfig.__dataclass_fields__ if f in e})
   b = bucket(m)
-  if b is None or m > km.DOT_MAX_ROWS:
-    return None
+  if b is None:
+    entry = table.get(key(k, n, BUCKETS[-1])) if m > BUCKETS[-1] else None
+    return config(entry) if entry is not None and entry.get("path") == "deq" else None
   for c in reversed(BUCKETS):
     usable = c <= b and (m <= km.DEFAULT_MAX_ROWS or c > km.DEFAULT_MAX_ROWS)
     entry = table.get(key(k, n, c)) if usable else None
     if entry is not None and entry.get("path") == "xla":
       return None
     if entry is not None and (entry.get("path") != "fma" or m <= max(km.FMA_MAX_ROWS, c)):
-      return km.KMajorConfig(**{f: entry[f] for f in km.KMajorConfig.__dataclass_fields__ if f in entry})
+      return config(entry)
   return km.default_config(m, k, n)

@@ -13,6 +13,10 @@ broadcast over the tile's 64 outputs):
   "dot_t" (the same values):  y^T += dtype(NF4[hi] se) @ xe^T + dtype(NF4[lo] so) @ xo^T: the decoded tile is
                                the MMA's left operand as it lies (x arrives transposed; y^T transposed by XLA;
                                measured 1.05-1.15x slower than "dot")
+  "deq" (any M):              `dequantize_planes` writes We = W[0::2]^T, Wo = W[1::2]^T [N, K/2] in `dtype`
+                               (dequantize(dtype)'s values; one pass, 0.56 bytes read and 4 written a weight),
+                               then y = xe @ We^T + xo @ Wo^T by XLA's GEMMs: for many rows, where the fused
+                               paths' MMA loses to cuBLAS and XLA's own dequantise decodes by selects
 
 Decode (`_decoder`): "shfl" reads NF4[q] from lane q's register by a warp shuffle, "gather" from a 16-entry f32
 table (L1), "select" is a 15-select tree.
@@ -37,7 +41,7 @@ from fineflax.quant.nf4_gemv import nf4_select
 from fineflax.quant.nf4_kmajor import NF4KMajor
 from fineflax.quant.nf4_layer import NF4Layer
 
-PATHS = ("fma", "dot", "dot_t")
+PATHS = ("fma", "dot", "dot_t", "deq")
 DECODES = ("shfl", "gather", "select")
 FMA_MAX_ROWS = 4   # default fma rows (H200: at M = 4 0.8-1.2x bf16's speed); to 8 where a table entry says
 MIN_PROGRAMS = 264  # two programs an SM of an H100 / H200 (132 SMs)
@@ -96,8 +100,8 @@ def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
     return f"K/2={k // 2} is not a multiple of bkb * iters = {cfg.bkb} * {cfg.iters} (bkb a power of 2 >= 16)"
   if cfg.path == "fma" and x_shape[0] > 8:
     return f"M={x_shape[0]} rows on the fma path (at most 8)"
-  if x_shape[0] > DOT_MAX_ROWS:
-    return f"M={x_shape[0]} rows (at most DOT_MAX_ROWS={DOT_MAX_ROWS})"
+  if x_shape[0] > DOT_MAX_ROWS and cfg.path != "deq":
+    return f"M={x_shape[0]} rows on the {cfg.path} path (at most DOT_MAX_ROWS={DOT_MAX_ROWS}; deq: any)"
   return None
 
 
@@ -181,6 +185,47 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
       out_ref[m, pl.ds(g * 64, 64)] = accs[g * rows + m]
 
 
+def _planes_kernel(codes_ref, se_ref, so_ref, table_ref, we_ref, wo_ref, *, cfg: KMajorConfig, dtype,
+                   interpret: bool):
+  from jax.experimental import pallas as pl
+
+  nf4 = _decoder(cfg.decode, table_ref, (64, cfg.bkb), interpret)
+  for i in range(cfg.iters):
+    cols = pl.ds(i * cfg.bkb, cfg.bkb)
+    for g in range(cfg.bn // 64):
+      rows = pl.ds(g * 64, 64)
+      c = codes_ref[rows, cols].astype(jnp.int32)  # [64, bkb]
+      we_ref[rows, cols] = (nf4(c >> 4) * se_ref[g, cols][None, :]).astype(dtype)
+      wo_ref[rows, cols] = (nf4(c & 15) * so_ref[g, cols][None, :]).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
+def dequantize_planes(w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorConfig | None = None,
+                      interpret: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """(We, Wo) [N, K/2] of `dtype`: We[n, j] = W[2 j, n], Wo[n, j] = W[2 j + 1, n] with W = w.dequantize(dtype),
+  bit for bit; one Pallas kernel, grid (N / bn, K / (2 bkb iters)), cfg's bn / bkb / iters / decode / warps."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+
+  k, n = w.shape
+  cfg = KMajorConfig(path="deq", iters=1) if cfg is None else cfg
+  reason = unsupported_reason((1, k), w, dataclasses.replace(cfg, path="deq"))
+  if reason:
+    raise ValueError(f"dequantize_planes: {reason}")
+  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
+  span = cfg.bkb * cfg.iters
+  tile = pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s))
+  scales = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
+  out = pl.BlockSpec((cfg.bn, span), lambda j, s: (j, s))
+  return tuple(pl.pallas_call(
+      functools.partial(_planes_kernel, cfg=cfg, dtype=dtype, interpret=interpret),
+      out_shape=[jax.ShapeDtypeStruct((n, k // 2), dtype)] * 2, grid=(n // cfg.bn, k // 2 // span),
+      in_specs=[tile, scales, scales, pl.BlockSpec((16,), lambda j, s: (0,))], out_specs=[out, out],
+      interpret=interpret,
+      compiler_params=None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
+  )(stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE)))
+
+
 @functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
 def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorConfig | None = None,
                   interpret: bool = False) -> jnp.ndarray:
@@ -199,8 +244,13 @@ def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, c
   reason = "no configuration" if cfg is None else unsupported_reason(x.shape, w, cfg)
   if reason:
     raise ValueError(f"kmajor_matmul: {reason}")
-  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
   out_dtype = jnp.result_type(x.dtype, dtype)
+  if cfg.path == "deq":
+    we, wo = dequantize_planes(w, dtype, cfg, interpret)
+    nt = lambda a, b: jax.lax.dot_general(a.astype(out_dtype), b.astype(out_dtype), (((1,), (1,)), ((), ())),
+                                          preferred_element_type=jnp.float32)
+    return (nt(x[:, 0::2], we) + nt(x[:, 1::2], wo)).astype(out_dtype)
+  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
   operand_dtype = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
   rows = max(16, 1 << (m - 1).bit_length()) if cfg.path != "fma" else m
   xp = jnp.pad(x, ((0, rows - m), (0, 0)))
