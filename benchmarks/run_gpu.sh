@@ -10,6 +10,7 @@
 #                                          rag_student ragserve (issue 34; one GPU)
 #                                          tp44 (issue 44, NF4 kernel under TP; nvidia-h200-x2)
 #                                          kmajor (issue 44, the K-major NF4 kernel; one GPU)
+#                                          cmdbuf (issue 51, XLA command buffers over the decode loop; one GPU)
 #                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
 #                                          GPU i of a multi-GPU machine; logs in $OUT/par_STAGE.log)
@@ -115,6 +116,20 @@ for stage in "$@"; do
               for lay in kmajor bnb; do FINEFLAX_NF4_LAYOUT=$lay timeout -s TERM 115 python3 -m benchmarks.rl \
                 --models Llama-3.2-1B --frameworks fineflax --quant nf4 --timeout 105 --out "$OUT/rl_$lay"; done
             fi ;;
+    cmdbuf) # issue 51 (a) / (b): XLA's command buffers over the decode chunk's while loop too (one CUDA graph with
+            # conditional nodes a chunk: no host round trip of the loop's predicate and no kernel launches a step)
+            # against the default flags; case b (1B long tail, pool 6,144 pages) and case a (8B, room = need);
+            # one H200, ~9 min
+            CB="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
+            CB="$CB --xla_gpu_graph_min_graph_size=1"
+            for f in "" "$CB"; do
+              XLA_FLAGS="$f" timeout -s TERM 200 python3 -m benchmarks.engine --only b --attention paged_decode \
+                --admission watermark --pool-pages 6144 --out "$OUT/cmdbuf_b${f:+_while}"
+            done
+            for f in "" "$CB"; do
+              XLA_FLAGS="$f" timeout -s TERM 130 python3 -m benchmarks.engine --only a --attention paged_decode \
+                --out "$OUT/cmdbuf_a${f:+_while}"
+            done ;;
     serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s
