@@ -77,6 +77,8 @@ def test_the_dequantised_planes_are_the_kernels_rows_bit_for_bit_and_deq_product
     assert we.dtype == dtype and we.shape == (256, 224)
     np.testing.assert_array_equal(np.asarray(we.astype(jnp.float32)), dense[0::2].T)
     np.testing.assert_array_equal(np.asarray(wo.astype(jnp.float32)), dense[1::2].T)
+  we, _ = km.dequantize_planes(view, jnp.float32, interpret=True)  # default tile, shrunk to K / 2 = 7 x 32
+  np.testing.assert_array_equal(np.asarray(we), np.asarray(sliced.dequantize(jnp.float32))[0::2].T)
   rng = np.random.default_rng(0)
   for m, dtype in ((1, jnp.float32), (3, jnp.bfloat16), (km.DOT_MAX_ROWS + 1, jnp.bfloat16)):
     x = jnp.asarray(rng.standard_normal((m, 448)), dtype)

@@ -51,7 +51,7 @@ DOT_MAX_ROWS = 256  # rows a measured table entry may serve (rollouts of 32 x 8 
 
 @dataclasses.dataclass(frozen=True)
 class KMajorConfig:
-  """path "fma" | "dot" | "dot_t"; decode "shfl" | "gather" | "select"; bn outputs a program (multiple of 64);
+  """path "fma" | "dot" | "dot_t" | "deq"; decode "shfl" | "gather" | "select"; bn outputs a program (a multiple of 64);
   bkb code bytes along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
   path: str = "fma"
   decode: str = "shfl"
@@ -208,8 +208,9 @@ def dequantize_planes(w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorCo
   from jax.experimental.pallas import triton as plgpu
 
   k, n = w.shape
-  cfg = KMajorConfig(path="deq", iters=1) if cfg is None else cfg
-  reason = unsupported_reason((1, k), w, dataclasses.replace(cfg, path="deq"))
+  cfg = cfg or default_config(1, k, n)  # the fma default's tile, shrunk to fit K / 2
+  reason = "no tile of >= 16 bytes divides K / 2" if cfg is None else unsupported_reason(
+      (1, k), w, dataclasses.replace(cfg, path="deq"))
   if reason:
     raise ValueError(f"dequantize_planes: {reason}")
   stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
