@@ -229,3 +229,28 @@ def test_decode_weights_names_an_unknown_one():
     decode_weights("bf16,nf4-fast")
   with pytest.raises(ValueError, match="empty"):
     decode_weights(",")
+
+
+@pytest.mark.slow
+def test_the_products_benchmark_smoke_checks_every_kernel_path_and_adds_to_an_earlier_table(tmp_path):
+  """`python -m benchmarks.nf4_gemv --smoke --only products` (CPU, interpreted): every variant of both kernels
+  (the K-major fma / dot / dot_t / deq paths included) runs and matches XLA's product; an entry an earlier run
+  of the same device left in --out's K-major table is kept."""
+  import json
+  import subprocess
+  import sys
+  earlier = {"device": "cpu: cpu", "entries": {"999x64/1": {"path": "xla", "us": 1.0, "xla_us": 1.0}}}
+  (tmp_path / "nf4_kmajor_table.json").write_text(json.dumps(earlier))
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.nf4_gemv", "--smoke", "--only", "products", "--out",
+                         str(tmp_path)], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.loads((tmp_path / "nf4_gemv.json").read_text())["rows"]
+  assert not [r for r in rows if "error" in r]
+  kernels = [r for r in rows if r["variant"] not in ("xla", "bf16 W")]
+  assert {p for r in kernels for p in ("fma", "dot", "dot_t", "deq") if f"/{p} " in r["variant"]} == {
+      "fma", "dot", "dot_t", "deq"}
+  assert all(r["max_rel_err"] < 2 ** -6 for r in kernels), [(r["variant"], r["max_rel_err"]) for r in kernels]
+  ktable = json.loads((tmp_path / "nf4_kmajor_table.json").read_text())
+  device = json.loads((tmp_path / "nf4_gemv.json").read_text())["device"]
+  assert ("999x64/1" in ktable["entries"]) == (device == earlier["device"]), (device, list(ktable["entries"]))
+  assert any(key.startswith("256x128/") for key in ktable["entries"])
