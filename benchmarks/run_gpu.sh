@@ -133,8 +133,9 @@ for stage in "$@"; do
     serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s
+            # SERVE_ARGS adds flags, e.g. "--client httpx" (clients without the openai package's own CPU per request)
             timeout -s TERM 560 python3 -m benchmarks.serve --random-weights --shared-clients 0 --out "$OUT/serve" \
-              --results; cp benchmarks/RESULTS.md "$OUT/" ;;
+              --results ${SERVE_ARGS:-}; cp benchmarks/RESULTS.md "$OUT/" ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
             install_peers
             for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \
