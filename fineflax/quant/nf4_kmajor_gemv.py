@@ -185,6 +185,23 @@ def _kernel(xe_ref, xo_ref, codes_ref, se_ref, so_ref, table_ref, out_ref, *, cf
       out_ref[m, pl.ds(g * 64, 64)] = accs[g * rows + m]
 
 
+def _weight_inputs(w: NF4KMajor | NF4Layer, cfg: KMajorConfig):
+  """(in_specs, operands) of W's codes, even / odd scales and the NF4 table for a grid (N / bn, K / (2 bkb iters)):
+  program (j, s) reads outputs j's codes and scales over K span s; an NF4Layer view's layer is read in place."""
+  from jax.experimental import pallas as pl
+  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
+  span = cfg.bkb * cfg.iters
+  tile = pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s))
+  scales = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
+  return ([tile, scales, scales, pl.BlockSpec((16,), lambda j, s: (0,))],
+          (stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE)))
+
+
+def _compiler_params(cfg: KMajorConfig, interpret: bool):
+  from jax.experimental.pallas import triton as plgpu
+  return None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)
+
+
 def _planes_kernel(codes_ref, se_ref, so_ref, table_ref, we_ref, wo_ref, *, cfg: KMajorConfig, dtype,
                    interpret: bool):
   from jax.experimental import pallas as pl
@@ -205,7 +222,6 @@ def dequantize_planes(w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorCo
   """(We, Wo) [N, K/2] of `dtype`: We[n, j] = W[2 j, n], Wo[n, j] = W[2 j + 1, n] with W = w.dequantize(dtype),
   bit for bit; one Pallas kernel, grid (N / bn, K / (2 bkb iters)), cfg's bn / bkb / iters / decode / warps."""
   from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plgpu
 
   k, n = w.shape
   cfg = cfg or default_config(1, k, n)  # the fma default's tile, shrunk to fit K / 2
@@ -213,18 +229,14 @@ def dequantize_planes(w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, cfg: KMajorCo
       (1, k), w, dataclasses.replace(cfg, path="deq"))
   if reason:
     raise ValueError(f"dequantize_planes: {reason}")
-  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
   span = cfg.bkb * cfg.iters
-  tile = pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s))
-  scales = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
+  in_specs, operands = _weight_inputs(w, cfg)
   out = pl.BlockSpec((cfg.bn, span), lambda j, s: (j, s))
   return tuple(pl.pallas_call(
       functools.partial(_planes_kernel, cfg=cfg, dtype=dtype, interpret=interpret),
       out_shape=[jax.ShapeDtypeStruct((n, k // 2), dtype)] * 2, grid=(n // cfg.bn, k // 2 // span),
-      in_specs=[tile, scales, scales, pl.BlockSpec((16,), lambda j, s: (0,))], out_specs=[out, out],
-      interpret=interpret,
-      compiler_params=None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
-  )(stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE)))
+      in_specs=in_specs, out_specs=[out, out], interpret=interpret, compiler_params=_compiler_params(cfg, interpret),
+  )(*operands))
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "cfg", "interpret"))
@@ -237,7 +249,6 @@ def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, c
   Pallas' interpreter (any backend; for tests).
   """
   from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plgpu
 
   m = x.shape[0] if x.ndim == 2 else 0
   k, n = w.shape
@@ -251,7 +262,6 @@ def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, c
     nt = lambda a, b: jax.lax.dot_general(a.astype(out_dtype), b.astype(out_dtype), (((1,), (1,)), ((), ())),
                                           preferred_element_type=jnp.float32)
     return (nt(x[:, 0::2], we) + nt(x[:, 1::2], wo)).astype(out_dtype)
-  stacked, layer = (w.stacked, w.layer) if isinstance(w, NF4Layer) else (jax.tree.map(lambda a: a[None], w), 0)
   operand_dtype = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
   rows = max(16, 1 << (m - 1).bit_length()) if cfg.path != "fma" else m
   xp = jnp.pad(x, ((0, rows - m), (0, 0)))
@@ -267,13 +277,11 @@ def kmajor_matmul(x: jnp.ndarray, w: NF4KMajor | NF4Layer, dtype=jnp.bfloat16, c
   else:
     x_spec = pl.BlockSpec((rows, span), lambda j, s: (0, s))
     out_shape, out_spec = (splits, rows, n), pl.BlockSpec((None, rows, cfg.bn), lambda j, s: (s, 0, j))
-  scale_spec = pl.BlockSpec((None, cfg.bn // 64, span), lambda j, s: (layer, j, s))
-  params = None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)
+  w_specs, w_operands = _weight_inputs(w, cfg)
   partials = pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32), grid=(n // cfg.bn, splits),
-      in_specs=[x_spec, x_spec, pl.BlockSpec((None, cfg.bn, span), lambda j, s: (layer, j, s)), scale_spec,
-                scale_spec, pl.BlockSpec((16,), lambda j, s: (0,))],
-      out_specs=out_spec, interpret=interpret, compiler_params=params,
-  )(xe, xo, stacked.codes, stacked.scale_even, stacked.scale_odd, jnp.asarray(NF4_CODE))
+      in_specs=[x_spec, x_spec, *w_specs], out_specs=out_spec, interpret=interpret,
+      compiler_params=_compiler_params(cfg, interpret),
+  )(xe, xo, *w_operands)
   y = partials.sum(0)
   return (y.T if transposed else y)[:m].astype(out_dtype)
