@@ -123,6 +123,10 @@ def test_bad_input_is_a_clear_error(monkeypatch):
   with pytest.raises(ValueError, match=r"x of shape \(1, 100\) for W \[K=448, N=128\]"):
     km.kmajor_matmul(jnp.ones((1, 100)), from_nf4(_weights((448, 128))), interpret=True)
   assert km.default_config(65, 256, 128) is None and km.default_config(1, 2 * 8, 64) is None
+  with pytest.raises(ValueError, match=r"dequantize_planes: no tile of >= 16 bytes divides K / 2"):
+    km.dequantize_planes(from_nf4(_weights((16, 64))), interpret=True)
+  with pytest.raises(ValueError, match=r"dequantize_planes: N=128 is not a multiple of bn=192"):
+    km.dequantize_planes(from_nf4(_weights((64, 128))), cfg=km.KMajorConfig(bn=192, bkb=16, iters=1), interpret=True)
   # fma: fewer tiles a program while the grid is under MIN_PROGRAMS (8B k/v: 16 x 8 = 128 programs at 4 tiles)
   assert km.default_config(1, 4096, 14336).iters == 2 and km.default_config(1, 4096, 1024).iters == 1
   monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "nibbles")
