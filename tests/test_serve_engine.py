@@ -1,5 +1,4 @@
 """Continuous batching without HTTP: more requests than slots, mixed adapters, exact greedy parity."""
-import queue
 import time
 
 import jax
@@ -160,28 +159,3 @@ def test_the_end_token_counts_as_completion_token_but_is_not_content():
   assert ev[-1] == ("done", 0, "stop", k + 1)
   assert _tokens(ev, 0) == ref[:k]
   assert "".join(e[2] for e in ev if e[0] == "delta") == DigitTokenizer().decode(ref[:k])
-
-
-def test_a_chunks_updates_reach_the_emitter_after_the_next_chunk_is_dispatched():
-  """The engine thread hands a chunk's tokens to the emitter only once the next decode chunk is on the device
-  (the emitter's work then overlaps the device's, not the gap between two chunks); the last chunk's at once.
-  Every token still arrives, in order."""
-  params, config, _ = _model()
-  engine = Engine(params, config, DigitTokenizer(), slots=2, context=64, chunk=2, dtype=jnp.float32, eos_ids=[])
-  core, dispatched, handed = engine.driver.engine, [], []
-  hand_over = core.after_dispatch
-  core.after_dispatch = lambda: (dispatched.append(1), hand_over())
-
-  class Recording(queue.SimpleQueue):
-    def put(self, noted, *args, **kwargs):
-      handed.append((len(dispatched), [(n, st) for _, _, n, st in noted or []]))
-      super().put(noted, *args, **kwargs)
-
-  engine._updates = Recording()
-  events = _run_jobs(engine, [Job(prompt=[5, 9, 14, 3], emit=None, max_tokens=6, temperature=0.0)])
-  ev = next(iter(events.values()))
-  assert len(_tokens(ev, 0)) == 6 and ev[-1] == ("done", 0, "length", 6)
-  chunks = [(d, n, st) for d, noted in handed for n, st in noted]
-  assert [n for _, n, _ in chunks] == [2, 4, 6], chunks
-  for d, n, st in chunks:  # chunk k = n / 2 handed over after chunk k + 1's dispatch; the last one at once
-    assert d == (n // 2 if st == "length" else n // 2 + 1), chunks

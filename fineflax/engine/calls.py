@@ -137,8 +137,6 @@ class DeviceCalls:
     program = self._decode_program(b, table.shape[1], e, filters)
     self.pool, st, eos, out = program(self.params, self.pool, *self._put((table, state)), self.lora,
                                       self._scale(rows, b))
-    if self.after_dispatch is not None:
-      self.after_dispatch()
     st, eos, out = jax.device_get((st, eos, out))
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))

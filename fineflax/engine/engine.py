@@ -80,7 +80,7 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
                prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False,
-               mesh=None, admission: str = "watermark", watermark: float = 0.01, after_dispatch=None):
+               mesh=None, admission: str = "watermark", watermark: float = 0.01):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "paged_decode" | a `DecodeKernel` | "auto" (`engine.attention`: the
@@ -109,9 +109,7 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
     row takes in its next chunk, plus `watermark` x the pool, are free; rows grow a chunk at a time and the
     newest are preempted and recomputed when the pool runs dry: `engine.schedule`) or "reserve" (a group
     enters when the pool covers every live row's prompt + whole reserve: never preempts, fewer rows in
-    flight when rows end early). after_dispatch(): called on the engine's thread right after each decode chunk
-    is dispatched, before its results are awaited (a server hands the last chunk's tokens to other threads
-    then: their work runs while the device computes, not between two chunks)."""
+    flight when rows end early)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     if admission not in ADMISSIONS:
@@ -149,7 +147,7 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
     self.max_pages_per_row = max_pages_per_row
     self.eos_ids = resolve_eos_ids(eos_ids, config, tokenizer)
     self.pages = PageAllocator(num_pages, page_size)
-    self.admission, self.after_dispatch = admission, after_dispatch
+    self.admission = admission
     self.watermark_pages = math.ceil(watermark * (self.pages.num_pages - 1))
     if self.mesh is None:
       self.pool = device.new_pool(config, int(num_pages), self.page_size, dtype)

@@ -11,9 +11,8 @@ A job becomes n engine sequences (one group: the prompt is prefilled once and it
 samples than `slots` go in several groups), sampled with keys fold_in(key(seed), i). The engine thread
 (`engine.driver.EngineThread`) admits waiting sequences whenever rows and pages free up, between device
 chunks of `chunk` decode steps; rows of different adapters and sampling settings share the calls. After
-each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`),
-dispatches the next chunk and then hands them over (at once when no chunk follows); an emitter thread turns
-them into events while the device computes and the engine thread waits without the GIL: text
+each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`)
+and goes on to the next chunk; an emitter thread turns them into events while the device computes: text
 deltas (decoded incrementally, held back while they might be the start of a stop string or an incomplete
 UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
 from the text. "stop" = EOS or a stop string; "length" = max_tokens.
@@ -118,13 +117,11 @@ class Engine:
     adapters = dict(adapters or {})
     self.adapter_ids = {name: i for i, name in enumerate(adapters)}
     stacked = [(lora, lora_scale(cfg)) for lora, cfg in adapters.values()] or None
-    self._noted: list = []  # (row, seq, tokens, status) of the engine thread's updates, not yet handed over
-    self._stale = False  # _noted holds updates of a step before the last one (no decode dispatched since)
     make_engine = engine_factory(params, config, max_rows=self.slots, context=self.context, page_size=page_size,
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
                                  interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
-                                 coarse_buckets=True, num_pages=num_pages, after_dispatch=self._hand_over)
+                                 coarse_buckets=True, num_pages=num_pages)
     self.page_size = int(page_size)
     self.waiting = WaitQueue(max_waiting, queue_timeout)  # not yet admitted: bound, deadline, wait times
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._after_step,
@@ -132,7 +129,7 @@ class Engine:
     self.pool_pages = self.driver.engine.pages.num_pages - 1  # pages a sequence can use (the trash page aside)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
-    self._updates: queue.SimpleQueue = queue.SimpleQueue()  # lists of _noted items for the emitter
+    self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
     self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS + ("evictions",), 0))
     self.stats = {**dict.fromkeys(COUNTERS, 0), "max_active": 0, "generated_tokens": 0, "cancelled_rows": 0,
@@ -208,7 +205,6 @@ class Engine:
 
   def stop(self) -> None:
     self.driver.stop()
-    self._hand_over()
     if self._emitter is not None:
       self._updates.put(None)
       self._emitter.join(timeout=30)
@@ -230,7 +226,7 @@ class Engine:
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
                           top_p=job.top_p, key=keys[i], eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
-                          on_update=lambda seq, row=row: self._noted.append((row, seq, len(seq.tokens), seq.status)))
+                          on_update=lambda seq, row=row: self._updates.put((row, seq, len(seq.tokens), seq.status)))
                   for i, row in enumerate(job.rows)]
       for lo in range(0, job.n, self.slots):
         for row, seq in zip(job.rows[lo:lo + self.slots], engine.submit_group(requests[lo:lo + self.slots])):
@@ -242,20 +238,6 @@ class Engine:
   def _after_step(self, engine: CoreEngine) -> None:
     self._sync_stats(engine)
     self._check_waiting(engine)
-    if self._stale or not any(s.status == "ready" and s.budget > 0 for s in engine.live):
-      self._hand_over()  # no decode chunk comes next, or none came since these updates: now
-    self._stale = bool(self._noted)
-
-  def _hand_over(self) -> None:
-    """The noted updates go to the emitter thread, as one item. Called by the core engine right after it
-    dispatched the next decode chunk (`after_dispatch`): the emitter and the event loop then turn them into
-    events while the device computes and this thread waits for the chunk without the GIL, instead of taking
-    the GIL from this thread between two chunks (the device's idle time). Otherwise after a step that is
-    followed by no decode chunk (`_after_step`): a round's last tokens and "done" events do not wait."""
-    self._stale = False
-    if self._noted:
-      noted, self._noted = self._noted, []
-      self._updates.put(noted)
 
   def _note_admitted(self) -> None:
     """Waiting jobs with a row admitted leave the queue (their wait recorded). Any thread: it reads the
@@ -279,9 +261,8 @@ class Engine:
 
   # -- emitter thread ----------------------------------------------------------------------------
   def _emit_loop(self) -> None:
-    while (noted := self._updates.get()) is not None:
-      for item in noted:
-        self._update(*item)
+    while (item := self._updates.get()) is not None:
+      self._update(*item)
 
   def _update(self, row: _Row, seq, ntok: int, status: str) -> None:
     """After a chunk: the sequence's first `ntok` tokens (its length then; `status` its status then) and
