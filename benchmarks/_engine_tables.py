@@ -61,10 +61,18 @@ def table_b(res: dict, base: dict | None) -> str:
                  f"{r['tokens_s']:.0f}", f"{r['tokens_s'] / base:.3f}", f"{r['peak_rows']} / {r['mean_rows']:.1f}",
                  f"{r['preemptions']} / {r['recomputed_tokens']}",
                  f"pool {r['pool_pages']} pages, peak {r['peak_pages']}; first run {r['first_s']:.1f} s; "
-                 f"{r['programs']} programs; peak {r['peak_gib']:.1f} GiB"])
+                 f"{r['programs']} programs; peak {r['peak_gib']:.1f} GiB{_dispatch_note(r)}"])
   return head + markdown_table(["sampler", "wall s", "/ read bound", "speed-up vs old", "tokens/s",
                                 "tokens/s / first row (target >= 0.95)", "rows in flight peak / mean",
                                 "preemptions / recomputed tokens", "note"], rows)
+
+
+def _dispatch_note(r: dict) -> str:
+  """'; decode call x ms + wait y ms a chunk' (engine stats dispatch_s / wait_s; absent in older results)."""
+  if "dispatch_s" not in r:
+    return ""
+  n = max(r["decode_calls"], 1)
+  return f"; decode call {1e3 * r['dispatch_s'] / n:.2f} ms + wait {1e3 * r['wait_s'] / n:.2f} ms a chunk"
 
 
 def table_c(res: dict) -> str:

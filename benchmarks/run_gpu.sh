@@ -119,7 +119,8 @@ for stage in "$@"; do
     cmdbuf) # issue 51 (a) / (b): XLA's command buffers over the decode chunk's while loop too (one CUDA graph with
             # conditional nodes a chunk: no host round trip of the loop's predicate and no kernel launches a step)
             # against the default flags; case b (1B long tail, pool 6,144 pages) and case a (8B, room = need);
-            # one H200, ~9 min
+            # one H200, ~9 min. Case b's note gives the decode call's and the wait's ms a chunk: a call as long as the
+            # chunk means its dispatch waits for the while loop (RESULTS session_2026_11_29c)
             CB="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
             CB="$CB --xla_gpu_graph_min_graph_size=1"
             for f in "" "$CB"; do

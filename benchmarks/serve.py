@@ -23,7 +23,9 @@ only their last tokens: other prefill shapes).
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
-ceiling tok/s = N x new tokens / that time. Targets (issue 30): server / ceiling
+ceiling tok/s = N x new tokens / that time; dispatch / wait ms a chunk = the engine's time in the decode call,
+then awaiting its results (`Engine.stats` dispatch_s / wait_s: a dispatch near the chunk's time means the call
+waits for the chunk). Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
 Shared system prompt (`--shared-clients N`, 0 to skip): N clients whose requests share one long system
 prompt (about `--system-tokens` tokens) before a question of their own; two untimed rounds, then a timed one,
@@ -300,19 +302,22 @@ def run_ceiling(args):
     engine.run()  # admission and prefill only (no budget yet)
     for s in seqs:
       engine.resume(s, args.new_tokens)
+    before = {k: engine.stats[k] for k in ("decode_calls", "dispatch_s", "wait_s")}
     t0 = time.perf_counter()
     engine.run()  # decode chunks of all c rows
     wall = time.perf_counter() - t0
     tokens = sum(len(s.tokens) for s in seqs)
     for s in seqs:
       engine.release(s)
-    return tokens, wall
+    calls = max(engine.stats["decode_calls"] - before["decode_calls"], 1)
+    return tokens, wall, {f"{k[:-2]}_ms_chunk": 1e3 * (engine.stats[k] - before[k]) / calls
+                          for k in ("dispatch_s", "wait_s")}
 
   rows = {}
   for c in args.levels:
     wave(c, 0)  # compiles
-    tokens, wall = wave(c, 1)
-    rows[c] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    tokens, wall, chunk = wave(c, 1)
+    rows[c] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, **chunk}
     print(f"ceiling  clients={c}: {rows[c]}", flush=True)
   return rows
 
@@ -351,10 +356,11 @@ def main(argv=None):
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
        f"TTFT / TTFT at {args.levels[0]}", "server req/s", "rows / decode chunk", "server CPU ms / request",
-       "client procs", "client CPU", "compiles in timed level"],
+       "client procs", "client CPU", "compiles in timed level", "ceiling: dispatch / wait ms a chunk"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
         server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
-        server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"]]
+        server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"],
+        f"{ceiling[c]['dispatch_ms_chunk']:.2f} / {ceiling[c]['wait_ms_chunk']:.2f}"]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "

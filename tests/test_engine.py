@@ -1,6 +1,8 @@
 """The engine's scheduling: a refilled row's output equals the same request decoded alone (greedy and
 sampled, per-row settings mixed in one batch); the n samples of a group prefill their prompt once and
 share its pages; streaming callbacks and cancellation; clear errors."""
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,10 +33,14 @@ def _requests():
 def test_refilled_rows_equal_each_request_decoded_alone():
   engine = _engine(max_rows=2)
   seqs = [engine.submit(r) for r in _requests()]
-  live = []
+  live, t0 = [], time.perf_counter()
   while engine.step():
     live.append(len(engine.live))
+  wall = time.perf_counter() - t0
   assert max(live) == 2 and len(live) > 3  # rows were refilled as others finished
+  # the decode calls' time, split into the call and the wait for its results, lies within the run's wall time
+  assert engine.stats["dispatch_s"] > 0 and engine.stats["wait_s"] > 0
+  assert engine.stats["dispatch_s"] + engine.stats["wait_s"] < wall
   for req, seq in zip(_requests(), seqs):
     alone = _engine(max_rows=1)
     ref = alone.submit(req)

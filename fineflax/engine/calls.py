@@ -8,6 +8,8 @@ the preemption of `engine.schedule.Scheduler` (`_make_room`).
 """
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 
@@ -135,9 +137,13 @@ class DeviceCalls:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
+    t0 = time.perf_counter()
     self.pool, st, eos, out = program(self.params, self.pool, *self._put((table, state)), self.lora,
                                       self._scale(rows, b))
+    t1 = time.perf_counter()
     st, eos, out = jax.device_get((st, eos, out))
+    self.stats["dispatch_s"] += t1 - t0  # the call returning (0 where dispatch is asynchronous)
+    self.stats["wait_s"] += time.perf_counter() - t1  # then waiting for the chunk's results
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
     self.stats["decode_rows"] += len(rows)
