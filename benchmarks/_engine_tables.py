@@ -68,11 +68,13 @@ def table_b(res: dict, base: dict | None) -> str:
 
 
 def _dispatch_note(r: dict) -> str:
-  """'; decode call x ms + wait y ms a chunk' (engine stats dispatch_s / wait_s; absent in older results)."""
+  """'; decode call x ms + wait y ms + host gap z ms a chunk' (engine stats dispatch_s / wait_s / gap_s; absent
+  in older results)."""
   if "dispatch_s" not in r:
     return ""
   n = max(r["decode_calls"], 1)
-  return f"; decode call {1e3 * r['dispatch_s'] / n:.2f} ms + wait {1e3 * r['wait_s'] / n:.2f} ms a chunk"
+  return (f"; decode call {1e3 * r['dispatch_s'] / n:.2f} ms + wait {1e3 * r['wait_s'] / n:.2f} ms + host gap "
+          f"{1e3 * r['gap_s'] / max(r['gaps'], 1):.2f} ms a chunk")
 
 
 def table_c(res: dict) -> str:

@@ -162,7 +162,8 @@ def worker_b(spec: dict) -> dict:
           times.append(time.perf_counter() - t)
           assert [len(s.tokens) for s in seqs] == lengths
         run = {k: engine.stats[k] - before[k] for k in ("decode_calls", "decode_rows", "preemptions",
-                                                         "recomputed_tokens", "dispatch_s", "wait_s")}
+                                                         "recomputed_tokens", "dispatch_s", "wait_s", "gap_s",
+                                                         "gaps")}
         row.update(wall_s=times[-1], first_s=times[0], tokens_s=sum(lengths) / times[-1], **run,
                    mean_rows=run["decode_rows"] / max(run["decode_calls"], 1), peak_rows=engine.stats["peak_rows"],
                    programs=len(engine.programs), peak_pages=engine.stats["peak_pages"],

@@ -119,8 +119,8 @@ for stage in "$@"; do
     cmdbuf) # issue 51 (a) / (b): XLA's command buffers over the decode chunk's while loop too (one CUDA graph with
             # conditional nodes a chunk: no host round trip of the loop's predicate and no kernel launches a step)
             # against the default flags; case b (1B long tail, pool 6,144 pages) and case a (8B, room = need);
-            # one H200, ~9 min. Case b's note gives the decode call's and the wait's ms a chunk: a call as long as the
-            # chunk means its dispatch waits for the while loop (RESULTS session_2026_11_29c)
+            # one H200, ~9 min. Case b's note gives the decode call's, the wait's and the host gap's ms a chunk: a call as
+            # long as the chunk means its dispatch waits for the while loop (RESULTS session_2026_11_29c)
             CB="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
             CB="$CB --xla_gpu_graph_min_graph_size=1"
             for f in "" "$CB"; do
@@ -134,7 +134,8 @@ for stage in "$@"; do
     serve51) # issue 51 item 4: server tok/s vs the decode ceiling at 1 / 32 / 128 streaming clients and p50 TTFT, on
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s
-            # SERVE_ARGS adds flags, e.g. "--client httpx" (clients without the openai package's own CPU per request)
+            # SERVE_ARGS adds flags, e.g. "--client httpx" (clients without the openai package's own CPU per request);
+            # its table splits a decode chunk of the server and of the ceiling into call / wait / host gap ms
             timeout -s TERM 560 python3 -m benchmarks.serve --random-weights --shared-clients 0 --out "$OUT/serve" \
               --results ${SERVE_ARGS:-}; cp benchmarks/RESULTS.md "$OUT/" ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails

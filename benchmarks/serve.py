@@ -23,9 +23,11 @@ only their last tokens: other prefill shapes).
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
-ceiling tok/s = N x new tokens / that time; dispatch / wait ms a chunk = the engine's time in the decode call,
-then awaiting its results (`Engine.stats` dispatch_s / wait_s: a dispatch near the chunk's time means the call
-waits for the chunk). Targets (issue 30): server / ceiling
+ceiling tok/s = N x new tokens / that time. call / wait / gap ms a chunk (server: over the level, from /health;
+ceiling: over its decode) = the engine's time in a decode call, then awaiting its results, and on the host
+between one chunk's results and the next call (`fineflax.engine` stats dispatch_s / wait_s / gap_s: a call as
+long as the chunk means the call waits for it; a server's gap above the ceiling's is host work or prefill between
+its chunks). Targets (issue 30): server / ceiling
 >= 0.7 at 128 clients; p50 TTFT at 32 clients <= 2x at 1.
 Shared system prompt (`--shared-clients N`, 0 to skip): N clients whose requests share one long system
 prompt (about `--system-tokens` tokens) before a question of their own; two untimed rounds, then a timed one,
@@ -237,9 +239,12 @@ def _timed(url, pid, run) -> dict:
   before, cpu = health(url), cpu_seconds(pid)
   row = run()
   after = health(url)
-  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_calls", "decode_rows"):
+  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_calls", "decode_rows", "decode_dispatch_s",
+            "decode_wait_s", "decode_gap_s", "decode_gaps"):
     row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
   row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
+  row.update(chunk_ms(row["decode_dispatch_s"], row["decode_wait_s"], row["decode_gap_s"], row["decode_calls"],
+                      row["decode_gaps"]))
   row["server_cpu_ms_req"] = 1e3 * (cpu_seconds(pid) - cpu) / row["requests"]
   return row
 
@@ -284,6 +289,16 @@ def run_server(args, out, levels, shared: bool, extra=()):
     proc.wait(timeout=60)
 
 
+def chunk_ms(dispatch_s, wait_s, gap_s, calls, gaps) -> dict:
+  """ms a decode chunk in the decode call, awaiting its results, and on the host before it (per gap)."""
+  return {"dispatch_ms_chunk": 1e3 * dispatch_s / max(calls, 1), "wait_ms_chunk": 1e3 * wait_s / max(calls, 1),
+          "gap_ms_chunk": 1e3 * gap_s / max(gaps, 1)}
+
+
+def _chunk_cell(row: dict) -> str:
+  return f"{row['dispatch_ms_chunk']:.2f} / {row['wait_ms_chunk']:.2f} / {row['gap_ms_chunk']:.2f}"
+
+
 def run_ceiling(args):
   """{clients: decode-ceiling row} of the server's engine (module docstring), built in this process."""
   import jax
@@ -302,16 +317,15 @@ def run_ceiling(args):
     engine.run()  # admission and prefill only (no budget yet)
     for s in seqs:
       engine.resume(s, args.new_tokens)
-    before = {k: engine.stats[k] for k in ("decode_calls", "dispatch_s", "wait_s")}
+    before = {k: engine.stats[k] for k in ("decode_calls", "dispatch_s", "wait_s", "gap_s", "gaps")}
     t0 = time.perf_counter()
     engine.run()  # decode chunks of all c rows
     wall = time.perf_counter() - t0
     tokens = sum(len(s.tokens) for s in seqs)
     for s in seqs:
       engine.release(s)
-    calls = max(engine.stats["decode_calls"] - before["decode_calls"], 1)
-    return tokens, wall, {f"{k[:-2]}_ms_chunk": 1e3 * (engine.stats[k] - before[k]) / calls
-                          for k in ("dispatch_s", "wait_s")}
+    return tokens, wall, chunk_ms(*(engine.stats[k] - before[k]
+                                    for k in ("dispatch_s", "wait_s", "gap_s", "decode_calls", "gaps")))
 
   rows = {}
   for c in args.levels:
@@ -356,11 +370,12 @@ def main(argv=None):
   table = markdown_table(
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
        f"TTFT / TTFT at {args.levels[0]}", "server req/s", "rows / decode chunk", "server CPU ms / request",
-       "client procs", "client CPU", "compiles in timed level", "ceiling: dispatch / wait ms a chunk"],
+       "client procs", "client CPU", "compiles in timed level", "server: call / wait / gap ms a chunk",
+       "ceiling: call / wait / gap ms a chunk"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
         server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
         server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"],
-        f"{ceiling[c]['dispatch_ms_chunk']:.2f} / {ceiling[c]['wait_ms_chunk']:.2f}"]
+        _chunk_cell(server[c]), _chunk_cell(ceiling[c])]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "

@@ -319,3 +319,18 @@ def test_logprob_bytes_rebuild_each_answer_and_flags_of_another_type_are_400(ser
   for flag in ("logprobs", "stream", "ignore_eos"):
     status, err = http(url, "/v1/chat/completions", {**body, "n": 1, flag: "yes"})
     assert status == 400 and err["error"]["param"] == flag and "'yes'" in err["error"]["message"]
+
+
+def test_health_splits_the_decode_chunks_time(served):
+  """/health's decode_dispatch_s / decode_wait_s / decode_gap_s / decode_gaps count one request's chunks: the
+  call, the wait for its results, and the host time before each chunk but the first."""
+  url = served["url"]
+  before = http(url, "/health")[1]
+  body = {"model": "tiny", "messages": MSG, "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+  assert http(url, "/v1/chat/completions", body)[0] == 200
+  after = http(url, "/health")[1]
+  delta = {k: after[k] - before[k] for k in ("decode_calls", "decode_gaps", "decode_dispatch_s", "decode_wait_s",
+                                             "decode_gap_s")}
+  assert delta["decode_calls"] == 5  # 20 tokens in chunks of 4 (`testing.serve.server_argv`)
+  assert delta["decode_gaps"] == 4 and delta["decode_gap_s"] > 0
+  assert delta["decode_dispatch_s"] + delta["decode_wait_s"] > 0

@@ -117,6 +117,7 @@ class DeviceCalls:
     plan = self._make_room([(s, s.cache_len + min(s.budget, self.chunk_size))
                             for s in self.live if s.status == "ready" and s.budget > 0])
     if not plan:
+      self._decode_end = None  # decoding pauses: the time until it resumes is no gap between chunks
       return False
     rows, ends, copies = [s for s, _ in plan], [end for _, end in plan], []
     for s, end in plan:
@@ -137,13 +138,17 @@ class DeviceCalls:
     filters = RowFilters.of(state["temperature"][:len(rows)], state["top_k"][:len(rows)],
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
+    inputs = self._put((table, state))
     t0 = time.perf_counter()
-    self.pool, st, eos, out = program(self.params, self.pool, *self._put((table, state)), self.lora,
-                                      self._scale(rows, b))
+    if self._decode_end is not None:  # host time since the last chunk's results: bookkeeping, admission, prefill
+      self.stats["gap_s"] += t0 - self._decode_end
+      self.stats["gaps"] += 1
+    self.pool, st, eos, out = program(self.params, self.pool, *inputs, self.lora, self._scale(rows, b))
     t1 = time.perf_counter()
     st, eos, out = jax.device_get((st, eos, out))
+    self._decode_end = time.perf_counter()
     self.stats["dispatch_s"] += t1 - t0  # the call returning (0 where dispatch is asynchronous)
-    self.stats["wait_s"] += time.perf_counter() - t1  # then waiting for the chunk's results
+    self.stats["wait_s"] += self._decode_end - t1  # then waiting for the chunk's results
     self.stats["decode_calls"] += 1
     self.stats["peak_rows"] = max(self.stats["peak_rows"], len(rows))
     self.stats["decode_rows"] += len(rows)

@@ -164,7 +164,10 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
     self.stats = {"prefill_tokens": 0, "prefix_hit_tokens": 0, "prefill_calls": 0, "decode_calls": 0,
                   "decode_steps": 0, "copied_pages": 0, "peak_pages": 0, "peak_rows": 0, "decode_rows": 0, "mixed_adapter_calls": 0,
                   "preemptions": 0, "recomputed_tokens": 0,
-                  "dispatch_s": 0.0, "wait_s": 0.0}  # decode calls: seconds in the call, then awaiting its results
+                  # decode calls: seconds in the call, then awaiting its results; host seconds between one call's
+                  # results and the next call (gaps: how many such gaps, while decoding went on)
+                  "dispatch_s": 0.0, "wait_s": 0.0, "gap_s": 0.0, "gaps": 0}
+    self._decode_end = None  # perf_counter() when the last decode call's results arrived (None: paused)
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:

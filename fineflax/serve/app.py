@@ -264,7 +264,9 @@ class Server(Answers):
     return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
                          "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
                          "prefix_hit_tokens": stats["prefix_hit_tokens"], "decode_calls": stats["decode_calls"],
-                         "decode_rows": stats["decode_rows"], "compiles": count,
+                         "decode_rows": stats["decode_rows"], "decode_dispatch_s": round(stats["dispatch_s"], 6),
+                         "decode_wait_s": round(stats["wait_s"], 6), "decode_gap_s": round(stats["gap_s"], 6),
+                         "decode_gaps": stats["gaps"], "compiles": count,
                          "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine))})
 
   async def metrics(self, request: Request):

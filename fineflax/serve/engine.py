@@ -47,7 +47,9 @@ from fineflax.lora import lora_scale
 from fineflax.serve.waiting import QueueFull, WaitQueue
 
 COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
-            "prefix_hit_tokens")  # summed over the core engines; decode_rows / decode_calls: rows a decode chunk
+            "prefix_hit_tokens", "dispatch_s", "wait_s", "gap_s", "gaps")
+# summed over the core engines; decode_rows / decode_calls: rows a decode chunk; dispatch_s, wait_s, gap_s: the
+# decode calls' seconds in the call, awaiting results and on the host between chunks (`fineflax.engine` stats)
 
 
 @dataclasses.dataclass(eq=False)
