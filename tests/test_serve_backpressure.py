@@ -100,14 +100,18 @@ def test_a_burst_past_the_queue_bound_gets_429_and_gives_every_page_back(served,
 
 def test_a_request_past_its_queue_deadline_gets_503_streaming_or_not(served, slow, monkeypatch):
   url, server = served
-  monkeypatch.setattr(server.engine.waiting, "timeout_s", 0.3)
   driver, stepped = server.engine.driver, server.engine.driver.after_step
   hold = threading.Event()
 
   def held(engine):
-    """While `hold` is set and both slots are live, a step ends only once a request has waited 0.4 s in the
-    queue (past the 0.3 s deadline): the refusal does not race the running rows' end or a preemption, however
-    slow the machine (in the full suite, a request that came late was admitted with 200)."""
+    """While `hold` is set: a step ends only once both long requests have come (on a loaded machine the second
+    came after the first had decoded all its tokens: their rows never overlapped); and while both slots are
+    live, only once a request has waited 0.4 s in the queue (past the 0.3 s deadline): the refusal does not race
+    the running rows' end or a preemption, however slow the machine (in the full suite, a request that came late
+    was admitted with 200)."""
+    deadline = time.time() + 60
+    while hold.is_set() and time.time() < deadline and server.engine.active_rows() + server.engine.num_waiting() < 2:
+      time.sleep(0.01)
     if hold.is_set() and server.engine.active_rows() >= 2:
       deadline = time.time() + 60
       while time.time() < deadline and not server.engine.num_waiting():
@@ -124,6 +128,8 @@ def test_a_request_past_its_queue_deadline_gets_503_streaming_or_not(served, slo
     while time.time() < deadline and server.engine.active_rows() < 2:
       time.sleep(0.01)
     assert server.engine.active_rows() == 2
+    # the deadline from here on: on a loaded machine the second long request waited past 0.3 s and was refused
+    monkeypatch.setattr(server.engine.waiting, "timeout_s", 0.3)
     status, headers, got = post(url, {**long, "max_tokens": 4})
     assert status == 503 and int(headers["Retry-After"]) >= 1 and "--queue-timeout" in got["error"]["message"]
     with pytest.raises(openai.InternalServerError) as err:
