@@ -67,14 +67,25 @@ def table_b(res: dict, base: dict | None) -> str:
                                 "preemptions / recomputed tokens", "note"], rows)
 
 
+CHUNK_STATS = ("dispatch_s", "wait_s", "gap_s", "decode_calls", "gaps")  # the `Engine.stats` chunk_ms reads
+
+
+def chunk_ms(delta: dict) -> dict:
+  """ms a decode chunk, from `Engine.stats` counts over a run (`CHUNK_STATS`): in the decode call, awaiting its
+  results (both per call), and on the host before it (per gap)."""
+  calls = max(delta["decode_calls"], 1)
+  return {"dispatch_ms_chunk": 1e3 * delta["dispatch_s"] / calls, "wait_ms_chunk": 1e3 * delta["wait_s"] / calls,
+          "gap_ms_chunk": 1e3 * delta["gap_s"] / max(delta["gaps"], 1)}
+
+
+def chunk_ms_cell(ms: dict) -> str:
+  """'call / wait / gap' ms of a `chunk_ms` row."""
+  return f"{ms['dispatch_ms_chunk']:.2f} / {ms['wait_ms_chunk']:.2f} / {ms['gap_ms_chunk']:.2f}"
+
+
 def _dispatch_note(r: dict) -> str:
-  """'; decode call x ms + wait y ms + host gap z ms a chunk' (engine stats dispatch_s / wait_s / gap_s; absent
-  in older results)."""
-  if "dispatch_s" not in r:
-    return ""
-  n = max(r["decode_calls"], 1)
-  return (f"; decode call {1e3 * r['dispatch_s'] / n:.2f} ms + wait {1e3 * r['wait_s'] / n:.2f} ms + host gap "
-          f"{1e3 * r['gap_s'] / max(r['gaps'], 1):.2f} ms a chunk")
+  """'; decode call / wait / host gap ms a chunk: x / y / z' (`chunk_ms`; absent in older results)."""
+  return f"; decode call / wait / host gap ms a chunk: {chunk_ms_cell(chunk_ms(r))}" if "dispatch_s" in r else ""
 
 
 def table_c(res: dict) -> str:

@@ -53,6 +53,7 @@ import time
 
 
 from benchmarks import gpu
+from benchmarks._engine_tables import CHUNK_STATS, chunk_ms, chunk_ms_cell
 from benchmarks._results import markdown_table, write_section
 from benchmarks.retrieval_load import cpu_seconds
 from fineflax.io import atomic_write_json, atomic_write_text
@@ -239,12 +240,11 @@ def _timed(url, pid, run) -> dict:
   before, cpu = health(url), cpu_seconds(pid)
   row = run()
   after = health(url)
-  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_calls", "decode_rows", "decode_dispatch_s",
-            "decode_wait_s", "decode_gap_s", "decode_gaps"):
+  chunk = {k: k if k.startswith("decode_") else f"decode_{k}" for k in CHUNK_STATS}  # /health's names of them
+  for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_rows", *chunk.values()):
     row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
   row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
-  row.update(chunk_ms(row["decode_dispatch_s"], row["decode_wait_s"], row["decode_gap_s"], row["decode_calls"],
-                      row["decode_gaps"]))
+  row.update(chunk_ms({k: row[h] for k, h in chunk.items()}))
   row["server_cpu_ms_req"] = 1e3 * (cpu_seconds(pid) - cpu) / row["requests"]
   return row
 
@@ -289,16 +289,6 @@ def run_server(args, out, levels, shared: bool, extra=()):
     proc.wait(timeout=60)
 
 
-def chunk_ms(dispatch_s, wait_s, gap_s, calls, gaps) -> dict:
-  """ms a decode chunk in the decode call, awaiting its results, and on the host before it (per gap)."""
-  return {"dispatch_ms_chunk": 1e3 * dispatch_s / max(calls, 1), "wait_ms_chunk": 1e3 * wait_s / max(calls, 1),
-          "gap_ms_chunk": 1e3 * gap_s / max(gaps, 1)}
-
-
-def _chunk_cell(row: dict) -> str:
-  return f"{row['dispatch_ms_chunk']:.2f} / {row['wait_ms_chunk']:.2f} / {row['gap_ms_chunk']:.2f}"
-
-
 def run_ceiling(args):
   """{clients: decode-ceiling row} of the server's engine (module docstring), built in this process."""
   import jax
@@ -317,15 +307,14 @@ def run_ceiling(args):
     engine.run()  # admission and prefill only (no budget yet)
     for s in seqs:
       engine.resume(s, args.new_tokens)
-    before = {k: engine.stats[k] for k in ("decode_calls", "dispatch_s", "wait_s", "gap_s", "gaps")}
+    before = {k: engine.stats[k] for k in CHUNK_STATS}
     t0 = time.perf_counter()
     engine.run()  # decode chunks of all c rows
     wall = time.perf_counter() - t0
     tokens = sum(len(s.tokens) for s in seqs)
     for s in seqs:
       engine.release(s)
-    return tokens, wall, chunk_ms(*(engine.stats[k] - before[k]
-                                    for k in ("dispatch_s", "wait_s", "gap_s", "decode_calls", "gaps")))
+    return tokens, wall, chunk_ms({k: engine.stats[k] - before[k] for k in CHUNK_STATS})
 
   rows = {}
   for c in args.levels:
@@ -375,7 +364,7 @@ def main(argv=None):
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
         server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
         server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"],
-        _chunk_cell(server[c]), _chunk_cell(ceiling[c])]
+        chunk_ms_cell(server[c]), chunk_ms_cell(ceiling[c])]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "

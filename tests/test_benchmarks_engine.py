@@ -70,3 +70,13 @@ def test_tiny_long_tail_compares_reserving_and_watermark_admission(tmp_path):
   assert rows[0]["preemptions"] == 0 and rows[1]["preemptions"] > 0 and rows[1]["recomputed_tokens"] > 0
   assert rows[1]["peak_pages"] <= 15 and rows[0]["peak_rows"] == 16
   assert "rows in flight peak / mean" in (out / "engine_b_gather.md").read_text()
+
+
+def test_chunk_ms_splits_a_decode_chunk_per_call_and_per_gap():
+  from benchmarks._engine_tables import _dispatch_note, chunk_ms, chunk_ms_cell
+  delta = {"dispatch_s": 0.002, "wait_s": 0.010, "gap_s": 0.003, "decode_calls": 4, "gaps": 3}
+  ms = chunk_ms(delta)
+  assert ms == pytest.approx({"dispatch_ms_chunk": 0.5, "wait_ms_chunk": 2.5, "gap_ms_chunk": 1.0})
+  assert chunk_ms_cell(ms) == "0.50 / 2.50 / 1.00"
+  assert _dispatch_note(delta).endswith(": 0.50 / 2.50 / 1.00") and _dispatch_note({"decode_calls": 4}) == ""
+  assert chunk_ms(dict.fromkeys(delta, 0)) == {"dispatch_ms_chunk": 0, "wait_ms_chunk": 0, "gap_ms_chunk": 0}
