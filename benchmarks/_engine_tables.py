@@ -83,6 +83,16 @@ def chunk_ms_cell(ms: dict) -> str:
   return f"{ms['dispatch_ms_chunk']:.2f} / {ms['wait_ms_chunk']:.2f} / {ms['gap_ms_chunk']:.2f}"
 
 
+THREADS = {"engine": "fineflax-engine", "emit": "fineflax-emit", "loop": "MainThread"}  # the server's, by name
+
+
+def thread_cpu_ms(threads: dict, total: float, chunks: int) -> dict:
+  """CPU ms a decode chunk of the server's engine, emitter and event-loop (main) threads, from {thread name: CPU
+  seconds over a level}, and of the rest of the process (`total` less those: XLA's, the log writer's, workers')."""
+  ms = {k: 1e3 * threads.get(name, float("nan")) / chunks for k, name in THREADS.items()}
+  return {**ms, "other": 1e3 * total / chunks - sum(ms.values())}
+
+
 def _dispatch_note(r: dict) -> str:
   """'; decode call / wait / host gap ms a chunk: x / y / z' (`chunk_ms`; absent in older results)."""
   return f"; decode call / wait / host gap ms a chunk: {chunk_ms_cell(chunk_ms(r))}" if "dispatch_s" in r else ""

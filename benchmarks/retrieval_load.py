@@ -68,10 +68,15 @@ def _stats(latencies: list[float]) -> tuple[float, float]:
   return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-def cpu_seconds(pid: int) -> float:
-  """User + system CPU seconds of process pid so far (Linux /proc; nan elsewhere)."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+  """User + system CPU seconds of process pid so far (clock ticks), or of its thread tid (a native id; its
+  nanoseconds on a CPU from schedstat where the kernel keeps them); Linux /proc, nan elsewhere or for a thread
+  that has ended."""
   try:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    if tid is not None and os.path.exists(f"/proc/{pid}/task/{tid}/schedstat"):
+      return int(pathlib.Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = pathlib.Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
   except (OSError, IndexError, ValueError):
     return float("nan")

@@ -20,6 +20,8 @@ only their last tokens: other prefill shapes).
   client CPU = CPU seconds of the busiest client process / wall: near 1, the clients' own Python bounds the level;
   rows / decode chunk = the server's decode rows / decode chunks over the level (/health): occupancy;
   server CPU ms / request = user + system CPU of the server process over the level / requests.
+  server CPU ms a chunk = CPU of the server's engine / emitter / event-loop threads and of the rest of the process
+  (XLA's threads, workers) over the level / its decode chunks (/health's thread ids, /proc/PID/task/ID/stat).
 Decode ceiling, after the server stopped, in this process: the server's own engine (`fineflax.engine`, same
 model, settings and pool) with N sequences of the same prompt admitted and prefilled at once; then their
 decode steps are timed (chunks of N rows, host bookkeeping included, no admission, no prefill, no HTTP):
@@ -37,8 +39,7 @@ and taken from the prefix cache during the timed round) with and without the cac
 The server starts with `--warmup` (it compiles every program it can meet before serving); "compiles in timed
 level" = the server's XLA compiles during the timed level (`/health` before and after; 0 when warm-up covered
 every shape). Both processes share a persistent XLA compilation cache (DIR/jax_cache, unless JAX_COMPILATION_CACHE_DIR
-is set), so the ceiling's programs, the server's own, are not compiled twice.
-Writes DIR/serve.json and DIR/serve.md.
+is set), so the ceiling's programs, the server's own, are not compiled twice. Writes DIR/serve.json and DIR/serve.md.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ import time
 
 
 from benchmarks import gpu
-from benchmarks._engine_tables import CHUNK_STATS, chunk_ms, chunk_ms_cell
+from benchmarks._engine_tables import CHUNK_STATS, chunk_ms, chunk_ms_cell, thread_cpu_ms
 from benchmarks._results import markdown_table, write_section
 from benchmarks.retrieval_load import cpu_seconds
 from fineflax.io import atomic_write_json, atomic_write_text
@@ -78,9 +79,8 @@ def parse_args(argv=None):
   ap.add_argument("--clients", default=None, help="comma-separated concurrency levels (default 1,32,128)")
   ap.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64)")
   ap.add_argument("--rounds", type=int, default=None, help="timed requests per client (default 2)")
-  ap.add_argument("--temperature", type=float, default=1.0,
-                  help="sampling temperature of every request and of the ceiling (0: greedy; on CPU drawing from "
-                       "49152 logits a row costs more than the tiny model, so greedy leaves the host costs in view)")
+  ap.add_argument("--temperature", type=float, default=1.0, help="of every request and of the ceiling (0: greedy; "
+                  "on CPU a tiny model's sampling costs more than its decode, greedy leaves host costs in view)")
   ap.add_argument("--quant", default="none", choices=("nf4", "int8", "none"))
   ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
@@ -92,9 +92,8 @@ def parse_args(argv=None):
   ap.add_argument("--client-procs", type=int, default=None,
                   help=f"client processes a level's clients are spread over (default: one per {CLIENTS_PER_PROC} "
                        "clients, at most half the CPU cores; one process of 128 openai clients is CPU-bound by itself)")
-  ap.add_argument("--client", choices=("openai", "httpx"), default="openai",
-                  help="the clients: openai.AsyncOpenAI (default), or plain httpx streaming reading the events as "
-                       "JSON lines (no openai objects per event: less client CPU per request in the numbers)")
+  ap.add_argument("--client", choices=("openai", "httpx"), default="openai", help="openai.AsyncOpenAI, or plain "
+                  "httpx streams read as JSON lines (no openai objects per event: less client CPU per request)")
   ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                   help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
                        "compile what the levels need, quicker on a CPU)")
@@ -238,14 +237,18 @@ def _timed(url, pid, run) -> dict:
   """run() -> a level's row, with the server's counts over it from /health (compiles; decode rows per decode
   chunk: occupancy) and its CPU seconds per request (`pid`'s user + system time)."""
   before, cpu = health(url), cpu_seconds(pid)
+  tids = before.get("threads", {})
+  thread_cpu = {name: cpu_seconds(pid, tid) for name, tid in tids.items()}
   row = run()
-  after = health(url)
+  after, cpu = health(url), cpu_seconds(pid) - cpu
   chunk = {k: k if k.startswith("decode_") else f"decode_{k}" for k in CHUNK_STATS}  # /health's names of them
   for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_rows", *chunk.values()):
     row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
   row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
   row.update(chunk_ms({k: row[h] for k, h in chunk.items()}))
-  row["server_cpu_ms_req"] = 1e3 * (cpu_seconds(pid) - cpu) / row["requests"]
+  row["server_cpu_ms_req"] = 1e3 * cpu / row["requests"]
+  threads = {name: cpu_seconds(pid, tid) - thread_cpu[name] for name, tid in tids.items()}
+  row["thread_cpu_ms_chunk"] = thread_cpu_ms(threads, cpu, max(row["decode_calls"], 1))
   return row
 
 
@@ -360,11 +363,12 @@ def main(argv=None):
       ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
        f"TTFT / TTFT at {args.levels[0]}", "server req/s", "rows / decode chunk", "server CPU ms / request",
        "client procs", "client CPU", "compiles in timed level", "server: call / wait / gap ms a chunk",
-       "ceiling: call / wait / gap ms a chunk"],
+       "ceiling: call / wait / gap ms a chunk", "server CPU ms a chunk: engine / emit / loop / other threads"],
       [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
         server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
         server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"],
-        chunk_ms_cell(server[c]), chunk_ms_cell(ceiling[c])]
+        chunk_ms_cell(server[c]), chunk_ms_cell(ceiling[c]),
+        " / ".join(f"{v:.1f}" for v in server[c].get("thread_cpu_ms_chunk", {}).values())]
        for c in args.levels])
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -80,3 +81,30 @@ def test_chunk_ms_splits_a_decode_chunk_per_call_and_per_gap():
   assert chunk_ms_cell(ms) == "0.50 / 2.50 / 1.00"
   assert _dispatch_note(delta).endswith(": 0.50 / 2.50 / 1.00") and _dispatch_note({"decode_calls": 4}) == ""
   assert chunk_ms(dict.fromkeys(delta, 0)) == {"dispatch_ms_chunk": 0, "wait_ms_chunk": 0, "gap_ms_chunk": 0}
+
+
+def test_thread_cpu_ms_gives_each_server_thread_and_the_rest_a_chunk():
+  import os
+  import threading
+  from benchmarks._engine_tables import thread_cpu_ms
+  from benchmarks.retrieval_load import cpu_seconds
+  ms = thread_cpu_ms({"fineflax-engine": 0.02, "fineflax-emit": 0.01, "MainThread": 0.03, "fineflax-log": 1.0},
+                     total=0.1, chunks=10)
+  assert ms == pytest.approx({"engine": 2.0, "emit": 1.0, "loop": 3.0, "other": 4.0})
+  assert list(ms) == ["engine", "emit", "loop", "other"]  # the table's order
+  stop = threading.Event()
+  def spin():
+    while not stop.is_set():
+      sum(i * i for i in range(10_000))
+  threads = [threading.Thread(target=spin), threading.Thread(target=stop.wait)]
+  for t in threads:
+    t.start()
+  try:
+    before = [cpu_seconds(os.getpid(), t.native_id) for t in threads]
+    time.sleep(0.6)
+    used = [cpu_seconds(os.getpid(), t.native_id) - b for t, b in zip(threads, before)]
+  finally:
+    stop.set()
+    for t in threads:
+      t.join()
+  assert used[0] > 0.05 and used[1] < 0.02  # the spinning thread's CPU, not the waiting one's

@@ -334,3 +334,4 @@ def test_health_splits_the_decode_chunks_time(served):
   assert delta["decode_calls"] == 5  # 20 tokens in chunks of 4 (`testing.serve.server_argv`)
   assert delta["decode_gaps"] == 4 and delta["decode_gap_s"] > 0
   assert delta["decode_dispatch_s"] + delta["decode_wait_s"] > 0
+  assert {"fineflax-engine", "fineflax-emit", "MainThread"} <= set(after["threads"])  # per-thread CPU: their ids

@@ -15,7 +15,9 @@
   GET  /health                {"status": "ok", "active_rows", "waiting", "prefill_tokens", "prefix_hit_tokens",
                                "decode_calls", "decode_rows", "compiles", "compile_s"} (since the start: prompt
                               tokens prefilled / taken from the prefix cache, decode chunks and the rows they
-                              decoded; XLA backend compiles of the process and their seconds)
+                              decoded; XLA backend compiles of the process and their seconds; the decode
+                              chunks' call / wait / host-gap seconds; "threads": {thread name: native id}, for
+                              per-thread CPU from /proc/PID/task/ID/stat)
 
 RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
 their generator (base or adapter) answers the context messages through the same engine path (streaming,
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import threading
 import uuid
 
 from starlette.applications import Starlette
@@ -267,7 +270,8 @@ class Server(Answers):
                          "decode_rows": stats["decode_rows"], "decode_dispatch_s": round(stats["dispatch_s"], 6),
                          "decode_wait_s": round(stats["wait_s"], 6), "decode_gap_s": round(stats["gap_s"], 6),
                          "decode_gaps": stats["gaps"], "compiles": count,
-                         "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine))})
+                         "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine)),
+                         "threads": {t.name: t.native_id for t in threading.enumerate()}})
 
   async def metrics(self, request: Request):
     self.check_auth(request)
