@@ -31,7 +31,9 @@ def _requests():
 
 
 def test_refilled_rows_equal_each_request_decoded_alone():
-  engine = _engine(max_rows=2)
+  seen = []  # (decode calls so far, tokens so far) at each before_decode_call: before each call, after the last's results
+  engine = _engine(max_rows=2, before_decode_call=lambda: seen.append(
+      (engine.stats["decode_calls"], sum(len(s.tokens) for s in seqs))))
   seqs = [engine.submit(r) for r in _requests()]
   live, t0 = [], time.perf_counter()
   while engine.step():
@@ -44,6 +46,8 @@ def test_refilled_rows_equal_each_request_decoded_alone():
   assert st["dispatch_s"] > 0 and st["wait_s"] > 0 and st["gap_s"] > 0
   assert st["dispatch_s"] + st["wait_s"] + st["gap_s"] < wall
   assert st["gaps"] == st["decode_calls"] - 1
+  assert [c for c, _ in seen] == list(range(st["decode_calls"]))
+  assert all(b[1] > a[1] for a, b in zip(seen, seen[1:]))  # the last chunk's tokens are in before the next call
   for req, seq in zip(_requests(), seqs):
     alone = _engine(max_rows=1)
     ref = alone.submit(req)

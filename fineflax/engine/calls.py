@@ -139,6 +139,8 @@ class DeviceCalls:
                             state["top_p"][:len(rows)])
     program = self._decode_program(b, table.shape[1], e, filters)
     inputs = self._put((table, state))
+    if self.before_decode_call is not None:
+      self.before_decode_call()
     t0 = time.perf_counter()
     if self._decode_end is not None:  # host time since the last chunk's results: bookkeeping, admission, prefill
       self.stats["gap_s"] += t0 - self._decode_end

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
 import jax
 import jax.numpy as jnp
@@ -80,7 +80,8 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
                impl: str | None = "auto", attention: str = "auto", dense_base: bool = False,
                prepared: bool = False, min_row_bucket: int | None = None, interleave_prefill: bool = False,
                prefix_cache: bool = False, prefill_full_table: bool = False, coarse_buckets: bool = False,
-               mesh=None, admission: str = "watermark", watermark: float = 0.01):
+               mesh=None, admission: str = "watermark", watermark: float = 0.01,
+               before_decode_call: Callable[[], None] | None = None):
     """num_pages: pages in the pool (page 0 is the trash page); page_size tokens each. impl: the decoder
     ("unrolled" | "scan"; "auto" as `engine.decode.decode_impl`). attention: the decode attention over
     pages, "gather" | "pallas" | "paged_decode" | a `DecodeKernel` | "auto" (`engine.attention`: the
@@ -109,7 +110,9 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
     row takes in its next chunk, plus `watermark` x the pool, are free; rows grow a chunk at a time and the
     newest are preempted and recomputed when the pool runs dry: `engine.schedule`) or "reserve" (a group
     enters when the pool covers every live row's prompt + whole reserve: never preempts, fewer rows in
-    flight when rows end early)."""
+    flight when rows end early). before_decode_call(): run on the engine's thread right before each decode
+    chunk's device call; that call returns with the chunk (XLA's GPU while loop reads its predicate on the host,
+    the GIL released), so host work another thread is handed here overlaps the device (a server's streams)."""
     if max_rows < 1:
       raise ValueError(f"max_rows={max_rows}: must be >= 1")
     if admission not in ADMISSIONS:
@@ -168,6 +171,7 @@ class Engine(Scheduler, DeviceCalls, CompiledPrograms):
                   # results and the next call (gaps: how many such gaps, while decoding went on)
                   "dispatch_s": 0.0, "wait_s": 0.0, "gap_s": 0.0, "gaps": 0}
     self._decode_end = None  # perf_counter() when the last decode call's results arrived (None: paused)
+    self.before_decode_call = before_decode_call
 
   # ----------------------------------------------------------------------------------------------
   def submit(self, request: Request, n: int = 1) -> Sequence | list[Sequence]:

@@ -12,7 +12,8 @@ samples than `slots` go in several groups), sampled with keys fold_in(key(seed),
 (`engine.driver.EngineThread`) admits waiting sequences whenever rows and pages free up, between device
 chunks of `chunk` decode steps; rows of different adapters and sampling settings share the calls. After
 each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`)
-and goes on to the next chunk; an emitter thread turns them into events while the device computes: text
+and hands them over right before the next chunk's device call; an emitter thread turns them into events while
+the device computes: text
 deltas (decoded incrementally, held back while they might be the start of a stop string or an incomplete
 UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
 from the text. "stop" = EOS or a stop string; "length" = max_tokens.
@@ -123,7 +124,7 @@ class Engine:
                                  impl=impl, dtype=dtype, chunk_size=self.chunk, tokenizer=tokenizer,
                                  eos_ids=eos_ids, adapters=stacked, prefill_tokens=prefill_tokens,
                                  interleave_prefill=True, prefix_cache=prefix_cache, prefill_full_table=True,
-                                 coarse_buckets=True, num_pages=num_pages)
+                                 coarse_buckets=True, num_pages=num_pages, before_decode_call=self._hand_over)
     self.page_size = int(page_size)
     self.waiting = WaitQueue(max_waiting, queue_timeout)  # not yet admitted: bound, deadline, wait times
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._after_step,
@@ -131,7 +132,8 @@ class Engine:
     self.pool_pages = self.driver.engine.pages.num_pages - 1  # pages a sequence can use (the trash page aside)
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
-    self._updates: queue.SimpleQueue = queue.SimpleQueue()  # (row, seq, tokens, status) for the emitter
+    self._updates: queue.SimpleQueue = queue.SimpleQueue()  # lists of (row, seq, tokens, status) for the emitter
+    self._batch: list = []  # the updates of the last chunk (engine thread only), handed over at the next dispatch
     self._emitter: threading.Thread | None = None
     self._seen = (None, dict.fromkeys(COUNTERS + ("evictions",), 0))
     self.stats = {**dict.fromkeys(COUNTERS, 0), "max_active": 0, "generated_tokens": 0, "cancelled_rows": 0,
@@ -228,7 +230,7 @@ class Engine:
       requests = [Request(job.prompt, max_new_tokens=job.max_tokens, temperature=job.temperature,
                           top_p=job.top_p, key=keys[i], eos_ids=() if job.ignore_eos else None,
                           stop_strings=tuple(s for s in stop if s), adapter=adapter,
-                          on_update=lambda seq, row=row: self._updates.put((row, seq, len(seq.tokens), seq.status)))
+                          on_update=lambda seq, row=row: self._batch.append((row, seq, len(seq.tokens), seq.status)))
                   for i, row in enumerate(job.rows)]
       for lo in range(0, job.n, self.slots):
         for row, seq in zip(job.rows[lo:lo + self.slots], engine.submit_group(requests[lo:lo + self.slots])):
@@ -238,8 +240,21 @@ class Engine:
       self._fail(engine, job, e)
 
   def _after_step(self, engine: CoreEngine) -> None:
+    calls = self._seen[1]["decode_calls"] if self._seen[0] is engine else 0
     self._sync_stats(engine)
+    if engine.stats["decode_calls"] == calls:  # this step made no decode call: no dispatch hands them over
+      self._hand_over()
     self._check_waiting(engine)
+
+  def _hand_over(self) -> None:
+    """Gives the emitter the updates noted since the last hand-over. The engine calls it right before a decode
+    chunk's device call (`before_decode_call`), which returns with the chunk and releases the GIL meanwhile: the
+    emitter and the event loop then turn the last chunk's tokens into events while the device computes, instead
+    of contending for the GIL with the engine's own host work between chunks (admission, prefill, the next
+    chunk's inputs). A step without a decode call hands them over at its end."""
+    if self._batch:
+      batch, self._batch = self._batch, []
+      self._updates.put(batch)
 
   def _note_admitted(self) -> None:
     """Waiting jobs with a row admitted leave the queue (their wait recorded). Any thread: it reads the
@@ -263,8 +278,9 @@ class Engine:
 
   # -- emitter thread ----------------------------------------------------------------------------
   def _emit_loop(self) -> None:
-    while (item := self._updates.get()) is not None:
-      self._update(*item)
+    while (batch := self._updates.get()) is not None:
+      for item in batch:
+        self._update(*item)
 
   def _update(self, row: _Row, seq, ntok: int, status: str) -> None:
     """After a chunk: the sequence's first `ntok` tokens (its length then; `status` its status then) and
@@ -347,7 +363,7 @@ class Engine:
 
   def _engine_failed(self, engine: CoreEngine, e: Exception) -> None:
     self.stats["errors"] += 1
-    jobs, self._jobs = self._jobs, set()
+    jobs, self._jobs, self._batch = self._jobs, set(), []
     for job in jobs:
       job.cancelled = True
       self.waiting.left(job)
