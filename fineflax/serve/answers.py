@@ -71,36 +71,45 @@ class Answers:
                         headers={"x-fineflax-variant": ctx["variant"]})
 
   async def _stream(self, job, queue, ctx, first):
+    """The SSE stream of a job: a role chunk per choice, then its events as chunks. The events already queued
+    go out in one write (the role chunks with the first delta; a last delta with its finish, the usage and
+    [DONE]): each write costs the event loop a pass through the ASGI stack, and the loop bounds a busy server."""
     rid, variant, created, req = ctx["rid"], ctx["variant"], ctx["created"], ctx["req"]
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n"
     texts, reasons, counts = [""] * job.n, [None] * job.n, [0] * job.n
+    out = [sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None, "logprobs": None}])) for i in range(job.n)]
     try:
-      for i in range(job.n):
-        yield sse(P.chunk(rid, variant, created, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "finish_reason": None, "logprobs": None}]))
       ev = first
       while True:
         if ev[0] == "disconnect":  # (the client left as the stream started: the finally clause cancels)
           return
         if ev[0] == "error":
-          yield sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}})
+          out.append(sse({"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}))
+          yield "".join(out)
           return
         if ev[0] == "delta" and (ev[2] or req.logprobs):  # else tokens held back (a possible stop string
           texts[ev[1]] += ev[2]                            # or a partial character): nothing to send
           lp = {"content": P.logprob_content(ev[3], self.token_bytes)} if req.logprobs else None
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
-                                                     "finish_reason": None, "logprobs": lp}]))
+          out.append(sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {"content": ev[2]},
+                                                          "finish_reason": None, "logprobs": lp}])))
         elif ev[0] == "done":
           reasons[ev[1]], counts[ev[1]] = ev[2], ev[3]
-          yield sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
-                                                     "logprobs": None}]))
+          out.append(sse(P.chunk(rid, variant, created, [{"index": ev[1], "delta": {}, "finish_reason": ev[2],
+                                                          "logprobs": None}])))
         if None not in reasons:
           break
-        ev = await queue.get()
+        if queue.empty():  # nothing more now: send what is ready, then wait
+          if out:
+            yield "".join(out)
+            out = []
+          ev = await queue.get()
+        else:
+          ev = queue.get_nowait()
       await self._log(ctx, texts, reasons, counts)
       if req.include_usage:
-        yield sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts))))
-      yield "data: [DONE]\n\n"
+        out.append(sse(P.chunk(rid, variant, created, [], P.usage(ctx["prompt_len"], sum(counts)))))
+      yield "".join(out) + "data: [DONE]\n\n"
     finally:
       if None in reasons:
         self.engine.cancel(job)
