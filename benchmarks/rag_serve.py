@@ -28,8 +28,8 @@ import sys
 import time
 
 from benchmarks import gpu
-from benchmarks._results import markdown_table, write_section
-from fineflax.io import atomic_write_json, atomic_write_text
+from benchmarks._results import markdown_table, publish
+from fineflax.io import atomic_write_text
 from fineflax.serve.spawn import health, spawn_server
 from fineflax.testing.serve import free_port
 
@@ -130,12 +130,8 @@ def main(argv=None):
         f"non-streaming requests, {args.new_tokens} new tokens (ignore_eos, greedy); naive_rag = {args.retriever} "
         f"retrieval (k = 3) over the rag_loop KB, then the base model. p50(naive_rag) / p50(bare) = "
         f"**{ratio:.2f}** (target <= 1.5 at 16 clients).\n\n{table}\n")
-  atomic_write_json(out / "rag_serve.json", {"device": device, "args": vars(args), "rows": rows, "ratio": ratio},
-                    indent=2)
-  atomic_write_text(out / "rag_serve.md", md)
-  print(md)
-  if args.results:
-    write_section("rag-serve", "## RAG variant latency (issue 34): naive RAG vs the bare model\n\n" + md)
+  publish(out, "rag_serve", {"device": device, "args": vars(args), "rows": rows, "ratio": ratio}, md,
+          ("rag-serve", "## RAG variant latency (issue 34): naive RAG vs the bare model") if args.results else None)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,9 @@ import threading
 import time
 
 from benchmarks import gpu
-from benchmarks._results import markdown_table, write_section
+from benchmarks._results import markdown_table, publish
 from benchmarks.retrieval_load import cpu_seconds
 from benchmarks.serve import _level
-from fineflax.io import atomic_write_json, atomic_write_text
 
 
 class StubEngine:
@@ -165,11 +164,8 @@ def main(argv=None):
   md = (f"Machine: {gpu.device_name()} (no device used). Command: `{command}`. Stub engine: a delta of "
         f"{args.new_tokens // args.deltas} words every {args.tick_ms:g} ms, {args.deltas} a request; "
         f"{args.rounds} timed streaming requests per client (httpx).\n\n{table}\n")
-  atomic_write_json(out / "serve_http.json", {"args": vars(args), "rows": rows}, indent=2)
-  atomic_write_text(out / "serve_http.md", md)
-  print(md)
-  if args.results:
-    write_section("serve-http", "## The server's HTTP layer on a stub engine (issue 51 (d))\n\n" + md)
+  publish(out, "serve_http", {"args": vars(args), "rows": rows}, md,
+          ("serve-http", "## The server's HTTP layer on a stub engine (issue 51 (d))") if args.results else None)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,15 @@ def test_new_tokens_must_split_into_the_deltas():
   from benchmarks.serve_http import parse_args
   with pytest.raises(SystemExit):
     parse_args(["--new-tokens", "10", "--deltas", "4"])
+
+
+def test_publish_writes_json_md_and_the_results_section(tmp_path, monkeypatch):
+  from benchmarks import _results
+  monkeypatch.setattr(_results, "RESULTS", tmp_path / "RESULTS.md")
+  monkeypatch.setattr(_results.write_section, "__defaults__", (tmp_path / "RESULTS.md", _results._HEADER))
+  _results.publish(tmp_path, "b", {"x": 1}, "| t |\n", ("b-sec", "## B"))
+  assert json.loads((tmp_path / "b.json").read_text()) == {"x": 1} and (tmp_path / "b.md").read_text() == "| t |\n"
+  text = (tmp_path / "RESULTS.md").read_text()
+  assert "<!-- b-sec:start -->\n## B\n\n| t |\n<!-- b-sec:end -->" in text
+  _results.publish(tmp_path, "c", {}, "md")
+  assert (tmp_path / "RESULTS.md").read_text() == text  # no section asked: RESULTS.md untouched
