@@ -135,9 +135,13 @@ for stage in "$@"; do
             # random SmolLM2-135M-shaped bf16 weights with the bundled tokenizer (no GGUF needed); on one H200 the
             # server's warm-up took 162 s (47 programs) and the ceiling did not finish within the next 150 s
             # SERVE_ARGS adds flags, e.g. "--client httpx" (clients without the openai package's own CPU per request);
-            # its table splits a decode chunk of the server and of the ceiling into call / wait / host gap ms
+            # its table splits a decode chunk of the server and of the ceiling into call / wait / host gap ms, and
+            # gives the server's CPU ms a chunk per thread; then the HTTP layer alone on this host (benchmarks/serve_http.py);
+            # with SERVE_ARGS="--client httpx --rounds 4 --no-warmup" the whole stage took ~130 s (RESULTS session_2026_11_29d)
             timeout -s TERM 560 python3 -m benchmarks.serve --random-weights --shared-clients 0 --out "$OUT/serve" \
-              --results ${SERVE_ARGS:-}; cp benchmarks/RESULTS.md "$OUT/" ;;
+              --results ${SERVE_ARGS:-}; cp benchmarks/RESULTS.md "$OUT/"
+            timeout -s TERM 120 python3 -m benchmarks.serve_http --out "$OUT/serve_http" --results
+            cp benchmarks/RESULTS.md "$OUT/" ;;
     rl)     # GRPO step vs TRL and tunix: their wheels (.whl3) over .whl; .whl3/fallback/M only where `import M` fails
             install_peers
             for m in pandas requests; do python3 -c "import $m" 2>/dev/null || \
