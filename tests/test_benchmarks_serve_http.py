@@ -17,6 +17,7 @@ class _Job:
       self.done.set()
 
 
+@pytest.mark.fast
 def test_stub_engine_gives_each_job_its_deltas_then_its_end():
   from benchmarks.serve_http import StubEngine
   engine = StubEngine(tokenizer=None, tick_s=0.001, deltas=3, words=4)
@@ -47,12 +48,14 @@ def test_a_level_on_the_real_app_counts_requests_tokens_and_loop_cpu(tmp_path):
   assert "| 2 |" in (tmp_path / "serve_http.md").read_text()
 
 
+@pytest.mark.fast
 def test_new_tokens_must_split_into_the_deltas():
   from benchmarks.serve_http import parse_args
   with pytest.raises(SystemExit):
     parse_args(["--new-tokens", "10", "--deltas", "4"])
 
 
+@pytest.mark.fast
 def test_publish_writes_json_md_and_the_results_section(tmp_path, monkeypatch):
   from benchmarks import _results
   monkeypatch.setattr(_results, "RESULTS", tmp_path / "RESULTS.md")
