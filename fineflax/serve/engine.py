@@ -240,9 +240,7 @@ class Engine:
       self._fail(engine, job, e)
 
   def _after_step(self, engine: CoreEngine) -> None:
-    calls = self._seen[1]["decode_calls"] if self._seen[0] is engine else 0
-    self._sync_stats(engine)
-    if engine.stats["decode_calls"] == calls:  # this step made no decode call: no dispatch hands them over
+    if not self._sync_stats(engine)["decode_calls"]:  # this step made no decode call: no dispatch handed them over
       self._hand_over()
     self._check_waiting(engine)
 
@@ -372,12 +370,14 @@ class Engine:
       except Exception:
         traceback.print_exc()
 
-  def _sync_stats(self, engine: CoreEngine) -> None:
-    """Adds the core engine's new counts to `stats` (a rebuilt engine counts from 0 again)."""
+  def _sync_stats(self, engine: CoreEngine) -> dict:
+    """Adds the core engine's new counts to `stats` (a rebuilt engine counts from 0 again); returns them."""
     if self._seen[0] is not engine:
       self._seen = (engine, dict.fromkeys(COUNTERS + ("evictions",), 0))
     seen, now = self._seen[1], {**{k: engine.stats[k] for k in COUNTERS}, "evictions": engine.pages.evicted}
-    for k, v in now.items():
-      self.stats[k] += v - seen[k]
-      seen[k] = v
+    new = {k: v - seen[k] for k, v in now.items()}
+    for k, v in new.items():
+      self.stats[k] += v
+    seen.update(now)
     self.stats["max_active"] = max(self.stats["max_active"], engine.stats["peak_rows"])
+    return new
