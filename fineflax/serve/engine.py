@@ -11,12 +11,12 @@ A job becomes n engine sequences (one group: the prompt is prefilled once and it
 samples than `slots` go in several groups), sampled with keys fold_in(key(seed), i). The engine thread
 (`engine.driver.EngineThread`) admits waiting sequences whenever rows and pages free up, between device
 chunks of `chunk` decode steps; rows of different adapters and sampling settings share the calls. After
-each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`)
-and hands them over right before the next chunk's device call; an emitter thread turns them into events while
-the device computes: text
-deltas (decoded incrementally, held back while they might be the start of a stop string or an incomplete
-UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence in the engine (its cache is cut back) and is cut
-from the text. "stop" = EOS or a stop string; "length" = max_tokens.
+each chunk a sequence's new tokens reach its job: the engine thread only notes them (`Request.on_update`) and
+hands them over right before the next chunk's device call; an emitter thread turns them into events while the
+device computes: text deltas (decoded incrementally, held back while they might be the start of a stop string or
+an incomplete UTF-8 character), log-probs, and at the end ("done", finish reason). A stop string ends the sequence
+in the engine (its cache is cut back) and is cut from the text. "stop" = EOS or a stop string; "length" =
+max_tokens.
 
 Waiting: a job waits in `waiting.WaitQueue` until a row of it is admitted: a bounded queue (`submit` raises
 QueueFull past `max_waiting` rows) with a deadline (`queue_timeout` s: the job then ends with a 503 error
