@@ -138,6 +138,7 @@ for stage in "$@"; do
             # its table splits a decode chunk of the server and of the ceiling into call / wait / host gap ms, and
             # gives the server's CPU ms a chunk per thread; then the HTTP layer alone on this host (benchmarks/serve_http.py);
             # with SERVE_ARGS="--client httpx --rounds 4 --no-warmup" the whole stage took ~130 s (RESULTS session_2026_11_29d)
+            # SERVE_ARGS="... --api-procs 0,1,2": one server run per value (0: one process; K: K HTTP front-end processes)
             timeout -s TERM 560 python3 -m benchmarks.serve --random-weights --shared-clients 0 --out "$OUT/serve" \
               --results ${SERVE_ARGS:-}; cp benchmarks/RESULTS.md "$OUT/"
             timeout -s TERM 120 python3 -m benchmarks.serve_http --out "$OUT/serve_http" --results

@@ -6,7 +6,9 @@ decode-step ceiling, and p50 time to first token at N clients against 1 client.
   python -m benchmarks.serve --random-weights --shared-clients 0 --out DIR   # GPU without the GGUF (issue 51)
   ... --results                                        # also writes RESULTS.md's serve-engine section
 
-Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given).
+Server: `python -m fineflax.serve` in a subprocess (slots = the largest client count, --quant as given); with
+`--api-procs 0,1,2` one server run per value of its --api-procs (0: one process; K: the engine in one process and K
+HTTP front ends in their own, `fineflax.serve.split`), each against the same ceiling.
 Clients: `openai.AsyncOpenAI` (or plain httpx: `--client httpx`) in `--client-procs` processes (default one per
 `CLIENTS_PER_PROC` clients, at most half the cores; one process of 128 such clients is CPU-bound by itself, and an
 `openai` streaming request costs its process ~5 ms of CPU: with 16 clients in a process, the last request of a
@@ -97,8 +99,12 @@ def parse_args(argv=None):
   ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                   help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
                        "compile what the levels need, quicker on a CPU)")
+  ap.add_argument("--api-procs", default="0",
+                  help="comma-separated values of the server's --api-procs, one server run each against the one "
+                       "ceiling (0: the front end in the engine's process; K: K front-end processes)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
   args = ap.parse_args(argv)
+  args.api_procs_list = [int(k) for k in str(args.api_procs).split(",")]
   tiny = dict(clients="1,4", new_tokens=16, rounds=1, dtype="float32", shared_clients=4, system_tokens=128)
   full = dict(clients="1,32,128", new_tokens=64, rounds=2, dtype="bfloat16", shared_clients=32, system_tokens=384)
   for k, v in (tiny if args.tiny else full).items():
@@ -233,22 +239,37 @@ def _level(url, clients, rounds, new_tokens, temperature=1.0, shared=None, procs
           "client_cpu": max(p["cpu_s"] for p in parts) / wall, "client_procs": procs}
 
 
+def _pids(h: dict, pid: int) -> dict:
+  """{prefix: pid} of the server's processes from /health ("processes"; one process: {"": pid})."""
+  return h.get("processes") or {"": pid}
+
+
+def _thread_pid(name: str, pids: dict) -> int:
+  """The pid of /health's thread `name` ("p:thread" runs in pids[p], a bare name in pids[""])."""
+  return pids[name.split(":", 1)[0]] if ":" in name else pids[""]
+
+
 def _timed(url, pid, run) -> dict:
   """run() -> a level's row, with the server's counts over it from /health (compiles; decode rows per decode
-  chunk: occupancy) and its CPU seconds per request (`pid`'s user + system time)."""
-  before, cpu = health(url), cpu_seconds(pid)
+  chunk: occupancy) and its CPU seconds per request (user + system time of its processes: `pid`, or the engine's
+  and the front ends' with --api-procs)."""
+  before = health(url)
+  pids = _pids(before, pid)
+  cpu = sum(cpu_seconds(p) for p in pids.values())
   tids = before.get("threads", {})
-  thread_cpu = {name: cpu_seconds(pid, tid) for name, tid in tids.items()}
+  thread_cpu = {name: cpu_seconds(_thread_pid(name, pids), tid) for name, tid in tids.items()}
   row = run()
-  after, cpu = health(url), cpu_seconds(pid) - cpu
+  after = health(url)
+  cpu = sum(cpu_seconds(p) for p in pids.values()) - cpu
   chunk = {k: k if k.startswith("decode_") else f"decode_{k}" for k in CHUNK_STATS}  # /health's names of them
   for k in ("prefill_tokens", "prefix_hit_tokens", "compiles", "decode_rows", *chunk.values()):
     row[k] = after.get(k, 0) - before.get(k, 0)  # (a server older than the decode counts has none)
   row["rows_per_chunk"] = row["decode_rows"] / max(row["decode_calls"], 1)
   row.update(chunk_ms({k: row[h] for k, h in chunk.items()}))
   row["server_cpu_ms_req"] = 1e3 * cpu / row["requests"]
-  threads = {name: cpu_seconds(pid, tid) - thread_cpu[name] for name, tid in tids.items()}
+  threads = {name: cpu_seconds(_thread_pid(name, pids), tid) - thread_cpu[name] for name, tid in tids.items()}
   row["thread_cpu_ms_chunk"] = thread_cpu_ms(threads, cpu, max(row["decode_calls"], 1))
+  row["processes"] = len(pids)
   return row
 
 
@@ -281,8 +302,9 @@ def run_server(args, out, levels, shared: bool, extra=()):
       rows[c] = _timed(url, proc.pid, lambda: _level(url, c, args.rounds, args.new_tokens, args.temperature,
                                                      procs=client_procs(args, c), kind=args.client))
       print(f"server   clients={c}: {rows[c]}", flush=True)
-      atomic_write_json(out / "serve.json", {"partial": "server levels so far; the ceiling comes last",
-                                             "args": vars(args), "server": rows}, indent=2)
+      atomic_write_json(out / f"serve{''.join(extra).replace('--', '_').replace(' ', '')}.json",
+                        {"partial": "server levels so far; the ceiling comes last", "args": vars(args),
+                         "server": rows}, indent=2)
     row = shared_level(url, proc.pid, args) if shared else None
     if row is not None:
       print(f"shared   clients={args.shared_clients} {' '.join(extra) or 'prefix cache'}: {row}", flush=True)
@@ -353,23 +375,29 @@ def main(argv=None):
   elif args.random_weights:
     args.model = random_smollm2(out)
   t0 = time.perf_counter()
-  server, shared_on = run_server(args, out, args.levels, args.shared_clients > 0)
+  servers, shared_on = {}, None
+  for i, k in enumerate(args.api_procs_list):  # the shared-prompt case with the first variant only
+    servers[k], shared = run_server(args, out, args.levels, args.shared_clients > 0 and i == 0,
+                                    ["--api-procs", str(k)] if k else [])
+    shared_on = shared_on or shared
   shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
   ceiling = run_ceiling(args)
   device = gpu.device_name()
   command = "python -m benchmarks.serve " + " ".join(sys.argv[1:] if argv is None else argv)
-  first = server[args.levels[0]]["ttft_p50_s"]
+  rows = []
+  for k, server in servers.items():
+    first = server[args.levels[0]]["ttft_p50_s"]
+    rows += [[k, c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
+              server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"],
+              server[c]["rows_per_chunk"], server[c]["server_cpu_ms_req"], server[c]["client_procs"],
+              server[c]["client_cpu"], server[c]["compiles"], chunk_ms_cell(server[c]), chunk_ms_cell(ceiling[c]),
+              " / ".join(f"{v:.1f}" for v in server[c].get("thread_cpu_ms_chunk", {}).values())]
+             for c in args.levels]
   table = markdown_table(
-      ["clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
+      ["API procs", "clients", "server tok/s", "decode ceiling tok/s", "server / ceiling", "p50 TTFT s",
        f"TTFT / TTFT at {args.levels[0]}", "server req/s", "rows / decode chunk", "server CPU ms / request",
        "client procs", "client CPU", "compiles in timed level", "server: call / wait / gap ms a chunk",
-       "ceiling: call / wait / gap ms a chunk", "server CPU ms a chunk: engine / emit / loop / other threads"],
-      [[c, server[c]["tok_s"], ceiling[c]["tok_s"], server[c]["tok_s"] / ceiling[c]["tok_s"],
-        server[c]["ttft_p50_s"], server[c]["ttft_p50_s"] / first, server[c]["req_s"], server[c]["rows_per_chunk"],
-        server[c]["server_cpu_ms_req"], server[c]["client_procs"], server[c]["client_cpu"], server[c]["compiles"],
-        chunk_ms_cell(server[c]), chunk_ms_cell(ceiling[c]),
-        " / ".join(f"{v:.1f}" for v in server[c].get("thread_cpu_ms_chunk", {}).values())]
-       for c in args.levels])
+       "ceiling: call / wait / gap ms a chunk", "server CPU ms a chunk: engine / emit / loop / other threads"], rows)
   md = (f"Device: {device}. Command: `{command}` ({time.perf_counter() - t0:.0f} s).\n"
         f"Model {args.model}, quant {args.quant}, {args.dtype}, {args.new_tokens} new tokens (ignore_eos), "
         f"temperature {args.temperature:g}, "
@@ -386,7 +414,7 @@ def main(argv=None):
            "timed round):\n\n" + markdown_table(
                ["prefix cache", "requests", "prompt tokens", "prefilled tokens", "prefix-hit tokens",
                 "prefilled / prompt", "server tok/s", "p50 TTFT s", "compiles in timed level"], rows) + "\n")
-  atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": server,
+  atomic_write_json(out / "serve.json", {"device": device, "args": vars(args), "server": servers,
                                          "ceiling": ceiling, "shared": {"on": shared_on, "off": shared_off}},
                     indent=2)
   atomic_write_text(out / "serve.md", md)

@@ -92,6 +92,10 @@ def test_thread_cpu_ms_gives_each_server_thread_and_the_rest_a_chunk():
                      total=0.1, chunks=10)
   assert ms == pytest.approx({"engine": 2.0, "emit": 1.0, "loop": 3.0, "other": 4.0})
   assert list(ms) == ["engine", "emit", "loop", "other"]  # the table's order
+  split = thread_cpu_ms({"engine:fineflax-engine": 0.02, "engine:fineflax-emit": 0.01, "engine:MainThread": 0.05,
+                         "api0:MainThread": 0.03, "api1:MainThread": 0.01, "api0:fineflax-link": 0.01},
+                        total=0.2, chunks=10)  # front ends in processes of their own: loops summed, host main is other
+  assert split == pytest.approx({"engine": 2.0, "emit": 1.0, "loop": 4.0, "other": 13.0})
   stop = threading.Event()
   def spin():
     while not stop.is_set():

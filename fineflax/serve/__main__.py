@@ -32,6 +32,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--slots", type=int, default=8, help="decode slots (rows of the running batch)")
   ap.add_argument("--context", type=int, default=2048, help="tokens per slot (prompt + completion)")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
+  ap.add_argument("--api-procs", type=int, default=0,
+                  help="HTTP front ends in processes of their own, the engine in this one (fineflax.serve.split: "
+                       "the event loop and the engine stop sharing one GIL; use at high concurrency); "
+                       "default 0: one process")
   ap.add_argument("--prefill-tokens", type=int, default=2048,
                   help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
                        "(raised to the engine's 512-token prefill block if smaller)")
@@ -85,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.error(f"--queue-timeout {args.queue_timeout:g}: must be >= 0 (0: no deadline)")
   if args.pages is not None and args.pages < 2:
     ap.error(f"--pages {args.pages}: the pool needs the trash page and at least one more")
+  if args.api_procs < 0:
+    ap.error(f"--api-procs {args.api_procs}: must be >= 0 (0: the front end in the engine's process)")
   if args.prefill_tokens < 1:
     ap.error(f"--prefill-tokens {args.prefill_tokens}: must be >= 1")
   for name in ("keep_alive_timeout", "idle_timeout"):
@@ -152,20 +158,16 @@ def check_args(args: argparse.Namespace):
   return config, adapters, base, variants, (rag if rag.variants else None)
 
 
-def build(args: argparse.Namespace, checked=None):
-  """(Server, Starlette app) from parsed arguments; loads the model (after `check_args`, or its result
-  `checked`)."""
+def build_engine(args: argparse.Namespace, checked):
+  """The server's `serve.engine.Engine` (not started) from parsed arguments and `check_args`'s result: loads the
+  weights; compiles its programs first with --warmup."""
   import jax
   import jax.numpy as jnp
   from fineflax.models import load
   from fineflax.models.dtype import resolve_dtype
-  from fineflax.serve.app import Server, create_app
   from fineflax.serve.engine import Engine
-  from fineflax.serve.feedback import FeedbackLog
-  from fineflax.serve.rag import RagRuntime
-  from fineflax.serve.router import ContextualRouter
 
-  _, adapters, base, variants, rag = checked or check_args(args)
+  adapters = checked[1]
   # The engine thread must get the GIL back as soon as a decode chunk returns (the device idles until it
   # starts the next), while the event loop and the emitter thread turn the last chunk into events: a thread
   # waiting for the GIL waits up to the switch interval, 5 ms by default (a chunk of SmolLM2 on an H200).
@@ -182,6 +184,16 @@ def build(args: argparse.Namespace, checked=None):
     count, seconds, compiled = engine.warm_up()
     print(f"warm-up: {count} programs in {seconds:.1f} s ({compiled} XLA compiles, the rest from the "
           "persistent compilation cache)", file=sys.stderr, flush=True)
+  return engine
+
+
+def build_server(args: argparse.Namespace, engine, base: str, variants: list, rag):
+  """(Server, Starlette app) on `engine` (in this process, or a `serve.remote.RemoteEngine`): the reward log, the
+  router and the RAG variants (base name, auto variants and RagConfig | None from `check_args`)."""
+  from fineflax.serve.app import Server, create_app
+  from fineflax.serve.feedback import FeedbackLog
+  from fineflax.serve.rag import RagRuntime
+  from fineflax.serve.router import ContextualRouter
   log = FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max))
   router = ContextualRouter(variants, kind=args.router, seed=args.seed, contextual=args.contextual,
                             priors=rag.priors if rag else None).load(log.reward_sums(by_category=True))
@@ -189,6 +201,13 @@ def build(args: argparse.Namespace, checked=None):
                   max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
                   max_n=args.max_n, rag=RagRuntime.build(rag) if rag else None)
   return server, create_app(server)
+
+
+def build(args: argparse.Namespace, checked=None):
+  """(Server, Starlette app) in one process from parsed arguments; loads the model (after `check_args`, or its
+  result `checked`)."""
+  checked = checked or check_args(args)
+  return build_server(args, build_engine(args, checked), *checked[2:])
 
 
 def main(argv=None) -> int:
@@ -207,15 +226,20 @@ def main(argv=None) -> int:
   print(f"fineflax.serve: {args.host}:{sock.getsockname()[1]} bound; loading {args.model}", file=sys.stderr,
         flush=True)
   try:
-    server, app = build(args, checked)
+    engine = build_engine(args, checked)
   except UsageError as e:
     sock.close()
     print(f"error: {e}", file=sys.stderr)
     return 2
   port = sock.getsockname()[1]
-  rag = sorted(server.rag.variants) if server.rag else []
-  print(f"fineflax.serve: {server.base_name} + adapters {sorted(server.engine.adapter_ids)} + RAG {rag} on "
-        f"http://{args.host}:{port}/v1 (log {args.log})", file=sys.stderr, flush=True)
+  rag = sorted(checked[4].variants) if checked[4] else []
+  print(f"fineflax.serve: {checked[2]} + adapters {sorted(engine.adapter_ids)} + RAG {rag} on "
+        f"http://{args.host}:{port}/v1 (log {args.log}"
+        f"{f'; {args.api_procs} front-end processes' if args.api_procs else ''})", file=sys.stderr, flush=True)
+  if args.api_procs:
+    from fineflax.serve.split import serve_split
+    return serve_split(args, engine, sock, checked[2:])
+  server, app = build_server(args, engine, *checked[2:])
   uvicorn.Server(uvicorn_config(app, args.host, port, keep_alive_timeout=args.keep_alive_timeout,
                                 idle_timeout=args.idle_timeout)).run(sockets=[sock])
   return 0

@@ -16,8 +16,9 @@
                                "decode_calls", "decode_rows", "compiles", "compile_s"} (since the start: prompt
                               tokens prefilled / taken from the prefix cache, decode chunks and the rows they
                               decoded; XLA backend compiles of the process and their seconds; the decode
-                              chunks' call / wait / host-gap seconds; "threads": {thread name: native id}, for
-                              per-thread CPU from /proc/PID/task/ID/stat)
+                              chunks' call / wait / host-gap seconds; "threads": {thread name: native id} and
+                              "processes": {prefix: pid}, for per-thread CPU from /proc/PID/task/ID/stat; a
+                              thread "p:name" runs in processes[p]: with --api-procs, "engine:" and "api0:"...)
 
 RAG variants (`fineflax.rag`, `fineflax.serve.rag`): naive / hybrid RAG retrieve on a worker thread, then
 their generator (base or adapter) answers the context messages through the same engine path (streaming,
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import threading
 import uuid
 
 from starlette.applications import Starlette
@@ -64,7 +64,7 @@ from fineflax.serve.answers import Answers
 from fineflax.serve.events import LoopOutbox
 from fineflax.serve.feedback import UnknownResponse
 from fineflax.serve.logwriter import LogWriter
-from fineflax.serve.metrics import health_fields, prometheus, snapshot
+from fineflax.serve.metrics import health_fields, prometheus
 from fineflax.serve.waiting import QueueFull
 
 
@@ -262,20 +262,19 @@ class Server(Answers):
     return JSONResponse({"leaderboard": await run_in_threadpool(self.log.leaderboard)})
 
   async def health(self, request: Request):
-    stats = self.engine.stats
-    count, seconds = self.engine.compile_totals()
-    return JSONResponse({"status": "ok", "active_rows": self.engine.active_rows(),
-                         "waiting": self.engine.num_waiting(), "prefill_tokens": stats["prefill_tokens"],
-                         "prefix_hit_tokens": stats["prefix_hit_tokens"], "decode_calls": stats["decode_calls"],
-                         "decode_rows": stats["decode_rows"], "decode_dispatch_s": round(stats["dispatch_s"], 6),
-                         "decode_wait_s": round(stats["wait_s"], 6), "decode_gap_s": round(stats["gap_s"], 6),
-                         "decode_gaps": stats["gaps"], "compiles": count,
-                         "compile_s": round(seconds, 3), **health_fields(snapshot(self.engine)),
-                         "threads": {t.name: t.native_id for t in threading.enumerate()}})
+    st = await run_in_threadpool(self.engine.state)
+    return JSONResponse({"status": "ok", "active_rows": st["active_rows"], "waiting": st["waiting"],
+                         "prefill_tokens": st["prefill_tokens"], "prefix_hit_tokens": st["prefix_hit_tokens"],
+                         "decode_calls": st["decode_calls"], "decode_rows": st["decode_rows"],
+                         "decode_dispatch_s": round(st["dispatch_s"], 6), "decode_wait_s": round(st["wait_s"], 6),
+                         "decode_gap_s": round(st["gap_s"], 6), "decode_gaps": st["gaps"],
+                         "compiles": st["compiles"], "compile_s": round(st["compile_s"], 3),
+                         **health_fields(st["metrics"]), "threads": st["threads"], "processes": st["processes"]})
 
   async def metrics(self, request: Request):
     self.check_auth(request)
-    return Response(prometheus(snapshot(self.engine)), media_type="text/plain; version=0.0.4; charset=utf-8")
+    st = await run_in_threadpool(self.engine.state)
+    return Response(prometheus(st["metrics"]), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _guard(handler):

@@ -45,6 +45,7 @@ from fineflax.engine.detok import StreamText, text_decoder
 from fineflax.engine.driver import EngineThread, engine_factory
 from fineflax.engine.pages import pages_for
 from fineflax.lora import lora_scale
+from fineflax.serve.metrics import snapshot
 from fineflax.serve.waiting import QueueFull, WaitQueue
 
 COUNTERS = ("decode_calls", "decode_rows", "prefill_calls", "mixed_adapter_calls", "prefill_tokens",
@@ -76,6 +77,7 @@ class Job:
   cancelled: bool = False
   texts: list = dataclasses.field(default_factory=list)
   rows: list = dataclasses.field(default_factory=list)
+  remote_id: int | None = None  # its id on the link to an engine in another process (`serve.remote`)
 
 
 @dataclasses.dataclass(eq=False)
@@ -89,6 +91,41 @@ class _Row:
   sent: int = 0  # characters of text already emitted
   logged: int = 0  # tokens whose logprobs were already emitted
   done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What a job is checked against before it is queued: the engine's context (positions a request may take),
+  slots, KV page size, pages a sequence can use (the pool less the trash page) and adapter names. A front end
+  in another process (`serve.remote`) gets them from the engine and checks its jobs itself."""
+  context: int
+  slots: int
+  page_size: int
+  pool_pages: int
+  adapters: tuple = ()
+
+  def pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
+    """KV pages the largest group of a job (min(n, slots) rows sharing the prompt's full pages) may hold at
+    once, copies on write included: an upper bound of what the engine's admission reserves for it."""
+    g, size = min(n, self.slots), pages_for(prompt_len + max_tokens, self.page_size)
+    shared = (prompt_len - 1) // self.page_size
+    return size + (g - 1) * (size - shared) + (g > 1)
+
+  def check(self, job: "Job") -> None:
+    """ValueError for an unknown adapter, an empty prompt, a prompt + max_tokens past the context or rows that
+    need more KV pages than the whole pool."""
+    if job.adapter is not None and job.adapter not in self.adapters:
+      raise ValueError(f"unknown adapter {job.adapter!r}; loaded: {sorted(self.adapters)}")
+    if not job.prompt:
+      raise ValueError("empty prompt")
+    if len(job.prompt) + job.max_tokens > self.context:
+      raise ValueError(f"prompt of {len(job.prompt)} tokens + max_tokens={job.max_tokens} exceeds the "
+                       f"context of {self.context} tokens")
+    need = self.pages_needed(len(job.prompt), job.max_tokens, job.n)
+    if need > self.pool_pages:
+      raise ValueError(f"the request needs {need} KV pages ({min(job.n, self.slots)} rows of {len(job.prompt)} "
+                       f"prompt + {job.max_tokens} new tokens) but the pool holds {self.pool_pages} (--pages); "
+                       "lower max_tokens or n")
 
 
 class Engine:
@@ -130,11 +167,13 @@ class Engine:
     self.driver = EngineThread(make_engine, on_failure=self._engine_failed, after_step=self._after_step,
                                gather_s=gather_s)
     self.pool_pages = self.driver.engine.pages.num_pages - 1  # pages a sequence can use (the trash page aside)
+    self.limits = Limits(self.context, self.slots, self.page_size, self.pool_pages, tuple(self.adapter_ids))
     self.eos_ids = self.driver.engine.eos_ids
     self._jobs: set = set()  # jobs with rows in the engine
     self._updates: queue.SimpleQueue = queue.SimpleQueue()  # lists of (row, seq, tokens, status) for the emitter
     self._batch: list = []  # the updates of the last chunk (engine thread only), handed over at the next dispatch
     self._emitter: threading.Thread | None = None
+    self.after_emit: Callable | None = None  # called by the emitter after each chunk's events (`serve.split`)
     self._seen = (None, dict.fromkeys(COUNTERS + ("evictions",), 0))
     self.stats = {**dict.fromkeys(COUNTERS, 0), "max_active": 0, "generated_tokens": 0, "cancelled_rows": 0,
                   "errors": 0, "evictions": 0}
@@ -145,18 +184,7 @@ class Engine:
     rows need more KV pages than the whole pool (`pages_needed`); `waiting.QueueFull` when the waiting
     queue is full. A job that waits longer than the queue's deadline ends with ("error", message, 503,
     retry_after)."""
-    if job.adapter is not None and job.adapter not in self.adapter_ids:
-      raise ValueError(f"unknown adapter {job.adapter!r}; loaded: {sorted(self.adapter_ids)}")
-    if not job.prompt:
-      raise ValueError("empty prompt")
-    if len(job.prompt) + job.max_tokens > self.context:
-      raise ValueError(f"prompt of {len(job.prompt)} tokens + max_tokens={job.max_tokens} exceeds the "
-                       f"context of {self.context} tokens")
-    need = self.pages_needed(len(job.prompt), job.max_tokens, job.n)
-    if need > self.pool_pages:
-      raise ValueError(f"the request needs {need} KV pages ({min(job.n, self.slots)} rows of {len(job.prompt)} "
-                       f"prompt + {job.max_tokens} new tokens) but the pool holds {self.pool_pages} (--pages); "
-                       "lower max_tokens or n")
+    self.limits.check(job)
     job.texts = [""] * job.n
     try:
       self.waiting.enter(job, job.n, room=self.slots - self.active_rows(), final=False)
@@ -166,11 +194,8 @@ class Engine:
     self.driver.call(lambda engine: self._admit(engine, job))
 
   def pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
-    """KV pages the largest group of a job (min(n, slots) rows sharing the prompt's full pages) may hold at
-    once, copies on write included: an upper bound of what the engine's admission reserves for it."""
-    g, size = min(n, self.slots), pages_for(prompt_len + max_tokens, self.page_size)
-    shared = (prompt_len - 1) // self.page_size
-    return size + (g - 1) * (size - shared) + (g > 1)
+    """`Limits.pages_needed` of this engine."""
+    return self.limits.pages_needed(prompt_len, max_tokens, n)
 
   def cancel(self, job: Job) -> None:
     """Marks the job cancelled; its sequences leave the engine at the next step boundary."""
@@ -186,6 +211,16 @@ class Engine:
     """Rows of the requests not yet admitted (queued for the engine thread or waiting for a row)."""
     return self.waiting.rows
 
+  def state(self) -> dict:
+    """/health's and /metrics' view of the engine now: active_rows, waiting, the `COUNTERS` since the start,
+    compiles and compile_s (`compile_totals`), "metrics": `serve.metrics.snapshot`, "threads": {thread name:
+    native id} and "processes": {"": pid} of this process (a name "p:thread" is a thread of processes[p])."""
+    count, seconds = self.compile_totals()
+    return {"active_rows": self.active_rows(), "waiting": self.num_waiting(),
+            **{k: self.stats[k] for k in COUNTERS}, "compiles": count, "compile_s": seconds,
+            "metrics": snapshot(self), "threads": {t.name: t.native_id for t in threading.enumerate()},
+            "processes": {"": os.getpid()}}
+
   def warm_up(self, threads: int | None = None) -> tuple[int, float, int]:
     """(programs built, seconds, XLA backend compiles): every program the engine can meet serving requests
     of up to `context` positions (`fineflax.engine.Engine.warm_up`: decode chunks for every row bucket, table
@@ -199,6 +234,10 @@ class Engine:
   def compile_totals() -> tuple[int, float]:
     """(XLA backend compiles, their seconds) of this process since the first server engine was made."""
     return compiles.totals()
+
+  def on_emitter_thread(self) -> bool:
+    """Whether the caller is the emitter thread (where `after_emit` follows a chunk's events)."""
+    return self._emitter is not None and threading.current_thread() is self._emitter
 
   def start(self) -> "Engine":
     if self._emitter is None:
@@ -279,6 +318,8 @@ class Engine:
     while (batch := self._updates.get()) is not None:
       for item in batch:
         self._update(*item)
+      if self.after_emit is not None:
+        self.after_emit()
 
   def _update(self, row: _Row, seq, ntok: int, status: str) -> None:
     """After a chunk: the sequence's first `ntok` tokens (its length then; `status` its status then) and

@@ -20,10 +20,10 @@ async def post_on_disconnect(request: Request, queue: asyncio.Queue) -> None:
 
 def event_error(ev) -> P.ApiError:
   """The ApiError of an ("error", message[, status, retry_after]) event (`serve.engine.Job`): 500 unless
-  it names a status; a Retry-After header when it gives one."""
+  it names a status (429 / 503: code "server_overloaded"); a Retry-After header when it gives one."""
   status = ev[2] if len(ev) > 2 else 500
   headers = {"Retry-After": str(ev[3])} if len(ev) > 3 else None
-  return P.ApiError(status, ev[1], code="server_overloaded" if status == 503 else None, headers=headers)
+  return P.ApiError(status, ev[1], code="server_overloaded" if status in (429, 503) else None, headers=headers)
 
 
 class LoopOutbox:

@@ -1,0 +1,171 @@
+"""`python -m fineflax.serve --api-procs K`: the engine in this process, the HTTP front ends in K processes of their own.
+
+Why: a process's threads share one GIL. At 128 streaming clients (SmolLM2-135M, one H200) the event loop needs ~22 ms
+of CPU a decode chunk of ~15.5 ms, and the engine thread waits for the GIL between chunks (benchmarks/RESULTS.md,
+session_2026_11_29d). As vLLM's API-server / engine-core split, the engine process keeps the engine thread, the
+emitter (detokenising, stop strings) and one link thread per front end; a front end runs uvicorn and the app
+(parsing, chat template, tokenising, server-sent events, the answer log, the router) on a `serve.remote.RemoteEngine`:
+
+  engine process (this one)                        front end i (spawned; JAX on the CPU, no weights)
+  Engine + FrontEndLink i  <-- duplex pipe -->     RemoteEngine -> serve.app.Server -> uvicorn on the shared socket
+    link thread: submit / cancel / state              link thread: events -> job.emit (the event loop's outbox)
+    emitter: a chunk's events, one message a link
+
+The listening socket is bound once, before the weights load, and shared: the kernel hands each new connection to one
+front end. Each front end keeps its own answer-log writer (one SQLite file in WAL mode) and its own router: with
+K > 1 a front end's bandit learns from the feedback it receives (the log holds all of it; a restart loads all).
+A front end that exits stops the server (the others are stopped, exit status 1): a supervisor restarts it whole.
+SIGTERM or SIGINT: the front ends stop (uvicorn's graceful shutdown), then the engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import signal
+import sys
+import threading
+import traceback
+
+from fineflax.serve.engine import Engine, Job
+from fineflax.serve.waiting import QueueFull
+
+
+class FrontEndLink:
+  """The engine process's end of one front end's pipe (`serve.remote` gives the messages). The jobs it submits post
+  their events here; events posted on the emitter thread wait for `flush` (after the chunk's last), the others
+  (errors from the engine thread, refusals) go at once."""
+
+  def __init__(self, conn, engine: Engine, name: str, front_ends: dict | None = None):
+    self.conn, self.engine, self.name = conn, engine, name
+    self.front_ends = {} if front_ends is None else front_ends  # {name: pid} of every front end (state replies)
+    self._jobs: dict = {}  # jid -> [job, rows done]
+    self._pending: list = []
+    self._lock, self._send_lock = threading.Lock(), threading.Lock()
+    self._send(("hello", {"limits": dataclasses.asdict(engine.limits), "pid": os.getpid()}))
+
+  def _send(self, msg) -> None:
+    with self._send_lock:
+      try:
+        self.conn.send(msg)
+      except (OSError, ValueError):  # the front end is gone: its link thread ends and cancels its jobs
+        pass
+
+  def post(self, jid: int, ev) -> None:
+    with self._lock:
+      self._pending.append((jid, ev))
+      entry = self._jobs.get(jid)
+      if entry is not None and (ev[0] == "error" or (ev[0] == "done" and entry[1] + 1 == entry[0].n)):
+        del self._jobs[jid]
+      elif entry is not None and ev[0] == "done":
+        entry[1] += 1
+    if not self.engine.on_emitter_thread():
+      self.flush()
+
+  def flush(self) -> None:
+    with self._lock:
+      items, self._pending = self._pending, []
+    if items:
+      self._send(("events", items))
+
+  def run(self) -> None:
+    """The link thread: the front end's messages until its pipe closes; then its jobs are cancelled."""
+    try:
+      while True:
+        msg = self.conn.recv()
+        try:
+          self._handle(msg)
+        except Exception:  # a bad message fails itself, not the link
+          traceback.print_exc()
+    except (EOFError, OSError):
+      pass
+    with self._lock:
+      jobs, self._jobs = self._jobs, {}
+    for job, _ in jobs.values():
+      self.engine.cancel(job)
+
+  def _handle(self, msg) -> None:
+    if msg[0] == "submit":
+      jid, fields = msg[1], msg[2]
+      job = Job(**fields, emit=functools.partial(self.post, jid))
+      with self._lock:
+        self._jobs[jid] = [job, 0]
+      try:
+        self.engine.submit(job)
+      except QueueFull as e:
+        self.post(jid, ("error", str(e), 429, e.retry_after))
+      except ValueError as e:
+        self.post(jid, ("error", str(e), 400))
+    elif msg[0] == "cancel":
+      with self._lock:
+        entry = self._jobs.pop(msg[1], None)
+      if entry is not None:
+        self.engine.cancel(entry[0])
+    elif msg[0] == "state":
+      self._send(("state", msg[1], {**self.engine.state(), "front_ends": dict(self.front_ends)}))
+    else:
+      raise ValueError(f"front end {self.name}: unknown message {msg[0]!r}")
+
+
+def front_end_main(args, conn, sock, name: str, server_parts: tuple) -> None:
+  """A front end's process: the app on a `RemoteEngine` over `conn`, served by uvicorn on the shared socket.
+  server_parts: (base name, auto variants, RagConfig | None) from `__main__.check_args`."""
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this process never computes on a device
+  import uvicorn
+  from fineflax.models import load_tokenizer
+  from fineflax.serve.__main__ import SWITCH_INTERVAL_S, build_server
+  from fineflax.serve.app import uvicorn_config
+  from fineflax.serve.remote import RemoteEngine
+  sys.setswitchinterval(SWITCH_INTERVAL_S)  # the link thread gets the GIL back soon after a chunk's events arrive
+  engine = RemoteEngine(conn, load_tokenizer(args.model), name=name,
+                        on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+  _, app = build_server(args, engine, *server_parts)
+  uvicorn.Server(uvicorn_config(app, args.host, sock.getsockname()[1], keep_alive_timeout=args.keep_alive_timeout,
+                                idle_timeout=args.idle_timeout)).run(sockets=[sock])
+
+
+def _interrupt(signum, frame):
+  raise KeyboardInterrupt
+
+
+def serve_split(args, engine: Engine, sock, server_parts: tuple) -> int:
+  """Serves with `engine` in this process and `args.api_procs` front-end processes on `sock` (module docstring)
+  until a signal (0) or a front end's exit (1)."""
+  import multiprocessing as mp
+  from multiprocessing.connection import wait
+  ctx = mp.get_context("spawn")
+  links, procs, front_ends = [], [], {}
+  for i in range(args.api_procs):
+    here, there = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=front_end_main, args=(args, there, sock, f"api{i}", server_parts),
+                       name=f"fineflax-api{i}", daemon=True)
+    proc.start()
+    there.close()
+    links.append(FrontEndLink(here, engine, f"api{i}", front_ends))
+    procs.append(proc)
+    front_ends[f"api{i}"] = proc.pid
+  engine.after_emit = lambda: [link.flush() for link in links]
+  engine.start()
+  for link in links:
+    threading.Thread(target=link.run, name=f"fineflax-link-{link.name}", daemon=True).start()
+  old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+  status = 0
+  try:
+    wait([p.sentinel for p in procs])
+    gone = [p.name for p in procs if not p.is_alive()]
+    print(f"fineflax.serve: front end {gone} exited; stopping", file=sys.stderr, flush=True)
+    status = 1
+  except KeyboardInterrupt:
+    pass
+  finally:
+    for s, h in old.items():
+      signal.signal(s, h)
+    for p in procs:
+      if p.is_alive():
+        p.terminate()  # SIGTERM: uvicorn finishes the requests in flight
+    for p in procs:
+      p.join(timeout=30)
+      if p.is_alive():
+        p.kill()
+    engine.stop()
+  return status
