@@ -30,7 +30,7 @@ import time
 from benchmarks import gpu
 from benchmarks._results import markdown_table, publish
 from benchmarks.retrieval_load import cpu_seconds
-from benchmarks.serve import _level
+from benchmarks._serve_clients import _level
 
 
 class StubEngine:

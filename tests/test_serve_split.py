@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from fineflax.serve.engine import Job, Limits
+from fineflax.serve.engine import Job
+from fineflax.serve.limits import Limits
 from fineflax.serve.remote import RemoteEngine
 from fineflax.serve.split import FrontEndLink
 from fineflax.serve.waiting import QueueFull

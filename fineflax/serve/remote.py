@@ -19,7 +19,8 @@ import os
 import threading
 import traceback
 
-from fineflax.serve.engine import Job, Limits
+from fineflax.serve.engine import Job
+from fineflax.serve.limits import Limits
 
 JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job)  # what a submit message carries
                    if f.name not in ("emit", "cancelled", "texts", "rows", "remote_id"))
