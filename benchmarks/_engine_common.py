@@ -17,6 +17,7 @@ SHAPES = {
                          tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE),
     "Llama-3.2-1B": SAMPLER_SHAPES["Llama-3.2-1B"],
     "Llama-3.1-70B": "meta-llama/Llama-3.1-70B",  # fineflax.models.hub_shapes
+    "Qwen2.5-1.5B": "Qwen/Qwen2.5-1.5B",  # the GRPO-vs-tunix shape (benchmarks/tunix_grpo.py)
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
     "tiny_tp": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,  # NF4 column
