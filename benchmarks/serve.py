@@ -96,7 +96,7 @@ def parse_args(argv=None):
   ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                   help="the server compiles every program before serving (default; --no-warmup: the untimed rounds "
                        "compile what the levels need, quicker on a CPU)")
-  ap.add_argument("--api-procs", default="0",
+  ap.add_argument("--api-procs", default="0,1,2",
                   help="comma-separated values of the server's --api-procs, one server run each against the one "
                        "ceiling (0: the front end in the engine's process; K: K front-end processes)")
   ap.add_argument("--results", action="store_true", help="write the serve-engine section of benchmarks/RESULTS.md")
@@ -266,7 +266,7 @@ def main(argv=None):
   servers, shared_on = {}, None
   for i, k in enumerate(args.api_procs_list):  # the shared-prompt case with the first variant only
     servers[k], shared = run_server(args, out, args.levels, args.shared_clients > 0 and i == 0,
-                                    ["--api-procs", str(k)] if k else [])
+                                    ["--api-procs", str(k)])
     shared_on = shared_on or shared
   shared_off = run_server(args, out, [], True, ["--no-prefix-cache"])[1] if args.shared_clients else None
   ceiling = run_ceiling(args)

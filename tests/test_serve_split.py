@@ -70,6 +70,16 @@ def linked():
 
 
 @pytest.mark.fast
+def test_api_procs_defaults_by_backend_and_refuses_negatives(capsys):
+  from fineflax.serve.__main__ import parse_args
+  assert parse_args(["--model", "m"]).api_procs is None  # main(): 1 on a GPU or TPU, 0 on the CPU
+  assert parse_args(["--model", "m", "--api-procs", "2"]).api_procs == 2
+  with pytest.raises(SystemExit):
+    parse_args(["--model", "m", "--api-procs", "-1"])
+  assert "--api-procs -1: must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.fast
 def test_a_job_crosses_the_link_and_its_events_come_back(linked):
   engine, _, remote, _ = linked
   assert remote.context == 64 and remote.adapter_ids == {"alpha": 0} and remote.limits == LIMITS

@@ -32,10 +32,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   ap.add_argument("--slots", type=int, default=8, help="decode slots (rows of the running batch)")
   ap.add_argument("--context", type=int, default=2048, help="tokens per slot (prompt + completion)")
   ap.add_argument("--chunk", type=int, default=8, help="decode steps per engine call")
-  ap.add_argument("--api-procs", type=int, default=0,
+  ap.add_argument("--api-procs", type=int, default=None,
                   help="HTTP front ends in processes of their own, the engine in this one (fineflax.serve.split: "
-                       "the event loop and the engine stop sharing one GIL; use at high concurrency); "
-                       "default 0: one process")
+                       "the event loop and the engine stop sharing one GIL); 0: one process (default: 1 on a "
+                       "GPU or TPU, 0 on the CPU)")
   ap.add_argument("--prefill-tokens", type=int, default=2048,
                   help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
                        "(raised to the engine's 512-token prefill block if smaller)")
@@ -89,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.error(f"--queue-timeout {args.queue_timeout:g}: must be >= 0 (0: no deadline)")
   if args.pages is not None and args.pages < 2:
     ap.error(f"--pages {args.pages}: the pool needs the trash page and at least one more")
-  if args.api_procs < 0:
+  if args.api_procs is not None and args.api_procs < 0:
     ap.error(f"--api-procs {args.api_procs}: must be >= 0 (0: the front end in the engine's process)")
   if args.prefill_tokens < 1:
     ap.error(f"--prefill-tokens {args.prefill_tokens}: must be >= 1")
@@ -232,6 +232,9 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   port = sock.getsockname()[1]
+  if args.api_procs is None:
+    import jax
+    args.api_procs = 0 if jax.default_backend() == "cpu" else 1
   rag = sorted(checked[4].variants) if checked[4] else []
   print(f"fineflax.serve: {checked[2]} + adapters {sorted(engine.adapter_ids)} + RAG {rag} on "
         f"http://{args.host}:{port}/v1 (log {args.log}"

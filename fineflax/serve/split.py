@@ -133,6 +133,9 @@ def serve_split(args, engine: Engine, sock, server_parts: tuple) -> int:
   until a signal (0) or a front end's exit (1)."""
   import multiprocessing as mp
   from multiprocessing.connection import wait
+  from fineflax.serve.feedback import FeedbackLog
+  # the log's file, WAL mode and schema (its migration of an older file) made once, before front ends open it at once
+  FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max)).close()
   ctx = mp.get_context("spawn")
   links, procs, front_ends = [], [], {}
   for i in range(args.api_procs):
