@@ -26,8 +26,8 @@ class Limits:
     return size + (g - 1) * (size - shared) + (g > 1)
 
   def check(self, job) -> None:
-    """`job` (`serve.engine.Job`): ValueError for an unknown adapter, an empty prompt, a prompt + max_tokens past the context or rows that
-    need more KV pages than the whole pool."""
+    """`job` (`serve.engine.Job`): ValueError for an unknown adapter, an empty prompt, a prompt + max_tokens past
+    the context or rows that need more KV pages than the whole pool."""
     if job.adapter is not None and job.adapter not in self.adapters:
       raise ValueError(f"unknown adapter {job.adapter!r}; loaded: {sorted(self.adapters)}")
     if not job.prompt:

@@ -1,4 +1,5 @@
-"""`python -m fineflax.serve --api-procs K`: the engine in this process, the HTTP front ends in K processes of their own.
+"""`python -m fineflax.serve --api-procs K`: the engine in this process, the HTTP front ends in K processes of their
+own.
 
 Why: a process's threads share one GIL. At 128 streaming clients (SmolLM2-135M, one H200) the event loop needs ~22 ms
 of CPU a decode chunk of ~15.5 ms, and the engine thread waits for the GIL between chunks (benchmarks/RESULTS.md,
@@ -110,7 +111,7 @@ class FrontEndLink:
 def front_end_main(args, conn, sock, name: str, server_parts: tuple) -> None:
   """A front end's process: the app on a `RemoteEngine` over `conn`, served by uvicorn on the shared socket.
   server_parts: (base name, auto variants, RagConfig | None) from `__main__.check_args`."""
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this process never computes on a device
+  os.environ["JAX_PLATFORMS"] = "cpu"  # this process never computes on a device (and takes none of its memory)
   import uvicorn
   from fineflax.models import load_tokenizer
   from fineflax.serve.__main__ import SWITCH_INTERVAL_S, build_server
