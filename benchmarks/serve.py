@@ -207,7 +207,8 @@ def run_ceiling(args):
   import jax
   from fineflax.engine import Request
   from fineflax.sampling.chat import chat_prompt_ids
-  from fineflax.serve.__main__ import build, parse_args as serve_parse
+  from fineflax.serve.__main__ import parse_args as serve_parse
+  from fineflax.serve.build import build
   server, _ = build(serve_parse(server_args(args, 0, ":memory:")))
   engine = server.engine.driver.engine  # the server's engine, not started: driven here
   tok = server.engine.tokenizer

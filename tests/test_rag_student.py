@@ -116,7 +116,8 @@ def test_a_student_answer_outside_the_heldout_questions_is_an_error():
 def test_the_served_student_variants_are_accepted_by_the_server(tmp_path):
   """student_rag.json + --adapter student=DIR pass `python -m fineflax.serve`'s checks (before any weight
   loads): each student_<arm> is that arm's retrieval with the adapter as generator."""
-  from fineflax.serve.__main__ import check_args, parse_args
+  from fineflax.serve.__main__ import parse_args
+  from fineflax.serve.build import check_args
   from fineflax.testing.serve import tiny_chat_model, write_adapters
   model = tiny_chat_model(tmp_path)
   adapter = write_adapters(model, tmp_path)["alpha"]

@@ -65,7 +65,8 @@ def test_a_busy_port_is_found_before_the_model_loads(broken_model, tmp_path):
 
 
 def test_the_prefix_cache_and_prefill_budget_flags_reach_the_engine(tmp_path):
-  from fineflax.serve.__main__ import build, parse_args
+  from fineflax.serve.__main__ import parse_args
+  from fineflax.serve.build import build
   model = tiny_chat_model(tmp_path)
   for flags, cached, budget in (([], True, 2048), (["--no-prefix-cache", "--prefill-tokens", "512"], False, 512)):
     server, _ = build(parse_args(["--model", model, "--quant", "none", "--log", ":memory:", *flags]))

@@ -141,7 +141,8 @@ def test_a_lost_engine_fails_the_jobs_in_flight():
 
 
 def test_a_real_engines_events_through_the_link_equal_its_own(tmp_path):
-  from fineflax.serve.__main__ import build_engine, check_args, parse_args
+  from fineflax.serve.__main__ import parse_args
+  from fineflax.serve.build import build_engine, check_args
   from fineflax.testing.serve import server_argv, tiny_chat_model
   args = parse_args(server_argv(tiny_chat_model(tmp_path), {}, tmp_path / "log.sqlite", 0, "--no-warmup"))
   engine = build_engine(args, check_args(args))

@@ -110,11 +110,11 @@ class FrontEndLink:
 
 def front_end_main(args, conn, sock, name: str, server_parts: tuple) -> None:
   """A front end's process: the app on a `RemoteEngine` over `conn`, served by uvicorn on the shared socket.
-  server_parts: (base name, auto variants, RagConfig | None) from `__main__.check_args`."""
+  server_parts: (base name, auto variants, RagConfig | None) from `build.check_args`."""
   os.environ["JAX_PLATFORMS"] = "cpu"  # this process never computes on a device (and takes none of its memory)
   import uvicorn
   from fineflax.models import load_tokenizer
-  from fineflax.serve.__main__ import SWITCH_INTERVAL_S, build_server
+  from fineflax.serve.build import SWITCH_INTERVAL_S, build_server
   from fineflax.serve.app import uvicorn_config
   from fineflax.serve.remote import RemoteEngine
   sys.setswitchinterval(SWITCH_INTERVAL_S)  # the link thread gets the GIL back soon after a chunk's events arrive

@@ -8,7 +8,6 @@ import pathlib
 import socket
 import threading
 import time
-import urllib.request
 
 import jax
 import numpy as np
@@ -89,7 +88,8 @@ def server_argv(model_dir, adapters, log, port, *extra) -> list[str]:
 def thread_server(argv):
   """Runs the server of `argv` in this process (uvicorn in a thread); yields (base_url, Server)."""
   import uvicorn
-  from fineflax.serve.__main__ import build, parse_args
+  from fineflax.serve.__main__ import parse_args
+  from fineflax.serve.build import build
   from fineflax.serve.app import uvicorn_config
   args = parse_args(argv)
   server, app = build(args)
