@@ -91,14 +91,15 @@ def thread_cpu_ms(threads: dict, total: float, chunks: int) -> dict:
   seconds over a level}, and of the rest of its processes (`total` less those: XLA's, the log writer's, workers',
   the links'). With front-end processes (/health names "engine:thread", "api0:thread", ...) "loop" sums the front
   ends' main threads; the engine process's main thread only waits for them (it counts as "other")."""
-  ms = dict.fromkeys(THREADS, 0.0)
+  ms, seen = dict.fromkeys(THREADS, 0.0), set()
   for name, seconds in threads.items():
     prefix, _, bare = name.rpartition(":")
     kind = next((k for k, n in THREADS.items() if bare == n and not (k == "loop" and prefix == "engine")), None)
     if kind is not None:
       ms[kind] += 1e3 * seconds / chunks
-  ms = {k: v if any(n.rpartition(":")[2] == THREADS[k] for n in threads) else float("nan") for k, v in ms.items()}
-  return {**ms, "other": 1e3 * total / chunks - sum(v for v in ms.values() if v == v)}
+      seen.add(kind)
+  ms = {k: v if k in seen else float("nan") for k, v in ms.items()}
+  return {**ms, "other": 1e3 * total / chunks - sum(v for k, v in ms.items() if k in seen)}
 
 
 def _dispatch_note(r: dict) -> str:

@@ -194,7 +194,8 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
   ap.add_argument("--variants", default="static,gather,paged_decode")
   ap.add_argument("--shape", default=None, help="a shape of benchmarks._engine_common.SHAPES (default Llama-3.1-8B; "
-                  "Qwen2.5-1.5B: the GRPO rollout of benchmarks/tunix_grpo.py, with --rows 256 --prompt-len 64 --new 256)")
+                  "Qwen2.5-1.5B: the GRPO rollout of benchmarks/tunix_grpo.py, with --rows 256 --prompt-len 64 "
+                  "--new 256)")
   ap.add_argument("--rows", type=int, default=None)
   ap.add_argument("--prompt-len", type=int, default=None)
   ap.add_argument("--new", type=int, default=None, help="decode steps (default 64: two chunks of 32)")
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
     gpu.print_result(worker(json.loads(args.worker)))
     return 0
   base = SMOKE if args.smoke else FULL
-  spec = dict(base, shape=args.shape or base["shape"], rows=args.rows or base["rows"], prompt_len=args.prompt_len or base["prompt_len"],
+  spec = dict(base, shape=args.shape or base["shape"], rows=args.rows or base["rows"],
+              prompt_len=args.prompt_len or base["prompt_len"],
               new=args.new or base["new"], chunk_size=args.chunk_size, page_size=args.page_size,
               copy_bytes=int((1 / 64 if args.smoke else 2.0) * gpu.GIB))
   extra = {"JAX_PLATFORMS": "cpu"} if args.smoke else {}

@@ -20,7 +20,7 @@ max_tokens.
 
 Waiting: a job waits in `waiting.WaitQueue` until a row of it is admitted: a bounded queue (`submit` raises
 QueueFull past `max_waiting` rows) with a deadline (`queue_timeout` s: the job then ends with a 503 error
-event). A request that could never fit the KV pool (`pages_needed` > the pool) is refused at `submit`.
+event). A request that could never fit the KV pool (`Limits.pages_needed` > the pool) is refused at `submit`.
 
 Errors: a job whose settings the engine refuses, or whose callback or text handling raises, ends with an
 ("error", message) event; its sequences are cancelled, the others keep going. Only a failed device call
@@ -146,7 +146,7 @@ class Engine:
   # -- public, any thread ------------------------------------------------------------------------
   def submit(self, job: Job) -> None:
     """Queues the job's n completions: ValueError for an unknown adapter, a too-long request or one whose
-    rows need more KV pages than the whole pool (`pages_needed`); `waiting.QueueFull` when the waiting
+    rows need more KV pages than the whole pool (`Limits.check`); `waiting.QueueFull` when the waiting
     queue is full. A job that waits longer than the queue's deadline ends with ("error", message, 503,
     retry_after)."""
     self.limits.check(job)
@@ -157,10 +157,6 @@ class Engine:
       self._note_admitted()
       self.waiting.enter(job, job.n, room=self.slots - self.active_rows())
     self.driver.call(lambda engine: self._admit(engine, job))
-
-  def pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
-    """`Limits.pages_needed` of this engine."""
-    return self.limits.pages_needed(prompt_len, max_tokens, n)
 
   def cancel(self, job: Job) -> None:
     """Marks the job cancelled; its sequences leave the engine at the next step boundary."""

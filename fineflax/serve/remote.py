@@ -1,12 +1,12 @@
 """The engine of another process, as a front end sees it: `RemoteEngine` has what `serve.app.Server` needs of
 `serve.engine.Engine` (submit, cancel, state, start, stop, tokenizer, context, adapter_ids) over one duplex
-`multiprocessing` connection to `serve.split.EngineHost`.
+`multiprocessing` connection to `serve.split.FrontEndLink`.
 
 Messages (pickled tuples). Front end -> engine: ("submit", jid, job fields), ("cancel", jid), ("state", rid).
 Engine -> front end: ("hello", {"limits": Limits fields, "pid": pid}) once, ("events", [(jid, event), ...]) (a
 decode chunk's events of this front end's jobs in one message), ("state", rid, `Engine.state()`).
 
-A job is checked here (`serve.engine.Limits.check`: 400s need no round trip); a full waiting queue comes back as
+A job is checked here (`serve.limits.Limits.check`: 400s need no round trip); a full waiting queue comes back as
 the job's first event, ("error", message, 429, retry_after), which the app answers as the in-process server's
 `QueueFull` (429 + Retry-After). When the engine process goes, every job in flight ends with a 500 error event and
 `on_lost` runs (the front end's process then stops: `serve.split`).
@@ -24,6 +24,18 @@ from fineflax.serve.limits import Limits
 
 JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job)  # what a submit message carries
                    if f.name not in ("emit", "cancelled", "texts", "rows", "remote_id"))
+
+
+def note_event(jobs: dict, jid: int, ev):
+  """The entry [job, rows done] of `jid` in `jobs` (None if it is not there) as `ev` reaches it: an ("error", ...)
+  or the job's n-th ("done", ...) removes it, an earlier "done" is counted. Both ends of a link keep their jobs so
+  (the caller holds its lock)."""
+  entry = jobs.get(jid)
+  if entry is not None and (ev[0] == "error" or (ev[0] == "done" and entry[1] + 1 == entry[0].n)):
+    del jobs[jid]
+  elif entry is not None and ev[0] == "done":
+    entry[1] += 1
+  return entry
 
 
 class RemoteEngine:
@@ -53,7 +65,6 @@ class RemoteEngine:
   def submit(self, job: Job) -> None:
     """Checks the job (ValueError as `Engine.submit`) and sends it; its events come back to job.emit."""
     self.limits.check(job)
-    job.texts = [""] * job.n
     jid = next(self._ids)
     job.remote_id = jid
     with self._lock:
@@ -127,11 +138,7 @@ class RemoteEngine:
   def _deliver(self, items) -> None:
     for jid, ev in items:
       with self._lock:
-        entry = self._jobs.get(jid)
-        if entry is not None and (ev[0] == "error" or (ev[0] == "done" and entry[1] + 1 == entry[0].n)):
-          del self._jobs[jid]
-        elif entry is not None and ev[0] == "done":
-          entry[1] += 1
+        entry = note_event(self._jobs, jid, ev)
       if entry is None or entry[0].cancelled:
         continue
       try:

@@ -29,6 +29,7 @@ import threading
 import traceback
 
 from fineflax.serve.engine import Engine, Job
+from fineflax.serve.remote import note_event
 from fineflax.serve.waiting import QueueFull
 
 
@@ -55,11 +56,7 @@ class FrontEndLink:
   def post(self, jid: int, ev) -> None:
     with self._lock:
       self._pending.append((jid, ev))
-      entry = self._jobs.get(jid)
-      if entry is not None and (ev[0] == "error" or (ev[0] == "done" and entry[1] + 1 == entry[0].n)):
-        del self._jobs[jid]
-      elif entry is not None and ev[0] == "done":
-        entry[1] += 1
+      note_event(self._jobs, jid, ev)
     if not self.engine.on_emitter_thread():
       self.flush()
 
