@@ -39,7 +39,9 @@ from fineflax.quant.nf4_kernel_table import TABLE_PATH
 
 SHAPES = {  # name: (K, N)
     "1B q/o": (2048, 2048), "1B k/v": (2048, 512), "1B gate/up": (2048, 8192), "1B down": (8192, 2048),
+    "1B q|k|v": (2048, 3072), "1B gate|up": (2048, 16384),  # the fused K-major groups the unrolled decoder runs
     "8B q/o": (4096, 4096), "8B k/v": (4096, 1024), "8B gate/up": (4096, 14336), "8B down": (14336, 4096),
+    "8B q|k|v": (4096, 6144), "8B gate|up": (4096, 28672),
     "70B/2 q": (8192, 4096), "70B/2 k/v": (8192, 512), "70B/2 gate/up": (8192, 14336),
     "70B/2 down": (14336, 8192), "70B/2 o": (4096, 8192)}
 SMOKE_SHAPES = {"tiny [256, 128]": (256, 128), "tiny [512, 192]": (512, 192)}
@@ -67,17 +69,22 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   if base is None:
     return []
   old = dict(decode="gather", bkb=64, iters=4) if base.path == "fma" else dict(decode="gather")  # last default
+  # longer K spans a program (iters 4 / 8): fewer split-K partials [S, rows, N] f32 to write and sum (at 64 rows
+  # and one 128-byte tile a program they outweigh the codes: 8B down, S = 56)
   if base.path == "fma":
-    more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old]
+    more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old,
+            dict(bn=128, iters=4)]
   elif m <= DEFAULT_MAX_ROWS:  # dot_t: last measured (1.05-1.15x slower) before the scales came in as vectors
     more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old, dict(path="dot_t"),
-            dict(path="dot_t", bn=128), dict(path="deq")]
+            dict(path="dot_t", bn=128), dict(path="deq"), dict(iters=4), dict(iters=8), dict(bn=128, iters=4),
+            dict(bn=128, iters=8), dict(path="dot_t", bn=128, iters=4), dict(path="dot_t", iters=8)]
     if m <= 8:  # the fma path up to its 8 rows: the shuffle decode left it a row's FMAs (no tile padded to 16)
       more += [dict(path="fma"), dict(path="fma", bkb=64, iters=2)]
   else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator;
     # deq: the planes written once, then cuBLAS
     more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8),
-            dict(path="deq"), dict(path="deq", bn=128), dict(path="deq", bkb=64, iters=4)]
+            dict(path="deq"), dict(path="deq", bn=128), dict(path="deq", bkb=64, iters=4),
+            dict(iters=4, num_warps=8), dict(bn=128, iters=4, num_warps=8), dict(iters=8, num_warps=8)]
   w = NF4KMajor.abstract(k, n)
   fits = lambda c: unsupported_reason((m, k), w, c) is None
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]

@@ -9,7 +9,7 @@
 #                                          psluffy pssr1 (issue 31 paper_scale; 4-GPU machine, one call each)
 #                                          rag_student ragserve (issue 34; one GPU)
 #                                          tp44 (issue 44, NF4 kernel under TP; nvidia-h200-x2)
-#                                          kmajor (issue 44, the K-major NF4 kernel; one GPU)
+#                                          kmajor fused44 (issue 44, the K-major NF4 kernel; one GPU)
 #                                          cmdbuf (issue 51, XLA command buffers over the decode loop; one GPU)
 #                                          sftfull tunix_grpo (issue 31 peer comparisons; one GPU, one call each)
 #                                          par (PAR="runner,serve,..." : one-GPU stages side by side, stage i on
@@ -100,6 +100,17 @@ for stage in "$@"; do
               --tp-nf4-kernel kmajor,pallas --timeout 270 --write-results
             timeout -s TERM 300 python3 -m benchmarks.engine --only tp --tp 2 --attention gather --tp-quant none \
               --write-results; cp benchmarks/RESULTS.md "$OUT/" ;;
+    fused44) # issue 44 (one GPU, two calls back to back: F44=products, then F44=steps): the K-major kernel on the
+             # fused q|k|v and gate|up products (one product a group) and on longer K spans, beside the unfused 8B
+             # products; then the 8B decode steps reading that table (RESULTS.md session_2026_12_08)
+             if [ "${F44:-products}" = products ]; then
+               timeout -s TERM 390 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --variants kmajor,"bf16 W" \
+                 --shapes "8B q|k|v,8B gate|up,8B q/o,8B down,8B gate/up,8B k/v" --budget-s 340 --out /root/fused44
+               cp /root/fused44/nf4_gemv.md /root/fused44/nf4_kmajor_table.json "$OUT/"
+             else
+               timeout -s TERM 420 python3 -m benchmarks.nf4_gemv --only decode --models 8B --batches 1,16,64 \
+                 --weights bf16,nf4-kmajor --out /root/fused44 | tee "$OUT/decode.md"
+             fi ;;
     kmajor) # issue 44 (one H200, two calls of ~7 min: KM=products, then KM=steps): the K-major NF4 kernel's
             # variants per product, the 8B rows, then the 1B rows (rollouts: 256) into one fresh
             # nf4_kmajor_table.json under $OUT/kmajor (copy it to fineflax/quant/); the decode steps reading it and

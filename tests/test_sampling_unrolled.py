@@ -126,3 +126,20 @@ def test_unrolled_decode_step_reads_weights_in_place():
   scan = weight_copies(_decode_hlo(config, "scan"))
   assert len(scan) >= 4, scan  # the defect: per-layer weight slices copied out of the stacked arrays
   assert weight_copies(_decode_hlo(config, "unrolled")) == []
+
+
+def test_kmajor_nf4_groups_fused_with_bias_and_lora_equal_scan(monkeypatch):
+  """FINEFLAX_NF4_LAYOUT=kmajor: q|k|v and gate|up of an NF4 base become one K-major product each (biases
+  concatenated, LoRA added per linear after the split); greedy tokens and log-probs equal the scan decoder's."""
+  import dataclasses
+  from fineflax.quant.nf4_kmajor import NF4KMajor
+  monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "kmajor")
+  config = dataclasses.replace(EVERYTHING, hidden_size=128, intermediate_size=192, head_dim=32)  # N % 64 == 0
+  base = quantize_params(random_params(config), targets=TARGETS, kind="nf4")
+  dparams = prepare_unrolled(base, config, jnp.float32)
+  assert set(dparams["quantized"]) == {"qkv", "o", "gate_up", "down"}
+  qkv = dparams["quantized"]["qkv"]
+  assert isinstance(qkv["kernel"], NF4KMajor) and qkv["kernel"].shape == (128, 256)
+  assert qkv["bias"].shape == (config.num_layers, 256)
+  lora, scale = _lora(config)
+  _assert_same(base, config, append=True, lora=lora, lora_scale=scale)

@@ -15,8 +15,10 @@ per decoded token). Here the weights are re-laid out once, at sampler setup, by 
 `kernel_t` is a dense kernel transposed to [out, in] (y = x @ kernel_t.T, the layout of torch's Linear):
 at M = 1 row a dot XLA strength-reduces to multiply + reduce then reduces over the contiguous minor
 axis. With `transpose=False` the key is `kernel` [in, out] instead. A group with a quantised kernel
-(NF4 / int8, anything with `.dequantize`) is not fused and not copied: its linears stay stacked under
-"quantized" {name: {"kernel": [L, ...] quantised, "bias"?}} and layer i is dequantised inside the step.
+(NF4 / int8, anything with `.dequantize`) is not copied: its linears stay stacked under "quantized" {name:
+{"kernel": [L, ...] quantised, "bias"?}} and layer i is dequantised inside the step; in the K-major NF4 layout
+(`kmajor`) the copy made anyway is fused per group: "quantized" {"qkv" | "gate_up": {"kernel": NF4KMajor
+[L, ...], "bias"?}} (one product a group, as the dense groups).
 
 The static KV cache of this path (`init_unrolled_cache`) is per layer, in the layout the attention dots
 read without a transpose: k, v = tuples of L arrays [B, Hkv, S, Dh]; mask, pos [B, S]; index as
@@ -39,7 +41,7 @@ from fineflax.models.paged import is_paged, paged_attention, write_pages
 from fineflax.models.rope import apply_rope, layer_rope
 from fineflax.quant.matmul import decode_layout
 from fineflax.quant.nf4 import NF4Tensor
-from fineflax.quant.nf4_kmajor import NF4KMajor, from_nf4, kmajor_reason
+from fineflax.quant.nf4_kmajor import NF4KMajor, concat_reason, from_nf4, from_nf4_concat, kmajor_reason
 from fineflax.quant.nf4_layer import NF4Layer
 from fineflax.quant.sharded import ShardedNF4
 
@@ -74,6 +76,25 @@ def _kmajor(v):
   return v
 
 
+def _fuse_kmajor(quantized: dict, dtype) -> dict:
+  """{group: {"kernel": NF4KMajor [K, sum N_i], "bias"?}} for each group of GROUPS with several linears, all
+  quantised NF4 kernels that `from_nf4_concat` takes (same K and dtype): one product a group, as the dense
+  groups; a member without a bias adds zeros."""
+  out = {}
+  for group, names in GROUPS:
+    if len(names) < 2 or not all(n in quantized for n in names):
+      continue
+    kernels = tuple(quantized[n]["kernel"] for n in names)
+    if concat_reason(kernels) is not None:
+      continue
+    out[group] = {"kernel": from_nf4_concat(kernels)}
+    if any("bias" in quantized[n] for n in names):
+      out[group]["bias"] = jnp.concatenate(
+          [_cast(quantized[n]["bias"], dtype) if "bias" in quantized[n]
+           else jnp.zeros((*k.lead_shape, k.shape[1]), dtype) for n, k in zip(names, kernels)], axis=-1)
+  return out
+
+
 def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose: bool = True,
                      dequantize: bool = False, fuse: bool = True, kmajor: bool | None = None) -> dict:
   """The decode weights (see the module docstring) from a stacked `decoder` parameter pytree.
@@ -88,7 +109,7 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   {name: {"kernel": [in, out], "bias"?}} (tensor parallelism splits q, k, v over their own heads:
   `fineflax.engine.tensor_parallel`). kmajor (default: `quant.matmul.decode_layout()` is "kmajor", and
   fuse) keeps each stacked NF4 kernel as its K-major copy (`NF4KMajor`: +4.5 bits a weight while the
-  weights live) for the faster decode kernel.
+  weights live) for the faster decode kernel, q|k|v and gate|up concatenated where fuse (`_fuse_kmajor`).
   """
   kmajor = (fuse and decode_layout() == "kmajor") if kmajor is None else kmajor
   layers = params["layers"]
@@ -99,9 +120,11 @@ def prepare_unrolled(params, config: ModelConfig, dtype=jnp.bfloat16, transpose:
   out = {"embed": _cast(params["embed"], dtype), "final_norm": _cast(params["final_norm"], dtype),
          "layers": _prepare_layers(dense, config, dtype, transpose, fuse)}
   if quantized:
+    fused = _fuse_kmajor(quantized, dtype) if kmajor and fuse else {}
+    done = {n for group in fused for n in dict(GROUPS)[group]}
     keep = _kmajor if kmajor else (lambda v: v)
-    out["quantized"] = {n: {k: keep(v) if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
-                        for n, p in quantized.items()}
+    out["quantized"] = {**fused, **{n: {k: keep(v) if _is_quantized(v) else _cast(v, dtype) for k, v in p.items()}
+                                    for n, p in quantized.items() if n not in done}}
   if "lm_head" in params:
     k = params["lm_head"]["kernel"]
     out["lm_head"] = {"kernel": k if _is_quantized(k) and not dequantize else materialize(k, dtype)}

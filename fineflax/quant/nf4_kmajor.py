@@ -9,7 +9,8 @@ the codes. Here, for an `NF4Tensor` with blocksize 64 and N % 64 == 0 (every blo
   W[k, n] = dtype(NF4[q[k, n]] * a[k, n // 64])   (the same f32 product as `NF4Tensor.dequantize`)
 
 A permutation of the codes and of the decoded scales: `from_nf4(w).dequantize(d) == w.dequantize(d)` bit for
-bit. 4 + 32/64 = 4.5 bits a weight (f32 scales). The fused kernel `nf4_kmajor_gemv` reduces each output's K
+bit. 4 + 32/64 = 4.5 bits a weight (f32 scales). Outputs concatenate: `from_nf4_concat([W_1, W_2])` is the
+K-major [W_1 | W_2] (codes and scales side by side along N), one product for a fused q|k|v or gate|up. The fused kernel `nf4_kmajor_gemv` reduces each output's K
 range inside one thread's registers; `dequantize` is XLA's path (its transpose fuses into the consumer dot).
 """
 from __future__ import annotations
@@ -78,3 +79,35 @@ def from_nf4(w: NF4Tensor) -> NF4KMajor:
   codes = (q[:, 0] << 4) | q[:, 1]                                            # [K/2, N]
   scales = jnp.swapaxes(w.absmax_f32().reshape(k // 2, 2, n // 64), 0, 2)    # [N/64, 2, K/2]
   return NF4KMajor(codes=codes.T, scale_even=scales[:, 0], scale_odd=scales[:, 1], shape=(k, n), dtype=w.dtype)
+
+
+def concat_reason(ws) -> str | None:
+  """None when `from_nf4_concat(ws)` applies, else a one-line reason naming the tensor at fault."""
+  if not ws:
+    return "no tensors to concatenate"
+  for i, w in enumerate(ws):
+    reason = kmajor_reason(w) if isinstance(w, NF4Tensor) and len(w.lead_shape) <= 1 else (
+        f"{type(w).__name__} with leading axes {getattr(w, 'lead_shape', None)}: an NF4Tensor with at most one")
+    if reason is None and (w.shape[0], w.lead_shape, w.dtype) != (ws[0].shape[0], ws[0].lead_shape, ws[0].dtype):
+      reason = (f"K={w.shape[0]}, leading axes {w.lead_shape}, dtype {jnp.dtype(w.dtype).name} differ from tensor "
+                f"0's K={ws[0].shape[0]}, {ws[0].lead_shape}, {jnp.dtype(ws[0].dtype).name}")
+    if reason:
+      return f"tensor {i}: {reason}"
+  return None
+
+
+@jax.jit
+def from_nf4_concat(ws: tuple[NF4Tensor, ...]) -> NF4KMajor:
+  """The K-major copy of [W_1 | ... | W_n] (each [K, N_i], concatenated along the outputs N): `from_nf4(W_i)`'s
+  codes and scales side by side, so `.dequantize(d) == concatenate([W_i.dequantize(d)], -1)` bit for bit. Stacked
+  tensors (one leading layer axis) are converted a layer at a time. ValueError unless `concat_reason(ws)` is None."""
+  ws = tuple(ws)
+  reason = concat_reason(ws)
+  if reason:
+    raise ValueError(f"from_nf4_concat: {reason}")
+  if ws[0].lead_shape:
+    return jax.lax.map(from_nf4_concat, ws)
+  parts = [from_nf4(w) for w in ws]
+  cat = lambda name: jnp.concatenate([getattr(p, name) for p in parts], axis=-2)
+  return NF4KMajor(codes=cat("codes"), scale_even=cat("scale_even"), scale_odd=cat("scale_odd"),
+                   shape=(ws[0].shape[0], sum(w.shape[1] for w in ws)), dtype=ws[0].dtype)
