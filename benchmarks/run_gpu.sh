@@ -100,22 +100,21 @@ for stage in "$@"; do
               --tp-nf4-kernel kmajor,pallas --timeout 270 --write-results
             timeout -s TERM 300 python3 -m benchmarks.engine --only tp --tp 2 --attention gather --tp-quant none \
               --write-results; cp benchmarks/RESULTS.md "$OUT/" ;;
-    fused44) # issue 44 (one GPU, two calls back to back: F44=products, then F44=steps): the K-major kernel on the
-             # fused q|k|v and gate|up products (one product a group) and on longer K spans, beside the unfused 8B
-             # products, and the 1B products at rollout rows; then the 8B / 1B decode steps reading that table
-             # and the QLoRA GRPO step, K-major vs bnb layout (RESULTS.md session_2026_12_08)
-             case ${F44:-products} in
-               products)
-                 timeout -s TERM 300 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --budget-s 240 \
-                   --variants kmajor,"bf16 W" --shapes "8B q|k|v,8B gate|up,8B q/o,8B down,8B gate/up,8B k/v" \
-                   --out /root/fused44
+    fused44) # issue 44 (one GPU, two calls back to back: F44=decode, then F44=rollout): the K-major kernel on the
+             # fused q|k|v and gate|up products (one product a group) and on longer K spans, 8B shape, then the 8B
+             # decode steps reading that table; next call, the 1B products at rollout rows (256) and the QLoRA GRPO
+             # step, K-major vs bnb layout (RESULTS.md session_2026_12_08)
+             case ${F44:-decode} in
+               decode)
+                 timeout -s TERM 260 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --budget-s 210 \
+                   --variants kmajor,"bf16 W" --shapes "8B q|k|v,8B gate|up,8B q/o,8B down" --out /root/fused44
                  cp /root/fused44/nf4_gemv.md "$OUT/nf4_gemv_8B.md"
+                 timeout -s TERM 270 python3 -m benchmarks.nf4_gemv --only decode --models 8B --batches 1,16,64 \
+                   --weights bf16,nf4-kmajor --out /root/fused44 | tee "$OUT/decode.md" ;;
+               rollout)
                  timeout -s TERM 200 python3 -m benchmarks.nf4_gemv --only products --rows 256,64,16,1 --budget-s 150 \
                    --variants kmajor,"bf16 W" --shapes "1B q|k|v,1B gate|up,1B q/o,1B down" --out /root/fused44
-                 cp /root/fused44/nf4_gemv.md /root/fused44/nf4_kmajor_table.json "$OUT/" ;;
-               steps)
-                 timeout -s TERM 300 python3 -m benchmarks.nf4_gemv --only decode --models 8B,1B --batches 1,16,64 \
-                   --weights bf16,nf4-kmajor --out /root/fused44 | tee "$OUT/decode.md"
+                 cp /root/fused44/nf4_gemv.md /root/fused44/nf4_kmajor_table.json "$OUT/"
                  for lay in kmajor bnb; do FINEFLAX_NF4_KMAJOR_TABLE=/root/fused44/nf4_kmajor_table.json \
                    FINEFLAX_NF4_LAYOUT=$lay timeout -s TERM 115 python3 -m benchmarks.rl --models Llama-3.2-1B \
                    --frameworks fineflax --quant nf4 --timeout 105 --out "$OUT/rl_$lay"; done ;;
