@@ -108,7 +108,7 @@ for stage in "$@"; do
                decode)
                  timeout -s TERM 260 python3 -m benchmarks.nf4_gemv --only products --rows 1,16,64 --budget-s 210 \
                    --variants kmajor,"bf16 W" --shapes "8B q|k|v,8B gate|up,8B q/o,8B down" --out /root/fused44
-                 cp /root/fused44/nf4_gemv.md "$OUT/nf4_gemv_8B.md"
+                 cp /root/fused44/nf4_gemv.md "$OUT/nf4_gemv_8B.md"; cp /root/fused44/nf4_kmajor_table.json "$OUT/table_8B.json"
                  timeout -s TERM 270 python3 -m benchmarks.nf4_gemv --only decode --models 8B --batches 1,16,64 \
                    --weights bf16,nf4-kmajor --out /root/fused44 | tee "$OUT/decode.md" ;;
                rollout)
