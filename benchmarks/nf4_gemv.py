@@ -69,15 +69,15 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
   if base is None:
     return []
   old = dict(decode="gather", bkb=64, iters=4) if base.path == "fma" else dict(decode="gather")  # last default
-  # longer K spans a program (iters 4 / 8): fewer split-K partials [S, rows, N] f32 to write and sum (at 64 rows
-  # and one 128-byte tile a program they outweigh the codes: 8B down, S = 56)
+  # K spans a program of 1 to 8 tiles (the dot default: 4): fewer split-K partials [S, rows, N] f32 to write and sum
+  # (at 64 rows and one 128-byte tile a program they outweigh the codes: 8B down, S = 56)
   if base.path == "fma":
     more = [dict(bkb=256, iters=1), dict(bkb=64, iters=4), dict(bkb=64, iters=4, num_warps=2), dict(bn=128), old,
             dict(bn=128, iters=4)]
   elif m <= DEFAULT_MAX_ROWS:  # dot_t: last measured (1.05-1.15x slower) before the scales came in as vectors
-    more = [dict(bn=128), dict(bkb=64, iters=2), dict(bn=128, bkb=64, iters=2), old, dict(path="dot_t"),
-            dict(path="dot_t", bn=128), dict(path="deq"), dict(iters=4), dict(iters=8), dict(bn=128, iters=4),
-            dict(bn=128, iters=8), dict(path="dot_t", bn=128, iters=4), dict(path="dot_t", iters=8)]
+    more = [dict(bn=128), dict(iters=1), dict(bn=128, iters=1), dict(bkb=64, iters=2), old, dict(path="dot_t"),
+            dict(path="dot_t", bn=128), dict(path="dot_t", bn=128, iters=1), dict(path="deq"), dict(iters=8),
+            dict(bn=128, iters=8), dict(path="dot_t", iters=8)]
     if m <= 8:  # the fma path up to its 8 rows: the shuffle decode left it a row's FMAs (no tile padded to 16)
       more += [dict(path="fma"), dict(path="fma", bkb=64, iters=2)]
   else:  # rollout rows: more outputs a program (x re-read N / bn times), more warps for the [rows, bn] accumulator;

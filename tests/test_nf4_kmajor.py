@@ -145,6 +145,9 @@ def test_bad_input_is_a_clear_error(monkeypatch):
     km.dequantize_planes(from_nf4(_weights((64, 128))), cfg=km.KMajorConfig(bn=192, bkb=16, iters=1), interpret=True)
   # fma: fewer tiles a program while the grid is under MIN_PROGRAMS (8B k/v: 16 x 8 = 128 programs at 4 tiles)
   assert km.default_config(1, 4096, 14336).iters == 2 and km.default_config(1, 4096, 1024).iters == 1
+  # dot: 4 tiles a program (fewer split-K partials) unless the grid falls under MIN_PROGRAMS / 2
+  assert km.default_config(64, 4096, 14336) == km.KMajorConfig(path="dot", bkb=128, iters=4)
+  assert km.default_config(16, 2048, 2048).iters == 1 and km.default_config(16, 2048, 8192).iters == 4
   monkeypatch.setenv("FINEFLAX_NF4_LAYOUT", "nibbles")
   with pytest.raises(ValueError, match=r"FINEFLAX_NF4_LAYOUT='nibbles'; expected one of \('auto', 'kmajor', 'bnb'\)"):
     decode_layout()

@@ -25,7 +25,7 @@ Measured on one H200 (benchmarks/RESULTS.md, section session_2026_11_29b; produc
 weight copies): on the 8B MLP products, M = 1 24-27 us (bf16 W 35-37, XLA 126-127), M = 16 54 us, M = 64 85 us.
 Under FINEFLAX_NF4_KERNEL=auto the configuration comes from the measured table (`nf4_kernel_table.kmajor_choice`,
 `nf4_kmajor_table.json`, written by `benchmarks/nf4_gemv.py`); its entries serve up to DOT_MAX_ROWS rows.
-`default_config` (shfl, bn 64; fma bkb 128 x 2 tiles, dot bkb 128 x 1) serves shapes without an entry up to
+`default_config` (shfl, bn 64; fma bkb 128 x 2 tiles, dot bkb 128 x 4) serves shapes without an entry up to
 DEFAULT_MAX_ROWS rows, and FINEFLAX_NF4_KERNEL=pallas.
 """
 from __future__ import annotations
@@ -65,20 +65,22 @@ class KMajorConfig:
 
 
 def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
-  """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; on the fma path fewer tiles
-  a program (iters) while the grid has fewer than MIN_PROGRAMS programs (narrow products; H200, 8B k/v at M = 1:
-  7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four 64-byte tiles). None (XLA) for
+  """The measured default for x [m, k] @ W [k, n], its tile shrunk to divide K / 2; fewer tiles a program (iters)
+  while the grid has fewer than MIN_PROGRAMS programs on the fma path, MIN_PROGRAMS / 2 on the dot path (narrow
+  products; H200, 8B k/v at M = 1: 7.1 us with one 128-byte tile a program and 8 warps, 10.5 us with four
+  64-byte tiles). The dot path's 4 tiles a program write a quarter of one tile's split-K partials (H100, 8B at
+  M = 64: q/o 23.6 against 29.3 us, down 77.1 against 110.7; RESULTS.md session_2026_12_08). None (XLA) for
   m > DEFAULT_MAX_ROWS or when no tile of >= 16 bytes divides K / 2."""
   if m < 1 or m > DEFAULT_MAX_ROWS:
     return None
-  cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=1)
+  cfg = KMajorConfig() if m <= FMA_MAX_ROWS else KMajorConfig(path="dot", bkb=128, iters=4)
   while (k // 2) % (cfg.bkb * cfg.iters):
     smaller = dict(iters=cfg.iters // 2) if cfg.iters > 1 else dict(bkb=cfg.bkb // 2)
     cfg = dataclasses.replace(cfg, **smaller)
     if cfg.bkb < 16:
       return None
   programs = lambda c: n // c.bn * (k // 2 // (c.bkb * c.iters))
-  while cfg.path == "fma" and programs(cfg) < MIN_PROGRAMS and cfg.iters > 1:
+  while programs(cfg) < (MIN_PROGRAMS if cfg.path == "fma" else MIN_PROGRAMS // 2) and cfg.iters > 1:
     cfg = dataclasses.replace(cfg, iters=cfg.iters // 2)
   return cfg
 
