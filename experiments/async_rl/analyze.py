@@ -164,22 +164,58 @@ def block(res: dict) -> str:
           f"every RL step of both seeds:\n\n{train_table(res)}\n\nPer step:\n\n{per_step_table(res)}")
 
 
+def followup_table(res: dict, other: dict) -> str:
+  """Every arm of `other` (a second compare.py results.json on the same task, e.g. async_steps=1 with TIS),
+  pooled over its seeds, against the synchronous arm's Wilson 95% interval of `res`."""
+  n_eval = num_eval_of(res)
+  sync = pooled(res, "sync", n_eval)
+  lines = []
+  for arm in other["runs"]:
+    p = pooled(other, arm, num_eval_of(other))
+    seeds = sorted(other["runs"][arm], key=int)
+    lines += [f"Arm `{arm}` ({'; '.join(other['methods'][arm]['overrides'])}), seeds {', '.join(seeds)}:", "",
+              f"| step | synchronous [Wilson 95%] | {arm} pooled [Wilson 95%] (per seed) | inside the sync "
+              "interval? |",
+              "|---|---|---|---|"]
+    inside = []
+    for step in sorted(set(sync) & set(p)):
+      ks, ns, _ = sync[step]
+      ka, na, accs = p[step]
+      lo, hi = wilson(ks, ns)
+      alo, ahi = wilson(ka, na)
+      inside.append(lo <= ka / na <= hi)
+      lines.append(f"| {step} | {ks / ns:.3f} [{lo:.3f}, {hi:.3f}] | {ka}/{na} = {ka / na:.3f} [{alo:.3f}, {ahi:.3f}] "
+                   f"({' / '.join(f'{a:.3f}' for a in accs)}) | {'yes' if inside[-1] else '**no**'} |")
+    lines += ["", f"{arm} inside the synchronous arm's Wilson 95% interval at {sum(inside)} of {len(inside)} "
+              "evaluation steps.", ""]
+  return "\n".join(lines).rstrip()
+
+
+def replace_block(text: str, name: str, body: str, md) -> str:
+  pat = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+  if not pat.search(text):
+    raise SystemExit(f"{md}: no <!-- {name}:begin --> ... <!-- {name}:end --> block")
+  return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1)
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--results", default=str(HERE / "results.json"))
-  ap.add_argument("--write", action="store_true", help="rewrite the generated block of RESULTS.md")
+  ap.add_argument("--write", action="store_true", help="rewrite the generated block(s) of RESULTS.md")
+  ap.add_argument("--followup", default="", help="a second results.json (e.g. followup_tis/results.json): its "
+                  "arms against the synchronous interval (the followup block of RESULTS.md)")
   args = ap.parse_args(argv)
   res = json.loads(pathlib.Path(args.results).read_text())
   body = block(res)
   print(body)
   plot(res, pathlib.Path(args.results).parent / "curves_ci.png")
+  follow = followup_table(res, json.loads(pathlib.Path(args.followup).read_text())) if args.followup else ""
+  if follow:
+    print("\n" + follow)
   if args.write:
     md = HERE / "RESULTS.md"
-    text = md.read_text()
-    pat = re.compile(r"(<!-- analyze:begin -->\n).*?(<!-- analyze:end -->)", re.S)
-    if not pat.search(text):
-      raise SystemExit(f"{md}: no <!-- analyze:begin --> ... <!-- analyze:end --> block")
-    md.write_text(pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1))
+    text = replace_block(md.read_text(), "analyze", body, md)
+    md.write_text(replace_block(text, "followup", follow, md) if follow else text)
   return 0
 
 

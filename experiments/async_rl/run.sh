@@ -12,6 +12,9 @@
 #   VARIANT=grpo_arith OUT=/tmp/asyncq/exp bash experiments/async_rl/run.sh
 #   cp $OUT/{results.json,curves.png} experiments/async_rl/; cp $OUT/RESULTS.md experiments/async_rl/compare_RESULTS.md
 #   python -m experiments.async_rl.analyze --write       # pooled-seed Wilson table, curves_ci.png, RESULTS.md block
+# Follow-up arm of RESULTS.md (TIS): METHODS="async1_tis=;rl.async_steps=1;rl.importance=tis" SEEDS="1 0"
+#   OUT=/tmp/asyncq2/tis bash experiments/async_rl/run.sh; results into followup_tis/, then
+#   python -m experiments.async_rl.analyze --followup experiments/async_rl/followup_tis/results.json --write
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANT=${VARIANT:-addition}
@@ -21,9 +24,11 @@ TRAIN_METRICS="reward_mean solve_rate zero_variance_groups completion_length ent
   policy_version mismatch_kl mismatch_kl_k1 mismatch_max_abs_dlogp is_weight_mean is_weight_max is_truncated_frac
   is_masked_frac ratio_mean clip_frac time_rollout_s time_update_s"
 if [ "$VARIANT" = addition ]; then
+  METHOD_ARGS=()
+  for m in ${METHODS:-"sync=;rl.async_steps=0" "async1=;rl.async_steps=1"}; do METHOD_ARGS+=(--method "$m"); done
   # shellcheck disable=SC2086
   python -m experiments.compare --config experiments/async_rl/config.py --out "$OUT" \
-    --method "sync=;rl.async_steps=0" --method "async1=;rl.async_steps=1" --seeds 0 1 --in-process \
+    "${METHOD_ARGS[@]}" --seeds ${SEEDS:-0 1} --in-process \
     --title "async_steps=1 vs synchronous GRPO, SmolLM2-135M LoRA, one-step additions (CPU)" \
     --extra-metrics eval_completion_length reward_mean solve_rate --train-metrics $TRAIN_METRICS \
     --set num_steps=${STEPS:-16} eval_every=${EVAL_EVERY:-2} dataset.num_eval=192 eval_batch_size=192
