@@ -10,8 +10,9 @@ the codes. Here, for an `NF4Tensor` with blocksize 64 and N % 64 == 0 (every blo
 
 A permutation of the codes and of the decoded scales: `from_nf4(w).dequantize(d) == w.dequantize(d)` bit for
 bit. 4 + 32/64 = 4.5 bits a weight (f32 scales). Outputs concatenate: `from_nf4_concat([W_1, W_2])` is the
-K-major [W_1 | W_2] (codes and scales side by side along N), one product for a fused q|k|v or gate|up. The fused kernel `nf4_kmajor_gemv` reduces each output's K
-range inside one thread's registers; `dequantize` is XLA's path (its transpose fuses into the consumer dot).
+K-major [W_1 | W_2] (codes and scales side by side along N), one product for a fused q|k|v or gate|up. The
+fused kernel `nf4_kmajor_gemv` reduces each output's K range inside one thread's registers; `dequantize` is
+XLA's path (its transpose fuses into the consumer dot).
 """
 from __future__ import annotations
 
