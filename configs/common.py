@@ -155,9 +155,10 @@ def rl(config, *, prompts_per_step, group_size, max_new_tokens, temperature, obj
   #   gradient; TRL / tunix skip that pass too), else recomputed; recompute = always one more forward
   r.skip_grad_bound = 0.0  # ExGRPO: a step whose global grad norm exceeds this (or is not finite) applies no
   #   update and logs skipped=1 (0 = off)
-  r.importance = "none"  # rollout importance correction of the policy gradient by r = pi_old / pi_rollout on
+  r.importance = "auto"  # rollout importance correction of the policy gradient by r = pi_old / pi_rollout on
   #   on-policy tokens (fineflax/rl/importance.py): none, tis (weight min(r, C), Yao et al. 2025) or mis (weight
-  #   r, 0 where r leaves [1/C, C]: slime's masked IS); the mismatch metrics are logged in every case
+  #   r, 0 where r leaves [1/C, C]: slime's masked IS); auto = tis when async_steps >= 1 (uncorrected stale
+  #   rollouts collapsed in experiments/async_rl), else none; the mismatch metrics are logged in every case
   r.importance_level = "token"  # token (r per token) or sequence (one r per row: exp of the row's summed log-ratio)
   r.importance_cap = 2.0  # C > 1 of tis / mis (Yao et al. 2025: C = 2)
   r.async_steps = 0  # k: rollouts may use weights up to k updates old, the next batch generated while the

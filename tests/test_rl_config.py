@@ -8,6 +8,7 @@ import pytest
 from fineflax.config_checks import ConfigError
 from fineflax.jobs.resolve import load_config
 from fineflax.rl.config import SECTIONS, ExGRPOConfig, LuffyConfig, RLConfig
+from fineflax.rl.importance import resolve_mode
 
 pytestmark = pytest.mark.fast  # the fast tier of main's tests/conftest.py (13 s on 2 cores)
 
@@ -27,6 +28,8 @@ def test_every_declared_field_holds_the_config_value(spec):
       assert (section is None) == (f.name not in values), f.name
       if section is not None:
         assert dataclasses.asdict(section) == values[f.name]
+    elif f.name == "importance":  # "auto" is resolved (test_rl_importance)
+      assert rl.importance == resolve_mode(values["importance"], values["async_steps"])
     elif f.name != "extra":
       assert getattr(rl, f.name) == values[f.name], f.name
   assert rl.extra == {} and RLConfig.from_config(rl) is rl

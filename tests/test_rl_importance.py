@@ -125,3 +125,18 @@ def test_importance_without_behaviour_logp_and_bad_settings_are_named():
     RLConfig(async_steps=-1)
   with pytest.raises(ConfigError, match="importance_level='sequence'"):
     RLConfig(importance_level="sequence", micro_batch_tokens=256)
+
+
+@pytest.mark.parametrize("async_steps, given, resolved", [(0, "auto", "none"), (1, "auto", "tis"), (2, "auto", "tis"),
+                                                          (1, "none", "none"), (0, "mis", "mis")])
+def test_auto_importance_is_tis_only_for_stale_rollouts(async_steps, given, resolved):
+  """rl.importance="auto" (the default of configs/common.py) corrects async runs and leaves the synchronous loop
+  as it was; the checked RLConfig and the loss settings built from the raw config agree."""
+  import ml_collections
+  from configs.common import rl as rl_section
+  from fineflax.rl.objectives import get_objective
+  assert RLConfig(importance=given, async_steps=async_steps).importance == resolved
+  rl = rl_section(ml_collections.ConfigDict(), prompts_per_step=2, group_size=2, max_new_tokens=8, temperature=1.0).rl
+  assert rl.importance == "auto"
+  rl.importance, rl.async_steps = given, async_steps
+  assert get_objective("grpo").kwargs(rl)["importance"] == resolved

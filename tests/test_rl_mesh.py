@@ -80,7 +80,7 @@ PARITY = textwrap.dedent("""
       assert len(s4["params"]["q"]["a"].sharding.device_set) == 4
       N, L = batch["tokens"].size, decoder_path_length(c, batch["tokens"].shape[-1])
       P = sum(x.size for x in jax.tree.leaves(lora))
-      cap = rl.importance_cap if rl.get("importance", "none") != "none" else 1.0
+      cap = rl.importance_cap if obj.kwargs(rl)["importance"] != "none" else 1.0
       adv = cap * float(np.abs(batch["advantages"]).max())
       for k in ("loss", "pg_loss"):
         assert abs(m4[k] - m1[k]) <= float(sum_order_tol(N + L, adv + abs(m1[k]))), (rl.objective, k, m4[k], m1[k])
@@ -142,7 +142,7 @@ RESHARD = textwrap.dedent("""
     import sys
     from fineflax.train.checkpoint import Checkpointer
     rl = load_config("configs/grpo_arith.py:smoke", ["rl.beta=0.04"]).rl
-    assert rl.get("importance", "none") == "none"  # the loss tolerance below takes ratios <= 1
+    assert get_objective(rl.objective).kwargs(rl)["importance"] == "none"  # the tolerance below takes ratios <= 1
     obj = get_objective(rl.objective)
     step, logp = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
                              fwd_kwargs=dict(model_config=c, lora_scale=2.0))

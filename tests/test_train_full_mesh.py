@@ -96,7 +96,7 @@ SCRIPT = textwrap.dedent("""
 
     # --- RL (grpo, beta > 0): the KL reference is a frozen copy of the initial params
     rl = load_config("configs/grpo_arith.py:smoke", ["rl.beta=0.04"]).rl
-    assert rl.get("importance", "none") == "none"  # the loss tolerance below takes ratios <= 1
+    assert get_objective(rl.objective).kwargs(rl)["importance"] == "none"  # the tolerance below takes ratios <= 1
     obj = get_objective(rl.objective)
     step, logp = make_rl_fns(opt, objective=rl.objective, loss_kwargs=obj.kwargs(rl),
                              fwd_kwargs=dict(model_config=c, lora_scale=1.0, temperature=0.7))

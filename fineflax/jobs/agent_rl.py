@@ -188,8 +188,8 @@ def validate(config) -> RLConfig:
                    ("overlong_buffer", "not supported for agent calls"),
                    ("async_steps", "agent rollouts run synchronously")):
     require(config, f"rl.{key}", lambda v: not v, f"must be off ({why})")
-  require(config, "rl.importance", lambda v: v == "none",
-          "must be none (agent batches carry no behaviour log-probs for the correction)")
+  require(config, "rl.importance", lambda v: v in ("none", "auto"),
+          "must be none or auto (agent batches carry no behaviour log-probs for the correction)")
   one_of(config, "agent.name", AGENTS)
   one_of(config, "agent.credit", CREDITS)
   require(config, "agent.merge", lambda v: isinstance(v, bool), "true or false")

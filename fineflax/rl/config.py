@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from fineflax.config_checks import (ConfigError, check, choice, interval, non_negative_int, positive_integer)
 from fineflax.rl.advantages import SCALES
-from fineflax.rl.importance import LEVELS as IS_LEVELS, MODES as IS_MODES
+from fineflax.rl.importance import LEVELS as IS_LEVELS, MODES as IS_MODES, resolve_mode as resolve_importance
 from fineflax.rl.losses import AGG_MODES
 from fineflax.rl.objectives import Objective, get_objective
 
@@ -62,8 +62,8 @@ class ExGRPOConfig:
 class PPOConfig:
   """PPO's critic and rewards (`config.rl.ppo`, `fineflax.rl.ppo`; defaults of Search-R1's train_ppo.sh /
   verl's ppo_trainer.yaml): critic "lora" (its own LoRA + value head on the base) or "full" (a trainable
-  float32 copy of the model + value head, as verl's critic; needs model.quant=none), its AdamW peak lr and warmup steps, value clip, GAE gamma / lam, the KL
-  penalty in the reward (verl apply_kl_penalty, fixed kl_ctrl), the value loss coefficient."""
+  float32 copy of the model + value head, as verl's critic; needs model.quant=none), its AdamW peak lr and
+  warmup steps, value clip, GAE gamma / lam, the KL penalty in the reward (verl apply_kl_penalty, fixed kl_ctrl), the value loss coefficient."""
   critic: str = "lora"
   critic_lr: float = 1e-5
   critic_warmup_steps: int = 0
@@ -102,8 +102,8 @@ class RLConfig:
   tokens per device: `fineflax.rl.minibatch`), old_logp ("auto": reuse the current log-probs when the batch
   gets one optimizer step, `reuses_current_logp`; "recompute"), skip_grad_bound (ExGRPO); the rollout
   importance correction (importance none / tis / mis, importance_level token / sequence, importance_cap C:
-  `fineflax.rl.importance`); async_steps k (rollouts may use weights up to k updates old:
-  `fineflax.rl.async_rollouts`); the objective's section."""
+  `fineflax.rl.importance`; "auto" is resolved here to tis when async_steps >= 1, else none); async_steps k
+  (rollouts may use weights up to k updates old: `fineflax.rl.async_rollouts`); the objective's section."""
   objective: str = "grpo"
   prompts_per_step: int = 1
   group_size: int = 2
@@ -131,7 +131,7 @@ class RLConfig:
   micro_batch_tokens: int = 0
   old_logp: str = "auto"
   skip_grad_bound: float = 0.0
-  importance: str = "none"
+  importance: str = "auto"
   importance_level: str = "token"
   importance_cap: float = 2.0
   async_steps: int = 0
@@ -177,10 +177,11 @@ class RLConfig:
                         "other 0")
     check("rl.old_logp", self.old_logp, *choice(("auto", "recompute")))
     check("rl.skip_grad_bound", self.skip_grad_bound, *interval(0.0, INF))
-    check("rl.importance", self.importance, *choice(IS_MODES))
+    check("rl.importance", self.importance, *choice(("auto",) + IS_MODES))
     check("rl.importance_level", self.importance_level, *choice(IS_LEVELS))
     check("rl.importance_cap", self.importance_cap, *interval(1.0, INF, lo_open=True))
     check("rl.async_steps", self.async_steps, *non_negative_int(" (0 = synchronous)"))
+    object.__setattr__(self, "importance", resolve_importance(self.importance, self.async_steps))
     if self.importance_level == "sequence" and self.micro_batch_tokens:
       raise ConfigError(f"config.rl.importance_level='sequence' with config.rl.micro_batch_tokens="
                         f"{self.micro_batch_tokens}: packed rows split sequences; use importance_level=token or "

@@ -34,6 +34,15 @@ LEVELS = ("token", "sequence")
 _CLAMP = 20.0  # as the surrogate's log-ratio (fineflax.rl.losses)
 
 
+def resolve_mode(importance: str, async_steps: int) -> str:
+  """`rl.importance` with "auto" resolved: tis when rollouts may be stale (async_steps >= 1), else none.
+  Uncorrected one-step-stale rollouts fell outside the synchronous run's interval and one seed collapsed
+  (experiments/async_rl); TIS at C = 2 kept it near the synchronous curve."""
+  if importance == "auto":
+    return "tis" if async_steps else "none"
+  return importance
+
+
 def _masked_mean(x, m):
   return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
 

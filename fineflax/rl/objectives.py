@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Callable
 
 from fineflax.config_checks import ConfigError, check
+from fineflax.rl.importance import resolve_mode
 from fineflax.rl.losses import exgrpo_loss, grpo_loss, luffy_loss
 
 
@@ -36,7 +37,8 @@ def common_kwargs(rl) -> dict:
   correction of `fineflax.rl.importance`)."""
   return dict(epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high, dual_clip=rl.dual_clip or None,
               beta=rl.beta, entropy_coef=rl.entropy_coef, agg_mode=rl.agg_mode, max_len=rl.max_new_tokens,
-              importance=rl.importance, importance_level=rl.importance_level, importance_cap=rl.importance_cap)
+              importance=resolve_mode(rl.importance, getattr(rl, "async_steps", 0)),
+              importance_level=rl.importance_level, importance_cap=rl.importance_cap)
 
 
 def norms(batch) -> dict:
