@@ -1,7 +1,7 @@
 """`--api-procs`: the HTTP front ends in processes of their own (`serve.split`, `serve.remote`). The link protocol on
 a fake engine over a real pipe (fast); a real engine's events through the link equal its events in process; the
 server as processes: the same greedy answers as one process, /health of both processes, a clean stop, a lost front
-end stops the server."""
+end restarted while the engine serves on, and past --api-restarts the server stops."""
 import multiprocessing as mp
 import os
 import signal
@@ -77,6 +77,10 @@ def test_api_procs_defaults_by_backend_and_refuses_negatives(capsys):
   with pytest.raises(SystemExit):
     parse_args(["--model", "m", "--api-procs", "-1"])
   assert "--api-procs -1: must be >= 0" in capsys.readouterr().err
+  assert parse_args(["--model", "m"]).api_restarts == 5
+  with pytest.raises(SystemExit):
+    parse_args(["--model", "m", "--api-restarts", "-2"])
+  assert "--api-restarts -2: must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.fast
@@ -209,13 +213,24 @@ def test_split_server_answers_as_one_process_and_reports_both(split_server):
   assert h["decode_calls"] >= 2 and h["generated_tokens_total"] >= 2 * answer.usage.completion_tokens
 
 
-def test_split_server_stops_when_a_front_end_dies_and_on_sigterm(tmp_path):
+def test_split_server_restarts_a_dead_front_end_then_stops_past_the_limit_and_on_sigterm(tmp_path):
+  import openai
   from fineflax.serve.spawn import health
   from fineflax.testing.serve import free_port, server_argv, start_subprocess_server, tiny_chat_model
   argv = server_argv(tiny_chat_model(tmp_path), {}, tmp_path / "log.sqlite", free_port(), "--no-warmup",
-                     "--api-procs", "1")
+                     "--api-procs", "1", "--api-restarts", "1")
   proc, url = start_subprocess_server(argv, timeout=300)
-  os.kill(health(url)["processes"]["api0"], signal.SIGKILL)
+  first = health(url)
+  assert first["front_end_restarts"] == 0
+  os.kill(first["processes"]["api0"], signal.SIGKILL)
+  client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+  answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0)  # served by the restarted front end
+  assert answer.usage.completion_tokens >= 1 and proc.poll() is None
+  second = health(url)
+  assert second["front_end_restarts"] == 1 and second["processes"]["engine"] == first["processes"]["engine"]
+  assert second["processes"]["api0"] != first["processes"]["api0"]
+  os.kill(second["processes"]["api0"], signal.SIGKILL)  # a second exit within the minute: past --api-restarts 1
   assert proc.wait(timeout=60) == 1
   argv[argv.index("--port") + 1] = str(free_port())
   proc, url = start_subprocess_server(argv, timeout=300)

@@ -34,6 +34,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                   help="HTTP front ends in processes of their own, the engine in this one (fineflax.serve.split: "
                        "the event loop and the engine stop sharing one GIL); 0: one process (default: 1 on a "
                        "GPU or TPU, 0 on the CPU)")
+  ap.add_argument("--api-restarts", type=int, default=5,
+                  help="with --api-procs: a front end that exits is restarted (its requests in flight fail, the "
+                       "others are served on) at most this many times a minute over all front ends; past it the "
+                       "server stops with status 1 for a supervisor. 0: the first exit stops the server")
   ap.add_argument("--prefill-tokens", type=int, default=2048,
                   help="prompt tokens prefilled per engine step at most, then a decode chunk runs "
                        "(raised to the engine's 512-token prefill block if smaller)")
@@ -89,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.error(f"--pages {args.pages}: the pool needs the trash page and at least one more")
   if args.api_procs is not None and args.api_procs < 0:
     ap.error(f"--api-procs {args.api_procs}: must be >= 0 (0: the front end in the engine's process)")
+  if args.api_restarts < 0:
+    ap.error(f"--api-restarts {args.api_restarts}: must be >= 0 (0: a front end's exit stops the server)")
   if args.prefill_tokens < 1:
     ap.error(f"--prefill-tokens {args.prefill_tokens}: must be >= 1")
   for name in ("keep_alive_timeout", "idle_timeout"):

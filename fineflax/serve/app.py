@@ -269,6 +269,7 @@ class Server(Answers):
                          "decode_dispatch_s": round(st["dispatch_s"], 6), "decode_wait_s": round(st["wait_s"], 6),
                          "decode_gap_s": round(st["gap_s"], 6), "decode_gaps": st["gaps"],
                          "compiles": st["compiles"], "compile_s": round(st["compile_s"], 3),
+                         "front_end_restarts": st.get("front_end_restarts", 0),
                          **health_fields(st["metrics"]), "threads": st["threads"], "processes": st["processes"]})
 
   async def metrics(self, request: Request):

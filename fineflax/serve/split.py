@@ -15,17 +15,21 @@ emitter (detokenising, stop strings) and one link thread per front end; a front 
 The listening socket is bound once, before the weights load, and shared: the kernel hands each new connection to one
 front end. Each front end keeps its own answer-log writer (one SQLite file in WAL mode) and its own router: with
 K > 1 a front end's bandit learns from the feedback it receives (the log holds all of it; a restart loads all).
-A front end that exits stops the server (the others are stopped, exit status 1): a supervisor restarts it whole.
+A front end that exits is restarted in place (`--api-restarts` R times a minute over all front ends, then the server
+stops with exit status 1, for a supervisor to restart it whole): its link cancels its jobs, whose clients lose their
+connections; the engine, the other front ends and their clients go on; /health counts `front_end_restarts`.
 SIGTERM or SIGINT: the front ends stop (uvicorn's graceful shutdown), then the engine.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from fineflax.serve.engine import Engine, Job
@@ -33,14 +37,24 @@ from fineflax.serve.remote import note_event
 from fineflax.serve.waiting import QueueFull
 
 
+RESTART_WINDOW_S = 60.0  # --api-restarts counts the restarts of the last minute
+
+
+@dataclasses.dataclass
+class FrontEnds:
+  """The supervisor's view that state replies report: {name: pid} of the live front ends, restarts so far."""
+  pids: dict = dataclasses.field(default_factory=dict)
+  restarts: int = 0
+
+
 class FrontEndLink:
   """The engine process's end of one front end's pipe (`serve.remote` gives the messages). The jobs it submits post
   their events here; events posted on the emitter thread wait for `flush` (after the chunk's last), the others
   (errors from the engine thread, refusals) go at once."""
 
-  def __init__(self, conn, engine: Engine, name: str, front_ends: dict | None = None):
+  def __init__(self, conn, engine: Engine, name: str, front_ends: "FrontEnds | None" = None):
     self.conn, self.engine, self.name = conn, engine, name
-    self.front_ends = {} if front_ends is None else front_ends  # {name: pid} of every front end (state replies)
+    self.front_ends = FrontEnds() if front_ends is None else front_ends  # every front end (state replies)
     self._jobs: dict = {}  # jid -> [job, rows done]
     self._pending: list = []
     self._lock, self._send_lock = threading.Lock(), threading.Lock()
@@ -77,6 +91,7 @@ class FrontEndLink:
           traceback.print_exc()
     except (EOFError, OSError):
       pass
+    self.conn.close()
     with self._lock:
       jobs, self._jobs = self._jobs, {}
     for job, _ in jobs.values():
@@ -100,7 +115,8 @@ class FrontEndLink:
       if entry is not None:
         self.engine.cancel(entry[0])
     elif msg[0] == "state":
-      self._send(("state", msg[1], {**self.engine.state(), "front_ends": dict(self.front_ends)}))
+      self._send(("state", msg[1], {**self.engine.state(), "front_ends": dict(self.front_ends.pids),
+                                    "front_end_restarts": self.front_ends.restarts}))
     else:
       raise ValueError(f"front end {self.name}: unknown message {msg[0]!r}")
 
@@ -126,36 +142,59 @@ def _interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
+def _start_front_end(ctx, args, sock, name: str, server_parts: tuple, engine: Engine, front_ends: FrontEnds):
+  """(process, link) of a new front end `name` on `sock`; its link thread is started by the caller."""
+  here, there = ctx.Pipe(duplex=True)
+  proc = ctx.Process(target=front_end_main, args=(args, there, sock, name, server_parts), name=f"fineflax-{name}",
+                     daemon=True)
+  proc.start()
+  there.close()
+  front_ends.pids[name] = proc.pid
+  return proc, FrontEndLink(here, engine, name, front_ends)
+
+
+def _run_link(link: FrontEndLink) -> None:
+  threading.Thread(target=link.run, name=f"fineflax-link-{link.name}", daemon=True).start()
+
+
 def serve_split(args, engine: Engine, sock, server_parts: tuple) -> int:
   """Serves with `engine` in this process and `args.api_procs` front-end processes on `sock` (module docstring)
-  until a signal (0) or a front end's exit (1)."""
+  until a signal (0) or more than `args.api_restarts` front-end exits within `RESTART_WINDOW_S` (1)."""
   import multiprocessing as mp
   from multiprocessing.connection import wait
   from fineflax.serve.feedback import FeedbackLog
   # the log's file, WAL mode and schema (its migration of an older file) made once, before front ends open it at once
   FeedbackLog(args.log, synchronous=args.log_sync, reward_range=(args.reward_min, args.reward_max)).close()
   ctx = mp.get_context("spawn")
-  links, procs, front_ends = [], [], {}
-  for i in range(args.api_procs):
-    here, there = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=front_end_main, args=(args, there, sock, f"api{i}", server_parts),
-                       name=f"fineflax-api{i}", daemon=True)
-    proc.start()
-    there.close()
-    links.append(FrontEndLink(here, engine, f"api{i}", front_ends))
-    procs.append(proc)
-    front_ends[f"api{i}"] = proc.pid
-  engine.after_emit = lambda: [link.flush() for link in links]
+  front_ends = FrontEnds()
+  procs, links = map(list, zip(*[_start_front_end(ctx, args, sock, f"api{i}", server_parts, engine, front_ends)
+                                 for i in range(args.api_procs)]))
+  engine.after_emit = lambda: [link.flush() for link in list(links)]
   engine.start()
   for link in links:
-    threading.Thread(target=link.run, name=f"fineflax-link-{link.name}", daemon=True).start()
+    _run_link(link)
   old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-  status = 0
+  status, recent = 0, collections.deque()
   try:
-    wait([p.sentinel for p in procs])
-    gone = [p.name for p in procs if not p.is_alive()]
-    print(f"fineflax.serve: front end {gone} exited; stopping", file=sys.stderr, flush=True)
-    status = 1
+    while status == 0:
+      wait([p.sentinel for p in procs])
+      for i, p in enumerate(procs):
+        if p.is_alive():
+          continue
+        name, now = links[i].name, time.monotonic()
+        while recent and now - recent[0] > RESTART_WINDOW_S:
+          recent.popleft()
+        if len(recent) >= args.api_restarts:
+          print(f"fineflax.serve: front end {name} exited (code {p.exitcode}) after {len(recent)} restarts in "
+                f"{RESTART_WINDOW_S:g} s (--api-restarts {args.api_restarts}); stopping", file=sys.stderr, flush=True)
+          status = 1
+          break
+        recent.append(now)
+        front_ends.restarts += 1
+        print(f"fineflax.serve: front end {name} exited (code {p.exitcode}); restarting it", file=sys.stderr,
+              flush=True)
+        procs[i], links[i] = _start_front_end(ctx, args, sock, name, server_parts, engine, front_ends)
+        _run_link(links[i])
   except KeyboardInterrupt:
     pass
   finally:
