@@ -85,8 +85,11 @@ def kmajor_candidates(m: int, k: int, n: int) -> list:
     more = [dict(bn=128), dict(num_warps=8), dict(bn=128, num_warps=8), dict(bkb=64, iters=2, num_warps=8),
             dict(path="deq"), dict(path="deq", bn=128), dict(path="deq", bkb=64, iters=4),
             dict(iters=4, num_warps=8), dict(bn=128, iters=4, num_warps=8), dict(iters=8, num_warps=8)]
+  # Triton's software pipelining of the tile loop (num_stages; every table entry so far ran unpipelined): the next
+  # tiles' codes in flight while one decodes, where a program loops over more than one tile
+  more += [dict(num_stages=2), dict(num_stages=3), dict(iters=8, num_stages=3)]
   w = NF4KMajor.abstract(k, n)
-  fits = lambda c: unsupported_reason((m, k), w, c) is None
+  fits = lambda c: unsupported_reason((m, k), w, c) is None and not (c.num_stages > 1 and c.iters == 1)
   out = [base] + [c for c in (dataclasses.replace(base, **kw) for kw in more) if fits(c)]
   return list(dict.fromkeys(out))
 

@@ -231,3 +231,23 @@ def test_the_shuffle_decode_lowers_for_cuda_and_the_gather_does_not_shuffle(path
     texts[decode] = lowered.mlir_module()
   assert "shfl.sync.idx.b32" in texts["shfl"] and "%laneid" in texts["shfl"]
   assert "shfl.sync" not in texts["gather"] and "xla.gpu.triton" in texts["gather"]
+
+
+@pytest.mark.fast
+def test_pipelining_stages_reach_the_triton_call_and_are_swept():
+  """KMajorConfig.num_stages is the Triton call's num_stages (lowered for CUDA); 0 is refused by name; the benchmark
+  sweeps 2 and 3 stages where a program loops over several tiles, and never for one tile."""
+  from jax import export
+  from benchmarks.nf4_gemv import kmajor_candidates
+  w = from_nf4(_weights((512, 128)))
+  x = jnp.ones((16, 512), jnp.bfloat16)
+  cfg = km.KMajorConfig(path="dot", bkb=64, iters=2, num_stages=3)
+  f = jax.jit(lambda x, w: km.kmajor_matmul(x, w, jnp.bfloat16, cfg))
+  text = export.export(f, platforms=["cuda"], disabled_checks=[
+      export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(x, w).mlir_module()
+  assert "num_stages = 3 : i32" in text and cfg.name().endswith(" s3")
+  assert "num_stages and num_warps must be >= 1" in km.unsupported_reason(x.shape, w, km.KMajorConfig(num_stages=0))
+  for m in (1, 16, 64):
+    cands = kmajor_candidates(m, 4096, 14336)
+    assert {c.num_stages for c in cands} == {1, 2, 3}, m
+    assert all(c.iters > 1 for c in cands if c.num_stages > 1), m

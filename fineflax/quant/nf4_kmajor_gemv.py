@@ -52,16 +52,19 @@ DOT_MAX_ROWS = 256  # rows a measured table entry may serve (rollouts of 32 x 8 
 @dataclasses.dataclass(frozen=True)
 class KMajorConfig:
   """path "fma" | "dot" | "dot_t" | "deq"; decode "shfl" | "gather" | "select"; bn outputs a program (a multiple of 64);
-  bkb code bytes along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps."""
+  bkb code bytes along K a tile (2 bkb rows of W; power of 2 >= 16); iters tiles a program; Triton warps; Triton
+  software-pipelining stages of the tile loop (1: none; 2+: the next tiles' codes load while this one decodes)."""
   path: str = "fma"
   decode: str = "shfl"
   bn: int = 64
   bkb: int = 128
   iters: int = 2
   num_warps: int = 4
+  num_stages: int = 1
 
   def name(self) -> str:
-    return f"kmajor {self.decode}/{self.path} bn{self.bn} bkb{self.bkb} x{self.iters} w{self.num_warps}"
+    stages = f" s{self.num_stages}" if self.num_stages != 1 else ""
+    return f"kmajor {self.decode}/{self.path} bn{self.bn} bkb{self.bkb} x{self.iters} w{self.num_warps}{stages}"
 
 
 def default_config(m: int, k: int, n: int) -> KMajorConfig | None:
@@ -96,6 +99,8 @@ def unsupported_reason(x_shape, w, cfg: KMajorConfig) -> str | None:
     return f"x of shape {tuple(x_shape)} for W [K={k}, N={n}]: [M >= 1, {k}] needed"
   if cfg.path not in PATHS or cfg.decode not in DECODES:
     return f"{cfg}: path one of {PATHS}, decode one of {DECODES}"
+  if cfg.num_stages < 1 or cfg.num_warps < 1:
+    return f"{cfg}: num_stages and num_warps must be >= 1"
   if n % cfg.bn or cfg.bn % 64:
     return f"N={n} is not a multiple of bn={cfg.bn} (a multiple of 64)"
   if cfg.bkb < 16 or cfg.bkb & (cfg.bkb - 1) or (k // 2) % (cfg.bkb * cfg.iters):
@@ -201,7 +206,7 @@ def _weight_inputs(w: NF4KMajor | NF4Layer, cfg: KMajorConfig):
 
 def _compiler_params(cfg: KMajorConfig, interpret: bool):
   from jax.experimental.pallas import triton as plgpu
-  return None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1)
+  return None if interpret else plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _planes_kernel(codes_ref, se_ref, so_ref, table_ref, we_ref, wo_ref, *, cfg: KMajorConfig, dtype,
