@@ -2,6 +2,8 @@
 
   python -m experiments.async_rl.analyze            # prints the tables, writes curves_ci.png
   python -m experiments.async_rl.analyze --write    # also rewrites RESULTS.md's generated block
+  python -m experiments.async_rl.analyze --pool sync=A.json:sync+B.json:sync --pool async1=... --write
+                                                    # arms pooled over several runs (the "pooled" block)
 
 Held-out accuracy per evaluation step and arm, pooled over the seeds: k right answers of n = seeds x
 task.num_eval greedy answers, with the Wilson 95% interval of the binomial proportion k / n. The question
@@ -25,10 +27,53 @@ import pathlib
 import re
 
 HERE = pathlib.Path(__file__).resolve().parent
-ARMS = {"sync": "synchronous (async_steps=0)", "async1": "async_steps=1"}
+LABELS = {"sync": "synchronous (async_steps=0)", "async1": "async_steps=1",
+          "async1_none": "async_steps=1, importance none", "async1_tis": "async_steps=1, importance tis (C = 2)"}
 TRAIN = ("reward_mean", "zero_variance_groups", "completion_length", "grad_norm", "staleness", "mismatch_kl",
          "mismatch_kl_k1", "mismatch_max_abs_dlogp", "is_weight_mean", "is_weight_max", "ratio_mean",
          "time_rollout_s", "time_update_s")
+
+
+def arms_of(res: dict) -> list[str]:
+  """The arms of a results dict, the synchronous reference ("sync") first."""
+  if "sync" not in res["runs"]:
+    raise SystemExit(f"results: no 'sync' arm among {sorted(res['runs'])}")
+  return ["sync"] + [a for a in res["runs"] if a != "sync"]
+
+
+def label(res: dict, arm: str) -> str:
+  return LABELS.get(arm, f"{arm} ({'; '.join(res['methods'][arm]['overrides'])})")
+
+
+def merge(specs: list[str]) -> dict:
+  """One results dict from arms of several compare.py results.json files on the same config and common
+  overrides: each spec "ARM=FILE:ARM[+FILE:ARM...]" makes arm ARM of the runs (seeds) of the named arms;
+  a seed met twice in one arm is an error."""
+  out, first = None, None
+  for spec in specs:
+    name, _, sources = spec.partition("=")
+    if not name or not sources:
+      raise SystemExit(f"--pool {spec!r}: expected ARM=FILE:ARM[+FILE:ARM...]")
+    runs, overrides = {}, []
+    for src in sources.split("+"):
+      path, _, arm = src.rpartition(":")
+      res = json.loads(pathlib.Path(path).read_text())
+      if first is None:
+        first = path
+        out = {**{k: v for k, v in res.items() if k not in ("runs", "methods", "seeds")}, "runs": {}, "methods": {}}
+      elif (res["config"], res["common"]) != (out["config"], out["common"]):
+        raise SystemExit(f"--pool {spec!r}: {path} ran {res['config']} with {res['common']}, {first} ran "
+                         f"{out['config']} with {out['common']}")
+      if arm not in res["runs"]:
+        raise SystemExit(f"--pool {spec!r}: {path} has no arm {arm!r} (it has {sorted(res['runs'])})")
+      for seed, run in res["runs"][arm].items():
+        if seed in runs:
+          raise SystemExit(f"--pool {spec!r}: seed {seed} twice in arm {name!r}")
+        runs[seed] = run
+      overrides += [o for o in res["methods"][arm]["overrides"] if o not in overrides]
+    out["runs"][name], out["methods"][name] = runs, {"presets": "", "overrides": overrides}
+  out["seeds"] = sorted({int(s) for runs in out["runs"].values() for s in runs})
+  return out
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -60,37 +105,42 @@ def num_eval_of(res: dict) -> int:
   raise SystemExit("results.json: no task.num_eval or dataset.num_eval (> 0) in the common overrides")
 
 
-def accuracy_table(res: dict) -> tuple[str, list[str]]:
-  n_eval = num_eval_of(res)
-  pools = {a: pooled(res, a, n_eval) for a in ARMS}
-  lines = ["| step | synchronous: pooled acc [Wilson 95%] (per seed) | async_steps=1: pooled acc [Wilson 95%] "
-           "(per seed) | async - sync | async inside the sync interval? |", "|---|---|---|---|---|"]
-  verdicts = []
-  for step in sorted(set(pools["sync"]) | set(pools["async1"])):
-    cells, inside, diff = [], "-", "-"
-    for arm in ARMS:
+def accuracy_table(res: dict) -> tuple[str, dict[str, list[str]]]:
+  """The pooled accuracy of every arm per evaluation step; each other arm against the sync arm's interval."""
+  n_eval, arms = num_eval_of(res), arms_of(res)
+  pools = {a: pooled(res, a, n_eval) for a in arms}
+  head = [f"{label(res, a)}: pooled acc [Wilson 95%] (per seed)" for a in arms]
+  for a in arms[1:]:
+    head += [f"{a} - sync", f"{a} inside the sync interval?"]
+  lines = ["| step | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+  verdicts: dict[str, list[str]] = {a: [] for a in arms[1:]}
+  for step in sorted(set().union(*pools.values())):
+    cells = []
+    for arm in arms:
       if step not in pools[arm]:
         cells.append("-")
         continue
       k, n, accs = pools[arm][step]
       lo, hi = wilson(k, n)
       cells.append(f"{k}/{n} = {k / n:.3f} [{lo:.3f}, {hi:.3f}] ({' / '.join(f'{a:.3f}' for a in accs)})")
-    if step in pools["sync"] and step in pools["async1"]:
-      ks, ns, _ = pools["sync"][step]
-      ka, na, _ = pools["async1"][step]
+    for arm in arms[1:]:
+      if step not in pools["sync"] or step not in pools[arm]:
+        cells += ["-", "-"]
+        continue
+      (ks, ns, _), (ka, na, _) = pools["sync"][step], pools[arm][step]
       lo, hi = wilson(ks, ns)
-      inside = "yes" if lo <= ka / na <= hi else "**no**"
-      diff = f"{ka / na - ks / ns:+.3f}"
-      verdicts.append(inside)
-    lines.append(f"| {step} | {cells[0]} | {cells[1]} | {diff} | {inside} |")
+      verdicts[arm].append("yes" if lo <= ka / na <= hi else "**no**")
+      cells += [f"{ka / na - ks / ns:+.3f}", verdicts[arm][-1]]
+    lines.append(f"| {step} | " + " | ".join(cells) + " |")
   return "\n".join(lines), verdicts
 
 
 def train_table(res: dict) -> str:
-  lines = ["| metric | " + " | ".join(ARMS.values()) + " |", "|---|" + "---|" * len(ARMS)]
+  arms = arms_of(res)
+  lines = ["| metric | " + " | ".join(label(res, a) for a in arms) + " |", "|---|" + "---|" * len(arms)]
   for m in TRAIN:
     cells = []
-    for arm in ARMS:
+    for arm in arms:
       vals = [v for run in res["runs"].get(arm, {}).values() for s, v in zip(run["train"].get("step", []),
                                                                                run["train"].get(m, []))
               if v is not None]
@@ -102,7 +152,7 @@ def train_table(res: dict) -> str:
 def per_step_table(res: dict, metrics=("reward_mean", "zero_variance_groups", "grad_norm", "staleness", "mismatch_kl",
                                        "mismatch_max_abs_dlogp", "is_weight_mean", "is_weight_max")) -> str:
   lines = ["| arm | seed | step | " + " | ".join(metrics) + " |", "|---|---|---|" + "---|" * len(metrics)]
-  for arm in ARMS:
+  for arm in arms_of(res):
     for seed, run in sorted(res["runs"].get(arm, {}).items(), key=lambda x: int(x[0])):
       tr = run["train"]
       for i, step in enumerate(tr.get("step", [])):
@@ -118,7 +168,7 @@ def plot(res: dict, path: pathlib.Path) -> None:
   import matplotlib.pyplot as plt
   n_eval = num_eval_of(res)
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  for arm, color in zip(ARMS, ("tab:blue", "tab:orange")):
+  for arm, color in zip(arms_of(res), ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
     for seed, run in res["runs"].get(arm, {}).items():
       ev = run["evals"]
       ax.plot([e["step"] for e in ev], [e["eval_accuracy"] for e in ev], color=color, alpha=0.35, lw=1,
@@ -127,7 +177,8 @@ def plot(res: dict, path: pathlib.Path) -> None:
     steps = list(p)
     acc = [k / n for k, n, _ in p.values()]
     ci = [wilson(k, n) for k, n, _ in p.values()]
-    ax.plot(steps, acc, color=color, lw=2, marker="o", label=f"{ARMS[arm]} (pooled over seeds)")
+    seeds = ", ".join(sorted(res["runs"][arm], key=int))
+    ax.plot(steps, acc, color=color, lw=2, marker="o", label=f"{label(res, arm)} (pooled: seeds {seeds})")
     ax.fill_between(steps, [c[0] for c in ci], [c[1] for c in ci], color=color, alpha=0.15)
   ax.set_xlabel("step")
   ax.set_ylabel(f"held-out accuracy ({n_eval} problems, greedy)")
@@ -141,7 +192,7 @@ def plot(res: dict, path: pathlib.Path) -> None:
 def learned(res: dict) -> str:
   """Whether each arm's pooled accuracy at its last evaluation lies above its step-0 Wilson interval."""
   n_eval, out = num_eval_of(res), []
-  for arm, label in ARMS.items():
+  for arm in arms_of(res):
     p = pooled(res, arm, n_eval)
     if len(p) < 2:
       continue
@@ -149,19 +200,47 @@ def learned(res: dict) -> str:
     lo0, hi0 = wilson(k0, n0)
     lo1, hi1 = wilson(k1, n1)
     verdict = "above" if lo1 > hi0 else "not above"
-    out.append(f"{label}: step {min(p)} {k0 / n0:.3f} [{lo0:.3f}, {hi0:.3f}] -> step {max(p)} {k1 / n1:.3f} "
+    out.append(f"{label(res, arm)}: step {min(p)} {k0 / n0:.3f} [{lo0:.3f}, {hi0:.3f}] -> step {max(p)} {k1 / n1:.3f} "
                f"[{lo1:.3f}, {hi1:.3f}] ({verdict} the step-{min(p)} interval)")
   return "Learning: " + "; ".join(out) + "."
 
 
-def block(res: dict) -> str:
+def seed_level(res: dict, from_step: int = 6) -> str:
+  """Between-seed view: each seed's mean held-out accuracy over the evaluations at steps >= from_step (after the
+  arms part: they are identical through step 2, and 4 is the first step a stale batch can show), and for each
+  other arm the Welch 95% interval of (arm mean - sync mean) over seeds, which unlike the pooled Wilson interval
+  includes the training variance between seeds."""
+  from scipy import stats
+  arms = arms_of(res)
+  per_seed = {a: [sum(e["eval_accuracy"] for e in run["evals"] if e["step"] >= from_step)
+                  / max(1, sum(e["step"] >= from_step for e in run["evals"]))
+                  for _, run in sorted(res["runs"][a].items(), key=lambda x: int(x[0]))] for a in arms}
+  mean = lambda v: sum(v) / len(v)
+  var = lambda v: sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1) if len(v) > 1 else float("nan")
+  lines = [f"| arm | per-seed mean accuracy, steps >= {from_step} | mean | - sync [Welch 95%] |", "|---|---|---|---|"]
+  for a in arms:
+    v, s = per_seed[a], per_seed["sync"]
+    cell = "-"
+    if a != "sync" and len(v) > 1 and len(s) > 1:
+      se2 = var(v) / len(v) + var(s) / len(s)
+      df = se2 ** 2 / ((var(v) / len(v)) ** 2 / (len(v) - 1) + (var(s) / len(s)) ** 2 / (len(s) - 1))
+      h = stats.t.ppf(0.975, df) * se2 ** 0.5
+      d = mean(v) - mean(s)
+      cell = f"{d:+.3f} [{d - h:+.3f}, {d + h:+.3f}] (df {df:.1f})"
+    lines.append(f"| {label(res, a)} | {' / '.join(f'{x:.3f}' for x in v)} | {mean(v):.3f} | {cell} |")
+  return "\n".join(lines)
+
+
+def block(res: dict, source: str = "`experiments/async_rl/results.json`") -> str:
   acc, verdicts = accuracy_table(res)
-  inside = sum(v == "yes" for v in verdicts)
-  return (f"Held-out accuracy, pooled over seeds {res['seeds']} (generated by `python -m "
-          f"experiments.async_rl.analyze --write` from `experiments/async_rl/results.json`; device: "
-          f"{res['device']}):\n\n{acc}\n\nasync_steps=1 inside the synchronous arm's Wilson 95% interval at "
-          f"{inside} of {len(verdicts)} evaluation steps.\n\n{learned(res)}\n\nTraining metrics, mean (max) over "
-          f"every RL step of both seeds:\n\n{train_table(res)}\n\nPer step:\n\n{per_step_table(res)}")
+  inside = "; ".join(f"{label(res, a)} inside the synchronous arm's Wilson 95% interval at "
+                     f"{sum(v == 'yes' for v in vs)} of {len(vs)} evaluation steps" for a, vs in verdicts.items())
+  seeds = "; ".join(f"{a}: {', '.join(sorted(res['runs'][a], key=int))}" for a in arms_of(res))
+  return (f"Held-out accuracy, pooled over seeds ({seeds}; generated by `python -m experiments.async_rl.analyze` "
+          f"from {source}; device: {res['device']}):\n\n{acc}\n\n{inside}.\n\n{learned(res)}\n\n"
+          f"Between seeds (the training variance the pooled interval leaves out):\n\n{seed_level(res)}\n\n"
+          f"Training metrics, mean (max) over every RL step of every seed:\n\n{train_table(res)}\n\n"
+          f"Per step:\n\n{per_step_table(res)}")
 
 
 def followup_table(res: dict, other: dict) -> str:
@@ -204,7 +283,19 @@ def main(argv=None) -> int:
   ap.add_argument("--write", action="store_true", help="rewrite the generated block(s) of RESULTS.md")
   ap.add_argument("--followup", default="", help="a second results.json (e.g. followup_tis/results.json): its "
                   "arms against the synchronous interval (the followup block of RESULTS.md)")
+  ap.add_argument("--pool", action="append", default=[], metavar="ARM=FILE:ARM[+FILE:ARM...]",
+                  help="arms pooled over several runs' seeds (repeat per arm; a 'sync' arm needed): the pooled block "
+                  "of RESULTS.md and curves_pooled.png instead of the above")
   args = ap.parse_args(argv)
+  if args.pool:
+    res = merge(args.pool)
+    body = block(res, source="`--pool " + " --pool ".join(args.pool) + "`")
+    print(body)
+    plot(res, HERE / "curves_pooled.png")
+    if args.write:
+      md = HERE / "RESULTS.md"
+      md.write_text(replace_block(md.read_text(), "pooled", body, md))
+    return 0
   res = json.loads(pathlib.Path(args.results).read_text())
   body = block(res)
   print(body)
