@@ -12,9 +12,15 @@
 #   VARIANT=grpo_arith OUT=/tmp/asyncq/exp bash experiments/async_rl/run.sh
 #   cp $OUT/{results.json,curves.png} experiments/async_rl/; cp $OUT/RESULTS.md experiments/async_rl/compare_RESULTS.md
 #   python -m experiments.async_rl.analyze --write       # pooled-seed Wilson table, curves_ci.png, RESULTS.md block
-# Follow-up arm of RESULTS.md (TIS): METHODS="async1_tis=;rl.async_steps=1;rl.importance=tis" SEEDS="1 0"
+# rl.importance defaults to auto (tis when async_steps >= 1) since 2026-12-08: the async1 arm of results.json (seeds
+# 0, 1) ran uncorrected (importance none, then the default); followup_tis/ (seeds 0, 1) and seeds23/ (seeds 2, 3,
+# both arms) ran TIS. Follow-up arm: METHODS="async1_tis=;rl.async_steps=1;rl.importance=tis" SEEDS="1 0"
 #   OUT=/tmp/asyncq2/tis bash experiments/async_rl/run.sh; results into followup_tis/, then
 #   python -m experiments.async_rl.analyze --followup experiments/async_rl/followup_tis/results.json --write
+# Seeds 2 and 3: SEEDS="2 3" OUT=/tmp/asyncq3/exp bash experiments/async_rl/run.sh; results into seeds23/, then
+#   python -m experiments.async_rl.analyze --write --pool sync=experiments/async_rl/results.json:sync+experiments/\
+#   async_rl/seeds23/results.json:sync --pool async1_tis=experiments/async_rl/followup_tis/results.json:async1_tis+\
+#   experiments/async_rl/seeds23/results.json:async1 --pool async1_none=experiments/async_rl/results.json:async1
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VARIANT=${VARIANT:-addition}
