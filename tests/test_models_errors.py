@@ -231,3 +231,16 @@ def test_explicit_null_fields_keep_their_meaning():
   c = ModelConfig.from_hf({**base, "final_logit_softcapping": None, "sliding_window": None,
                            "rope_theta": None})  # null: no cap, no window; null rope_theta: the default
   assert (c.final_logit_softcapping, c.sliding_window, c.layer_types, c.rope_theta) == (None, None, (), 1e4)
+
+
+@pytest.mark.fast
+def test_a_low_bit_gguf_requantised_to_nf4_gets_a_note(tmp_path):
+  """The bundled Q4_1 SmolLM2 file is named with its type; an F32 GGUF and an HF folder get no note."""
+  from fineflax.models.gguf_import import low_bit_layer_types
+  from fineflax.models.load import requantisation_note, resolve_source
+  assert low_bit_layer_types(resolve_source("smollm2-135m-instruct")) == ["Q4_1"]
+  note = requantisation_note("smollm2-135m-instruct")
+  assert note.startswith("note: SmolLM2-135M-Instruct.Q4_1.gguf already holds Q4_1 weights") and "int8" in note
+  assert requantisation_note(_tiny_gguf(tmp_path / "f32.gguf")) is None
+  make_hf_model("llama", tmp_path / "hf", num_hidden_layers=1)
+  assert requantisation_note(tmp_path / "hf") is None

@@ -10,6 +10,8 @@ from fineflax.models.hf_import import params_from_state_dict
 
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q4_K",
                          "Q5_K", "Q8_K")
+# <= 5 bits a weight: re-quantising such a file's linears to NF4 rounds them a second time, onto another grid
+LOW_BIT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K")
 _ARCH_TO_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _TENSOR_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                  "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -107,6 +109,13 @@ def open_gguf(path: str | pathlib.Path):
     size = pathlib.Path(path).stat().st_size
     raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}; {size} bytes, "
                      "truncated or corrupt header?)") from e
+
+
+def low_bit_layer_types(path: str | pathlib.Path) -> list[str]:
+  """The `LOW_BIT_TYPES` among the quant types of the decoder-layer tensors (blk.*) of a GGUF file, sorted."""
+  reader = open_gguf(pathlib.Path(path))
+  return sorted({t.tensor_type.name for t in reader.tensors
+                 if t.name.startswith("blk.") and t.tensor_type.name in LOW_BIT_TYPES})
 
 
 def load_gguf(path: str | pathlib.Path, dtype=np.float32) -> tuple[dict, ModelConfig]:
