@@ -1,8 +1,8 @@
 """Asynchronous RL (`rl.async_steps`, fineflax/rl/async_rollouts.py) on the arithmetic env with a tiny model:
 k = 0 is the synchronous loop bit for bit; with k = 1 the update at step t reads rollouts of step t - 1's
 starting weights (each batch's behaviour log-probs are those weights' log-probs of its tokens, not the newer
-ones'); an interrupted async run resumes to the uninterrupted run's weights; LUFFY runs async; bad rollout
-groups are named."""
+ones'); an interrupted async run resumes to the uninterrupted run's weights; LUFFY runs async; ExGRPO
+replays async; bad rollout groups are named."""
 
 import jax
 import numpy as np
@@ -202,3 +202,19 @@ def test_pipeline_versions_bound_staleness_and_survive_a_checkpoint(k):
   assert [m["staleness"] for m in hist] == [min(t - 1, k) for t in range(1, n + 1)]
   assert sorted(made) == list(range(1, n + 1))  # every batch generated once, none past num_steps
   assert sum(hist[-1][f"staleness_hist_{j}"] for j in range(k + 1)) == n and hist[-1][f"staleness_hist_{k}"] == n - k
+
+
+def test_exgrpo_replays_under_async(tiny_smol, tmp_path):
+  """ExGRPO with k=1: successes of the stale batches enter the buffer and are replayed from step 2 on (threshold
+  0; a reward a random model earns on about half its rows: an even completion length in characters)."""
+  import ml_collections
+  from fineflax.rewards import REWARDS, register
+  if "even_length" not in REWARDS:
+    register("even_length")(lambda prompt, completion, **e: float(len(completion) % 2 == 0))
+  c = _config(tiny_smol, "exgrpo", num_steps=3, eval_every=3, **{"rl.async_steps": 1, "rl.exgrpo.threshold": 0.0})
+  with c.unlocked():
+    c.rewards = ml_collections.ConfigDict({"even_length": 1.0})
+  hist = [h for h in rl_job.run(c, str(tmp_path))["history"] if h["step"] > 0]
+  assert [h["policy_version"] for h in hist] == [0, 0, 1]
+  assert hist[0]["replay_share"] == 0 and max(h["replay_share"] for h in hist[1:]) > 0
+  assert hist[-1]["buffer_questions"] > 0 and all(np.isfinite(h["loss"]) for h in hist)
