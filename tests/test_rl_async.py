@@ -2,7 +2,7 @@
 k = 0 is the synchronous loop bit for bit; with k = 1 the update at step t reads rollouts of step t - 1's
 starting weights (each batch's behaviour log-probs are those weights' log-probs of its tokens, not the newer
 ones'); an interrupted async run resumes to the uninterrupted run's weights; LUFFY runs async; ExGRPO
-replays async; bad rollout groups are named."""
+replays async; PPO runs async; bad rollout groups are named."""
 
 import jax
 import numpy as np
@@ -218,3 +218,12 @@ def test_exgrpo_replays_under_async(tiny_smol, tmp_path):
   assert [h["policy_version"] for h in hist] == [0, 0, 1]
   assert hist[0]["replay_share"] == 0 and max(h["replay_share"] for h in hist[1:]) > 0
   assert hist[-1]["buffer_questions"] > 0 and all(np.isfinite(h["loss"]) for h in hist)
+
+
+def test_ppo_runs_async(tiny_smol, tmp_path):
+  """PPO (a LoRA critic, GAE) with k=1: the critic values the stale batch at update time."""
+  c = _config(tiny_smol, "ppo", num_steps=2, **{"rl.async_steps": 1})
+  hist = [h for h in rl_job.run(c, str(tmp_path))["history"] if h["step"] > 0]
+  assert [h["policy_version"] for h in hist] == [0, 0] and [h["staleness"] for h in hist] == [0, 1]
+  assert all(np.isfinite(h["loss"]) and np.isfinite(h["vf_loss"]) for h in hist)
+  assert hist[1]["is_weight_max"] <= c.rl.importance_cap + 1e-6  # the default importance: auto = tis
