@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jax
@@ -53,8 +54,15 @@ def test_concurrent_calls_are_batched_and_logprobs_match_a_forward(policy):
     llm.chat([{"role": "user", "content": task["q"]}], max_tokens=6)
     return 0.0
 
+  def until_queued(engine, n=4, timeout=60.0):  # holds the engine thread until the 4 calls wait, so that a loaded
+    deadline = time.monotonic() + timeout     # machine cannot finish one call before the next is submitted
+    while llm.driver.queued < n and time.monotonic() < deadline:
+      time.sleep(0.005)
+
+  llm.driver.call(until_queued)
   store = Store()
   recs = run_rollouts(agent, [{"q": f"Add {i} and {i + 1}."} for i in range(4)], llm, {}, store, num_workers=4)
+  llm.driver.call(lambda engine: None).result(60)  # after the last step's after_step: its decode rows are counted
   assert max(llm.batch_sizes) > 1 and llm.calls == 4  # calls shared decode steps
   spans = [s.attributes for r in recs for s in r.spans if s.kind == "llm"]
   batch = build_rl_batch([s["prompt_ids"] for s in spans], [s["response_ids"] for s in spans],
