@@ -25,6 +25,7 @@ import json
 import math
 import pathlib
 import re
+from statistics import mean, stdev, variance
 
 HERE = pathlib.Path(__file__).resolve().parent
 LABELS = {"sync": "synchronous (async_steps=0)", "async1": "async_steps=1",
@@ -212,18 +213,15 @@ def seed_level(res: dict, from_step: int = 6) -> str:
   includes the training variance between seeds."""
   from scipy import stats
   arms = arms_of(res)
-  per_seed = {a: [sum(e["eval_accuracy"] for e in run["evals"] if e["step"] >= from_step)
-                  / max(1, sum(e["step"] >= from_step for e in run["evals"]))
+  per_seed = {a: [mean([e["eval_accuracy"] for e in run["evals"] if e["step"] >= from_step] or [0.0])
                   for _, run in sorted(res["runs"][a].items(), key=lambda x: int(x[0]))] for a in arms}
-  mean = lambda v: sum(v) / len(v)
-  var = lambda v: sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1) if len(v) > 1 else float("nan")
   lines = [f"| arm | per-seed mean accuracy, steps >= {from_step} | mean | - sync [Welch 95%] |", "|---|---|---|---|"]
   for a in arms:
     v, s = per_seed[a], per_seed["sync"]
     cell = "-"
     if a != "sync" and len(v) > 1 and len(s) > 1:
-      se2 = var(v) / len(v) + var(s) / len(s)
-      df = se2 ** 2 / ((var(v) / len(v)) ** 2 / (len(v) - 1) + (var(s) / len(s)) ** 2 / (len(s) - 1))
+      se2 = variance(v) / len(v) + variance(s) / len(s)
+      df = se2 ** 2 / ((variance(v) / len(v)) ** 2 / (len(v) - 1) + (variance(s) / len(s)) ** 2 / (len(s) - 1))
       h = stats.t.ppf(0.975, df) * se2 ** 0.5
       d = mean(v) - mean(s)
       cell = f"{d:+.3f} [{d - h:+.3f}, {d + h:+.3f}] (df {df:.1f})"
@@ -236,21 +234,15 @@ def seed_interval_table(res: dict) -> tuple[str, dict[str, list[bool]]]:
   seeds as the unit, so the training variance is in it; wide with few seeds) and whether each other arm's seed
   mean lies inside it."""
   from scipy import stats
-  arms = arms_of(res)
-  per = {a: {} for a in arms}
-  for a in arms:
-    for run in res["runs"][a].values():
-      for e in run["evals"]:
-        per[a].setdefault(e["step"], []).append(e["eval_accuracy"])
-  mean = lambda v: sum(v) / len(v)
+  n_eval, arms = num_eval_of(res), arms_of(res)
+  per = {a: {step: accs for step, (_, _, accs) in pooled(res, a, n_eval).items()} for a in arms}  # per-seed accuracies
   n_sync = len(res["runs"]["sync"])
   head = ["step", f"sync mean [t 95%] over {n_sync} seeds", *(f"{a} mean (inside?)" for a in arms[1:])]
   lines = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
   inside: dict[str, list[bool]] = {a: [] for a in arms[1:]}
   for step, v in sorted(per["sync"].items()):
     m = mean(v)
-    sd = (sum((x - m) ** 2 for x in v) / (len(v) - 1)) ** 0.5 if len(v) > 1 else float("nan")
-    h = stats.t.ppf(0.975, len(v) - 1) * sd / len(v) ** 0.5 if len(v) > 1 else float("nan")
+    h = stats.t.ppf(0.975, len(v) - 1) * stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan")
     cells = [str(step), f"{m:.3f} [{m - h:.3f}, {m + h:.3f}]"]
     for a in arms[1:]:
       if step not in per[a]:
