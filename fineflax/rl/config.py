@@ -63,7 +63,8 @@ class PPOConfig:
   """PPO's critic and rewards (`config.rl.ppo`, `fineflax.rl.ppo`; defaults of Search-R1's train_ppo.sh /
   verl's ppo_trainer.yaml): critic "lora" (its own LoRA + value head on the base) or "full" (a trainable
   float32 copy of the model + value head, as verl's critic; needs model.quant=none), its AdamW peak lr and
-  warmup steps, value clip, GAE gamma / lam, the KL penalty in the reward (verl apply_kl_penalty, fixed kl_ctrl), the value loss coefficient."""
+  warmup steps, value clip, GAE gamma / lam, the KL penalty in the reward (verl apply_kl_penalty, fixed
+  kl_ctrl), the value loss coefficient."""
   critic: str = "lora"
   critic_lr: float = 1e-5
   critic_warmup_steps: int = 0
